@@ -1,0 +1,29 @@
+"""vtalloc.allocator: the paged virtual address space, in Python.
+
+Layer: above the C ABI (``_native``), below the torch glue (``vtalloc.allocator.torch``),
+the service (``vtalloc.server``) and the CLI (``vtalloc.client``). Importing it never
+imports torch.
+"""
+
+from ._native import global_counters
+from .address_space import AddressSpace
+from .config import Config, format_size, parse_size
+from .errors import (
+    BackendUnavailableError,
+    ClosedError,
+    DriverError,
+    HostPoolExhaustedError,
+    InternalError,
+    InvalidArgumentError,
+    OutOfMemoryError,
+    VtallocError,
+)
+from .probe import backend_available, cuda_available
+from .stats import AllocationRecord, PageRecord, Stats
+
+__all__ = [
+    "AddressSpace", "Config", "Stats", "PageRecord", "AllocationRecord",
+    "VtallocError", "OutOfMemoryError", "HostPoolExhaustedError", "InvalidArgumentError", "ClosedError",
+    "BackendUnavailableError", "DriverError", "InternalError",
+    "global_counters", "backend_available", "cuda_available", "parse_size", "format_size",
+]

@@ -1,0 +1,146 @@
+"""Loader for the C++ core (``_vtalloc*.so``) and its C ABI, through ctypes.
+
+Owns: the ctypes mirror of ``csrc/include/vtalloc/vtalloc.h`` (structs and prototypes) and
+:func:`check`, which turns a non-zero status into the matching exception. ctypes releases
+the GIL for the duration of every call, so no core operation holds it.
+Invariant: the structs below match the header field for field; ``load()`` refuses a
+library whose ABI version differs.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import glob
+import os
+import threading
+from pathlib import Path
+
+from .errors import InternalError, error_for_status
+
+ABI_VERSION = 1
+BACKEND_CODES = {"auto": 0, "host": 1, "cuda": 2}
+BACKEND_NAMES = {v: k for k, v in BACKEND_CODES.items()}
+
+u32, i32, u64 = ctypes.c_uint32, ctypes.c_int32, ctypes.c_uint64
+
+
+class VtaConfig(ctypes.Structure):
+    _fields_ = [
+        ("struct_size", u32), ("backend", i32), ("device", i32), ("reserved0", u32),
+        ("capacity_bytes", u64), ("page_bytes", u64), ("small_threshold_bytes", u64),
+        ("host_granularity_bytes", u64), ("host_capacity_bytes", u64), ("reservation_bytes", u64),
+    ]
+
+
+class VtaStats(ctypes.Structure):
+    _fields_ = [("struct_size", u32), ("reserved0", u32)] + [
+        (name, u64)
+        for name in (
+            "capacity_bytes", "page_bytes", "small_threshold_bytes", "allocated_bytes", "active_bytes",
+            "mapped_bytes", "cached_bytes", "peak_allocated_bytes", "peak_active_bytes", "peak_mapped_bytes",
+            "reserved_va_bytes", "num_reservations", "pages_total", "pages_mapped", "pages_free",
+            "num_live_allocs", "num_allocs", "num_frees", "num_ooms", "num_page_reclaims", "num_map_calls",
+            "num_unmap_calls", "pending_free_bytes",
+        )
+    ]
+
+
+class VtaPageInfo(ctypes.Structure):
+    _fields_ = [("page_id", u64), ("address", u64), ("state", u32), ("num_allocs", u32)]
+
+
+class VtaAllocInfo(ctypes.Structure):
+    _fields_ = [("address", u64), ("size_bytes", u64), ("requested_bytes", u64), ("stream", u64)]
+
+
+class VtaGlobalCounters(ctypes.Structure):
+    _fields_ = [("struct_size", u32), ("reserved0", u32)] + [
+        (name, u64)
+        for name in (
+            "live_spaces", "live_pages", "live_page_bytes", "live_reservations", "reserved_va_bytes",
+            "live_mappings", "pinned_host_bytes", "live_events", "live_streams",
+        )
+    ]
+
+
+_P = ctypes.POINTER
+_PROTOTYPES = {
+    "vta_abi_version": (i32, []),
+    "vta_last_error": (ctypes.c_char_p, []),
+    "vta_last_oom": (None, [_P(u64), _P(u64), _P(u64)]),
+    "vta_global_counters": (i32, [_P(VtaGlobalCounters)]),
+    "vta_backend_probe": (i32, [i32, i32]),
+    "vta_space_create": (i32, [_P(VtaConfig), _P(ctypes.c_void_p)]),
+    "vta_space_close": (i32, [ctypes.c_void_p]),
+    "vta_space_destroy": (None, [ctypes.c_void_p]),
+    "vta_space_backend": (i32, [ctypes.c_void_p, _P(i32), _P(i32)]),
+    "vta_malloc": (i32, [ctypes.c_void_p, u64, u64, _P(u64)]),
+    "vta_free": (i32, [ctypes.c_void_p, u64]),
+    "vta_size_of": (i32, [ctypes.c_void_p, u64, _P(u64)]),
+    "vta_write": (i32, [ctypes.c_void_p, u64, u64, ctypes.c_void_p, u64]),
+    "vta_read": (i32, [ctypes.c_void_p, u64, u64, ctypes.c_void_p, u64]),
+    "vta_trim": (i32, [ctypes.c_void_p, _P(u64)]),
+    "vta_synchronize": (i32, [ctypes.c_void_p]),
+    "vta_stats": (i32, [ctypes.c_void_p, _P(VtaStats)]),
+    "vta_reset_peak_stats": (i32, [ctypes.c_void_p]),
+    "vta_pages": (i32, [ctypes.c_void_p, _P(VtaPageInfo), u64, _P(u64)]),
+    "vta_allocations": (i32, [ctypes.c_void_p, _P(VtaAllocInfo), u64, _P(u64)]),
+}
+
+_lib: ctypes.CDLL | None = None
+_lock = threading.Lock()
+
+
+def library_path() -> str:
+    """Path of the shared library: $VTALLOC_LIBRARY, else the one built into this package."""
+    override = os.environ.get("VTALLOC_LIBRARY")
+    if override:
+        return override
+    here = Path(__file__).resolve().parent
+    found = sorted(glob.glob(str(here / "_vtalloc*.so")))
+    if not found:
+        raise InternalError(
+            f"vtalloc's native library is missing from {here}: reinstall with `pip install .` (it needs a C++ compiler)"
+        )
+    return found[0]
+
+
+def load() -> ctypes.CDLL:
+    """Load the library once per process and declare every prototype."""
+    global _lib
+    if _lib is not None:
+        return _lib
+    with _lock:
+        if _lib is None:
+            lib = ctypes.CDLL(library_path())
+            for name, (restype, argtypes) in _PROTOTYPES.items():
+                fn = getattr(lib, name)
+                fn.restype = restype
+                fn.argtypes = argtypes
+            version = lib.vta_abi_version()
+            if version != ABI_VERSION:
+                raise InternalError(f"native library ABI {version} does not match the Python package's {ABI_VERSION}")
+            _lib = lib
+    return _lib
+
+
+def check(status: int) -> None:
+    """Raise the exception for a non-zero status returned on this thread."""
+    if status == 0:
+        return
+    lib = load()
+    message = (lib.vta_last_error() or b"").decode("utf-8", "replace")
+    oom = None
+    if status == 2:
+        r, c, m = u64(), u64(), u64()
+        lib.vta_last_oom(ctypes.byref(r), ctypes.byref(c), ctypes.byref(m))
+        oom = (r.value, c.value, m.value)
+    raise error_for_status(status, message, oom)
+
+
+def global_counters() -> dict[str, int]:
+    """What every backend in this process holds right now (all zero once every space closed)."""
+    lib = load()
+    out = VtaGlobalCounters()
+    check(lib.vta_global_counters(ctypes.byref(out)))
+    return {name: getattr(out, name) for name, _ in VtaGlobalCounters._fields_ if name not in ("struct_size", "reserved0")}

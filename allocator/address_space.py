@@ -1,0 +1,232 @@
+"""AddressSpace: the Python face of one paged virtual address space.
+
+Owns: one native ``vta_space`` handle and its lifetime (``close()`` is idempotent and
+releases every page, mapping and reservation; the handle itself is freed when the object
+is collected). Every method validates its arguments before crossing into C, so bad input
+raises a typed error and changes nothing. No method holds the GIL while the core works.
+"""
+
+from __future__ import annotations
+
+import bisect
+import ctypes
+import operator
+from typing import Any
+
+from . import _native
+from .config import Config
+from .errors import ClosedError, InvalidArgumentError
+from .stats import PAGE_STATES, AllocationRecord, PageRecord, Stats
+
+__all__ = ["AddressSpace"]
+
+_MAX_U64 = (1 << 64) - 1
+
+
+def _as_u64(value: Any, name: str, *, positive: bool = False) -> int:
+    if isinstance(value, bool):
+        raise InvalidArgumentError(f"{name} must be an integer, not a bool")
+    try:
+        n = operator.index(value)
+    except TypeError:
+        raise InvalidArgumentError(f"{name} must be an integer, not {type(value).__name__}") from None
+    if n < 0 or (positive and n == 0):
+        raise InvalidArgumentError(f"{name} must be {'positive' if positive else 'non-negative'}, got {n}")
+    if n > _MAX_U64:
+        raise InvalidArgumentError(f"{name} {n} does not fit in 64 bits")
+    return n
+
+
+class AddressSpace:
+    """A paged virtual address space over fixed-size physical pages.
+
+    >>> with AddressSpace(backend="host", capacity="64MiB") as space:
+    ...     addr = space.malloc(4096)
+    ...     space.write(addr, b"hello")
+    ...     space.read(addr, 5)
+    b'hello'
+    """
+
+    def __init__(
+        self,
+        backend: str = "auto",
+        device: int = 0,
+        capacity: int | str | None = None,
+        page_size: int | str | None = None,
+        *,
+        small_threshold: int | str | None = None,
+        host_granularity: int | str | None = None,
+        host_capacity: int | str | None = None,
+        reservation_size: int | str | None = None,
+        config: Config | None = None,
+    ) -> None:
+        self._handle: int | None = None
+        self._closed = True
+        if config is None:
+            config = Config(
+                backend=backend, device=device, capacity=capacity, page_size=page_size,
+                small_threshold=small_threshold, host_granularity=host_granularity,
+                host_capacity=host_capacity, reservation_size=reservation_size,
+            )
+        self.config = config
+        lib = _native.load()
+        c = _native.VtaConfig()
+        c.struct_size = ctypes.sizeof(c)
+        c.backend = _native.BACKEND_CODES[config.backend]
+        c.device = config.device
+        c.capacity_bytes = config.capacity or 0
+        c.page_bytes = config.page_size or 0
+        c.small_threshold_bytes = config.small_threshold or 0
+        c.host_granularity_bytes = config.host_granularity or 0
+        c.host_capacity_bytes = config.host_capacity or 0
+        c.reservation_bytes = config.reservation_size or 0
+        handle = ctypes.c_void_p()
+        _native.check(lib.vta_space_create(ctypes.byref(c), ctypes.byref(handle)))
+        self._lib = lib
+        self._handle = handle.value
+        self._closed = False
+        kind, dev = ctypes.c_int32(), ctypes.c_int32()
+        _native.check(lib.vta_space_backend(self._handle, ctypes.byref(kind), ctypes.byref(dev)))
+        self.backend: str = _native.BACKEND_NAMES[kind.value]
+        self.device: int = dev.value
+        s = self.stats()
+        self.page_bytes: int = s.page_bytes
+        self.capacity_bytes: int = s.capacity_bytes
+
+    # -- lifetime -------------------------------------------------------------------------
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def close(self) -> None:
+        """Release every page, mapping and reservation. Safe to call more than once."""
+        if self._handle is None or self._closed:
+            return
+        self._closed = True
+        _native.check(self._lib.vta_space_close(self._handle))
+
+    def __enter__(self) -> "AddressSpace":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        handle, self._handle = getattr(self, "_handle", None), None
+        if handle is not None:
+            try:
+                self._lib.vta_space_close(handle)
+            finally:
+                self._lib.vta_space_destroy(handle)
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closed else f"capacity={self.capacity_bytes}, page={self.page_bytes}"
+        return f"<vtalloc AddressSpace {getattr(self, 'backend', '?')}:{getattr(self, 'device', '?')} {state}>"
+
+    def _h(self) -> int:
+        if self._handle is None or self._closed:
+            raise ClosedError("the address space is closed")
+        return self._handle
+
+    # -- allocation -----------------------------------------------------------------------
+    def malloc(self, nbytes: int, stream: int = 0) -> int:
+        """Allocate ``nbytes`` and return the address. 512-byte aligned; page-aligned from a page up."""
+        n = _as_u64(nbytes, "nbytes", positive=True)
+        s = _as_u64(stream, "stream")
+        out = ctypes.c_uint64()
+        _native.check(self._lib.vta_malloc(self._h(), n, s, ctypes.byref(out)))
+        return out.value
+
+    def free(self, address: int) -> None:
+        """Free an address returned by :meth:`malloc` (double, foreign or interior frees raise)."""
+        _native.check(self._lib.vta_free(self._h(), _as_u64(address, "address")))
+
+    def size_of(self, address: int) -> int:
+        """The size that was requested for the allocation at ``address``."""
+        out = ctypes.c_uint64()
+        _native.check(self._lib.vta_size_of(self._h(), _as_u64(address, "address"), ctypes.byref(out)))
+        return out.value
+
+    # -- bytes ----------------------------------------------------------------------------
+    def write(self, address: int, data: Any, offset: int = 0) -> None:
+        """Copy ``data`` (any bytes-like object) into the allocation at ``address + offset``."""
+        addr = _as_u64(address, "address")
+        off = _as_u64(offset, "offset")
+        try:
+            view = memoryview(data).cast("B")
+        except TypeError:
+            raise InvalidArgumentError(f"data must be bytes-like, not {type(data).__name__}") from None
+        n = view.nbytes
+        if n == 0:
+            _native.check(self._lib.vta_write(self._h(), addr, off, None, 0))
+            return
+        if isinstance(data, bytes):
+            ptr = ctypes.cast(ctypes.c_char_p(data), ctypes.c_void_p)
+            keep = data
+        else:
+            keep = (ctypes.c_ubyte * n).from_buffer_copy(view)
+            ptr = ctypes.cast(keep, ctypes.c_void_p)
+        _native.check(self._lib.vta_write(self._h(), addr, off, ptr, n))
+        del keep
+
+    def read(self, address: int, nbytes: int, offset: int = 0) -> bytes:
+        """Return ``nbytes`` from the allocation at ``address + offset``."""
+        addr = _as_u64(address, "address")
+        n = _as_u64(nbytes, "nbytes")
+        off = _as_u64(offset, "offset")
+        buf = ctypes.create_string_buffer(max(n, 1))
+        _native.check(self._lib.vta_read(self._h(), addr, off, buf, n))
+        return buf.raw[:n]
+
+    # -- maintenance ----------------------------------------------------------------------
+    def trim(self) -> int:
+        """Unmap cached free ranges and give unmapped pages back; returns the bytes released."""
+        out = ctypes.c_uint64()
+        _native.check(self._lib.vta_trim(self._h(), ctypes.byref(out)))
+        return out.value
+
+    def synchronize(self) -> None:
+        """Wait for every pending free's stream, so freed memory is reusable at once."""
+        _native.check(self._lib.vta_synchronize(self._h()))
+
+    # -- inspection -----------------------------------------------------------------------
+    def stats(self) -> Stats:
+        raw = _native.VtaStats()
+        _native.check(self._lib.vta_stats(self._h(), ctypes.byref(raw)))
+        return Stats(**{f: getattr(raw, f) for f in Stats.__dataclass_fields__})
+
+    def reset_peak_stats(self) -> None:
+        _native.check(self._lib.vta_reset_peak_stats(self._h()))
+
+    def allocations(self) -> list[AllocationRecord]:
+        rows = self._fetch(self._lib.vta_allocations, _native.VtaAllocInfo)
+        return [AllocationRecord(r.address, r.size_bytes, r.requested_bytes, r.stream) for r in rows]
+
+    def pages(self) -> list[PageRecord]:
+        """One record per physical page held: where it is mapped, its state, the allocations on it."""
+        rows = self._fetch(self._lib.vta_pages, _native.VtaPageInfo)
+        allocs = self.allocations()
+        starts = [a.address for a in allocs]
+        out = []
+        for r in rows:
+            on_page: tuple[int, ...] = ()
+            if r.address:
+                end = r.address + self.page_bytes
+                i = bisect.bisect_right(starts, r.address) - 1
+                i = max(i, 0)
+                on_page = tuple(
+                    a.address for a in allocs[i:bisect.bisect_left(starts, end)]
+                    if a.address < end and a.address + a.size_bytes > r.address
+                )
+            out.append(PageRecord(r.page_id, r.address or None, PAGE_STATES[r.state], on_page))
+        return out
+
+    def _fetch(self, fn: Any, struct: type) -> list[Any]:
+        count = ctypes.c_uint64()
+        while True:
+            _native.check(fn(self._h(), None, 0, ctypes.byref(count)))
+            n = count.value
+            arr = (struct * max(n, 1))()
+            _native.check(fn(self._h(), arr, n, ctypes.byref(count)))
+            if count.value <= n:  # nothing was added between the two calls
+                return list(arr[: count.value])

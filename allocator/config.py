@@ -1,0 +1,130 @@
+"""Configuration of an address space: one frozen dataclass, parsed and validated here only.
+
+Sizes are accepted as positive integers (bytes) or strings such as ``"64MiB"``, ``"1.5GiB"``,
+``"512KB"`` (binary units KiB/MiB/GiB/TiB and bare K/M/G/T; decimal units KB/MB/GB/TB).
+Environment variables ``VTALLOC_<FIELD>`` (e.g. ``VTALLOC_CAPACITY=8GiB``) are read by
+:meth:`Config.from_env`; keyword arguments override them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import operator
+import os
+import re
+from typing import Any, Mapping
+
+from .errors import InvalidArgumentError
+
+__all__ = ["Config", "parse_size", "format_size", "BACKENDS"]
+
+BACKENDS = ("auto", "host", "cuda")
+_MAX_U64 = (1 << 64) - 1
+
+_UNITS = {
+    "": 1, "b": 1,
+    "k": 1 << 10, "kib": 1 << 10, "kb": 10**3,
+    "m": 1 << 20, "mib": 1 << 20, "mb": 10**6,
+    "g": 1 << 30, "gib": 1 << 30, "gb": 10**9,
+    "t": 1 << 40, "tib": 1 << 40, "tb": 10**12,
+}
+_SIZE_RE = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*([a-zA-Z]*)\s*$")
+
+
+def parse_size(value: Any, *, name: str = "size") -> int:
+    """Return ``value`` as a positive number of bytes, or raise InvalidArgumentError."""
+    if isinstance(value, bool):
+        raise InvalidArgumentError(f"{name} must be a number of bytes, not a bool")
+    if isinstance(value, str):
+        m = _SIZE_RE.match(value)
+        unit = m.group(2).lower() if m else None
+        if not m or unit not in _UNITS:
+            raise InvalidArgumentError(f"{name}: cannot parse {value!r} as a size (try '64MiB' or '2GiB')")
+        number = m.group(1)
+        if "." in number:
+            whole, frac = number.split(".")
+            scaled = int(whole) * _UNITS[unit] * 10 ** len(frac) + int(frac) * _UNITS[unit]
+            if scaled % 10 ** len(frac):
+                raise InvalidArgumentError(f"{name}: {value!r} is not a whole number of bytes")
+            n = scaled // 10 ** len(frac)
+        else:
+            n = int(number) * _UNITS[unit]
+    else:
+        try:
+            n = operator.index(value)
+        except TypeError:
+            raise InvalidArgumentError(
+                f"{name} must be an integer number of bytes or a string like '64MiB', not {type(value).__name__}"
+            ) from None
+    if n <= 0:
+        raise InvalidArgumentError(f"{name} must be positive, got {n}")
+    if n > _MAX_U64:
+        raise InvalidArgumentError(f"{name} of {n} bytes is beyond any address space")
+    return n
+
+
+def format_size(n: int) -> str:
+    """Render bytes the way users read them: '64 MiB', '1.50 GiB', '512 B'."""
+    for unit, scale in (("TiB", 1 << 40), ("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if abs(n) >= scale:
+            q = n / scale
+            return f"{q:.0f} {unit}" if q == int(q) else f"{q:.2f} {unit}"
+    return f"{n} B"
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+    """How an address space is built. ``None`` means "the backend's default"."""
+
+    backend: str = "auto"                 # "auto" (cuda if a device is usable, else host), "host", "cuda"
+    device: int = 0                       # CUDA device ordinal
+    capacity: int | None = None           # most bytes of physical pages held (cuda: free memory less a margin; host: 1 GiB)
+    page_size: int | None = None          # bytes per physical page (default: the backend's granularity, 2 MiB on H100)
+    small_threshold: int | None = None    # allocations up to this are packed into shared pages (default 1 MiB)
+    host_granularity: int | None = None   # host backend only: simulated driver granularity (default 2 MiB)
+    host_capacity: int | None = None      # pinned host bytes for evicted pages (eviction engine)
+    reservation_size: int | None = None   # virtual bytes per reservation (default 2 x capacity)
+
+    _SIZE_FIELDS = ("capacity", "page_size", "small_threshold", "host_granularity", "host_capacity", "reservation_size")
+
+    def __post_init__(self) -> None:
+        if self.backend not in BACKENDS:
+            raise InvalidArgumentError(f"backend must be one of {', '.join(BACKENDS)}, got {self.backend!r}")
+        if isinstance(self.device, bool):
+            raise InvalidArgumentError("device must be an integer ordinal")
+        try:
+            device = operator.index(self.device)
+        except TypeError:
+            raise InvalidArgumentError(f"device must be an integer ordinal, not {type(self.device).__name__}") from None
+        if not 0 <= device < 1 << 20:
+            raise InvalidArgumentError(f"device must be a non-negative ordinal, got {device}")
+        object.__setattr__(self, "device", device)
+        for name in self._SIZE_FIELDS:
+            value = getattr(self, name)
+            if value is not None:
+                object.__setattr__(self, name, parse_size(value, name=name))
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> "Config":
+        """Read ``VTALLOC_*`` variables, then apply keyword overrides (which win)."""
+        environ = os.environ if environ is None else environ
+        values: dict[str, Any] = {}
+        for field in dataclasses.fields(cls):
+            raw = environ.get("VTALLOC_" + field.name.upper())
+            if raw is None or raw == "":
+                continue
+            if field.name == "device":
+                try:
+                    values["device"] = int(raw)
+                except ValueError:
+                    raise InvalidArgumentError(f"VTALLOC_DEVICE must be an integer, got {raw!r}") from None
+            else:
+                values[field.name] = raw
+        unknown = set(overrides) - {f.name for f in dataclasses.fields(cls)}
+        if unknown:
+            raise InvalidArgumentError(f"unknown vtalloc option(s): {', '.join(sorted(unknown))}")
+        values.update({k: v for k, v in overrides.items() if v is not None})
+        return cls(**values)
+
+    def replace(self, **changes: Any) -> "Config":
+        return dataclasses.replace(self, **changes)

@@ -1,0 +1,83 @@
+"""vtalloc's one exception hierarchy, and the only place C status codes become exceptions.
+
+Every error raised by vtalloc is a :class:`VtallocError`; each subclass also derives from
+the built-in exception a user would catch without knowing vtalloc: an out-of-memory is a
+``MemoryError``, a bad argument is a ``ValueError``.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "VtallocError",
+    "OutOfMemoryError",
+    "HostPoolExhaustedError",
+    "InvalidArgumentError",
+    "ClosedError",
+    "BackendUnavailableError",
+    "DriverError",
+    "InternalError",
+]
+
+
+class VtallocError(Exception):
+    """Base class of every error vtalloc raises."""
+
+
+class OutOfMemoryError(VtallocError, MemoryError):
+    """Capacity is exhausted even after reclaiming cached pages (and evicting, where allowed).
+
+    Attributes carry the numbers: ``requested_bytes``, ``capacity_bytes``, ``mapped_bytes``.
+    """
+
+    def __init__(self, message: str, requested_bytes: int = 0, capacity_bytes: int = 0, mapped_bytes: int = 0):
+        super().__init__(message)
+        self.requested_bytes = requested_bytes
+        self.capacity_bytes = capacity_bytes
+        self.mapped_bytes = mapped_bytes
+
+
+class HostPoolExhaustedError(VtallocError, MemoryError):
+    """The pinned host pool cannot hold another evicted page (raise ``host_capacity``)."""
+
+
+class InvalidArgumentError(VtallocError, ValueError):
+    """A size, address or option is invalid: nothing was changed."""
+
+
+class ClosedError(VtallocError, RuntimeError):
+    """The address space (or client) was closed."""
+
+
+class BackendUnavailableError(VtallocError, RuntimeError):
+    """The requested backend cannot run here (no CUDA driver, no such device, ...)."""
+
+
+class DriverError(VtallocError, RuntimeError):
+    """The CUDA driver (or the OS, for the host backend) reported an error."""
+
+
+class InternalError(VtallocError, RuntimeError):
+    """An internal invariant did not hold: a vtalloc bug. Please report it."""
+
+
+# Status codes of csrc/include/vtalloc/vtalloc.h.
+_BY_STATUS = {
+    1: InvalidArgumentError,
+    2: OutOfMemoryError,
+    3: BackendUnavailableError,
+    4: DriverError,
+    5: ClosedError,
+    6: HostPoolExhaustedError,
+    7: InternalError,
+}
+
+
+def error_for_status(status: int, message: str, oom: tuple[int, int, int] | None = None) -> VtallocError:
+    """Build the exception for a non-zero vta_status_t."""
+    cls = _BY_STATUS.get(status, InternalError)
+    if cls is OutOfMemoryError:
+        requested, capacity, mapped = oom or (0, 0, 0)
+        return OutOfMemoryError(message, requested, capacity, mapped)
+    if cls is InternalError and status not in _BY_STATUS:
+        message = f"unknown vtalloc status {status}: {message}"
+    return cls(message)

@@ -1,0 +1,113 @@
+"""The `vtalloc` command line.
+
+Owns: argument parsing and rendering only; the work is done by the library layers below.
+Exit codes: 0 ok, 1 runtime error, 2 usage error. Errors go to stderr through `fail()`;
+`--debug` shows tracebacks.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import NoReturn, Optional
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from vtalloc.allocator import BackendUnavailableError, VtallocError, backend_available, format_size
+
+app = typer.Typer(
+    name="vtalloc",
+    help="A paged virtual-address GPU memory allocator for PyTorch: demo, inspect, serve.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+console = Console()
+err_console = Console(stderr=True)
+_state = {"debug": False}
+
+
+def fail(message: str, code: int = 1) -> NoReturn:
+    err_console.print(f"[bold red]error:[/] {message}")
+    raise typer.Exit(code)
+
+
+@app.callback()
+def _main(debug: bool = typer.Option(False, "--debug", help="Show tracebacks on errors.")) -> None:
+    _state["debug"] = debug
+
+
+@app.command()
+def info(json_out: bool = typer.Option(False, "--json", help="Print JSON (schema vtalloc.info/v1).")) -> None:
+    """Which backends can run here, and why not."""
+    rows = {}
+    for name in ("cuda", "host"):
+        ok, why = backend_available(name)
+        rows[name] = {"available": ok, "reason": why}
+    if json_out:
+        print(json.dumps({"schema": "vtalloc.info/v1", "backends": rows}))
+        return
+    t = Table("backend", "available", "reason")
+    for name, r in rows.items():
+        t.add_row(name, "yes" if r["available"] else "no", r["reason"])
+    console.print(t)
+
+
+@app.command()
+def demo(
+    backend: str = typer.Option("auto", help="auto (cuda if usable, else host), host or cuda."),
+    capacity: str = typer.Option("64MiB", help="Capacity of the demo address space."),
+    device: int = typer.Option(0, help="CUDA device ordinal."),
+    json_out: bool = typer.Option(False, "--json", help="Print JSON (schema vtalloc.demo/v1)."),
+) -> None:
+    """Show defragmentation by page remapping: a checkerboard of holes served as one allocation."""
+    from .demo import describe, run_defrag_demo
+
+    report = run_defrag_demo(backend=backend, capacity=capacity, device=device)
+    if json_out:
+        from dataclasses import asdict
+
+        print(json.dumps({"schema": "vtalloc.demo/v1", "defrag": asdict(report)}))
+    else:
+        console.rule("[bold]vtalloc demo: defragmentation by remapping pages")
+        for line in describe(report):
+            console.print(line)
+        t = Table("stat", "before the big allocation", "after")
+        for key in ("mapped_bytes", "active_bytes", "cached_bytes", "pages_mapped", "num_page_reclaims"):
+            b, a = report.stats_before[key], report.stats_after[key]
+            fmt = format_size if key.endswith("bytes") else str
+            t.add_row(key, fmt(b), fmt(a))
+        console.print(t)
+    if not report.survivors_intact:
+        fail("surviving allocations were corrupted")
+
+
+def main(argv: Optional[list[str]] = None) -> None:
+    """Console-script entry point: maps vtalloc errors to exit code 1 and a one-line message."""
+    try:
+        app(args=argv, standalone_mode=False)
+    except typer.Exit as e:
+        sys.exit(e.exit_code)
+    except (typer.Abort, KeyboardInterrupt):
+        sys.exit(130)
+    except Exception as e:  # click usage errors carry their own exit code (2)
+        import click
+
+        if isinstance(e, click.ClickException):
+            e.show()
+            sys.exit(e.exit_code)
+        if _state["debug"]:
+            raise
+        if isinstance(e, (VtallocError, OSError)):
+            err_console.print(f"[bold red]error:[/] {e}")
+            if isinstance(e, BackendUnavailableError):
+                err_console.print("hint: `vtalloc info` lists the backends usable here; `--backend host` needs no GPU")
+            sys.exit(1)
+        raise
+    sys.exit(0)
+
+
+if __name__ == "__main__":
+    main()

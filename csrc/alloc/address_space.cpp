@@ -1,0 +1,480 @@
+// AddressSpace implementation; the policy and its invariants are in address_space.hpp.
+#include "alloc/address_space.hpp"
+
+#include <algorithm>
+#include <cstdio>
+#include <string>
+
+#include "backend/counters.hpp"
+
+namespace vta {
+namespace {
+
+uint64_t round_up(uint64_t n, uint64_t to) { return (n + to - 1) / to * to; }
+
+std::string hex(uintptr_t a) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "0x%llx", static_cast<unsigned long long>(a));
+  return buf;
+}
+
+std::string mib(uint64_t bytes) {
+  char buf[48];
+  std::snprintf(buf, sizeof buf, "%.2f MiB", static_cast<double>(bytes) / (1 << 20));
+  return buf;
+}
+
+}  // namespace
+
+std::unique_ptr<AddressSpace> AddressSpace::create(const vta_config_t& config) {
+  if (config.struct_size < sizeof(vta_config_t)) fail(VTA_ERR_INVALID_ARGUMENT, "vta_config_t: struct_size too small");
+  BackendOptions opts;
+  opts.kind = config.backend;
+  opts.device = config.device;
+  opts.host_device_bytes = config.capacity_bytes;
+  opts.host_granularity_bytes = config.host_granularity_bytes;
+  std::unique_ptr<Backend> backend;
+  check(make_backend(opts, &backend));
+
+  size_t gran = backend->granularity();
+  size_t page = config.page_bytes ? config.page_bytes : gran;
+  if (page % gran != 0)
+    fail(VTA_ERR_INVALID_ARGUMENT, "page size " + std::to_string(page) + " is not a multiple of the " +
+                                       backend->name() + " granularity " + std::to_string(gran));
+  uint64_t capacity = config.capacity_bytes ? config.capacity_bytes : backend->default_capacity();
+  capacity = capacity / page * page;
+  if (capacity < page)
+    fail(VTA_ERR_INVALID_ARGUMENT, "capacity must hold at least one page of " + std::to_string(page) + " bytes");
+  return std::unique_ptr<AddressSpace>(new AddressSpace(std::move(backend), config, capacity, page));
+}
+
+AddressSpace::AddressSpace(std::unique_ptr<Backend> backend, const vta_config_t& config, uint64_t capacity,
+                           size_t page_bytes)
+    : backend_(std::move(backend)),
+      backend_kind_(backend_->kind()),
+      device_(backend_->device()),
+      capacity_(capacity),
+      page_bytes_(page_bytes),
+      small_threshold_(config.small_threshold_bytes ? config.small_threshold_bytes
+                                                    : std::min<uint64_t>(1ull << 20, page_bytes)),
+      reservation_bytes_(config.reservation_bytes ? round_up(config.reservation_bytes, page_bytes)
+                                                  : std::max<uint64_t>(2 * capacity, 64 * page_bytes)),
+      pages_(*backend_, page_bytes, capacity),
+      small_free_(page_bytes) {
+  if (small_threshold_ > page_bytes_)
+    fail(VTA_ERR_INVALID_ARGUMENT, "small_threshold must not exceed the page size");
+  stats_.struct_size = sizeof(vta_stats_t);
+  global_counters().live_spaces++;
+}
+
+AddressSpace::~AddressSpace() {
+  try {
+    close();
+  } catch (...) {
+    // A driver failure while tearing down has been reported by close() if anyone asked.
+  }
+}
+
+void AddressSpace::check_open_locked() const {
+  if (closed_) fail(VTA_ERR_CLOSED, "the address space is closed");
+}
+
+uintptr_t AddressSpace::malloc(uint64_t nbytes, StreamHandle stream) {
+  std::lock_guard<std::mutex> lk(mu_);
+  check_open_locked();
+  if (nbytes == 0) fail(VTA_ERR_INVALID_ARGUMENT, "allocation size must be positive");
+  if (nbytes > kMaxAllocationBytes)
+    fail(VTA_ERR_INVALID_ARGUMENT, "allocation of " + std::to_string(nbytes) + " bytes is larger than any address space can reserve");
+  bool small = nbytes <= small_threshold_;
+  uint64_t rounded = small ? round_up(nbytes, kMinAlignment) : round_up(nbytes, page_bytes_);
+  if (rounded > capacity_) throw_oom_locked(nbytes);
+
+  drain_pending_locked(false);
+  uintptr_t address = 0;
+  bool ok = try_malloc_locked(rounded, small, &address);
+  if (!ok && !pending_.empty()) {
+    // Frees still in flight on their streams hold memory: wait for them, then retry.
+    drain_pending_locked(true);
+    ok = try_malloc_locked(rounded, small, &address);
+  }
+  if (!ok) throw_oom_locked(nbytes);
+
+  live_[address] = Allocation{rounded, nbytes, stream, small};
+  stats_.allocated_bytes += nbytes;
+  stats_.active_bytes += rounded;
+  stats_.peak_allocated_bytes = std::max(stats_.peak_allocated_bytes, stats_.allocated_bytes);
+  stats_.peak_active_bytes = std::max(stats_.peak_active_bytes, stats_.active_bytes);
+  stats_.num_allocs++;
+  stats_.num_live_allocs++;
+  return address;
+}
+
+bool AddressSpace::try_malloc_locked(uint64_t rounded, bool small, uintptr_t* out) {
+  if (!small) {
+    if (free_mapped_.take_best_fit(rounded, out)) return true;  // cached: no driver call
+    return mapped_range_locked(rounded / page_bytes_, out);
+  }
+  uintptr_t block = 0;
+  if (!small_free_.take_best_fit(rounded, &block)) {
+    uintptr_t slab = 0;
+    if (!free_mapped_.take_best_fit(page_bytes_, &slab) && !mapped_range_locked(1, &slab)) return false;
+    slab_used_[slab] = 0;
+    small_free_.insert(slab, page_bytes_);
+    bool taken = small_free_.take_best_fit(rounded, &block);
+    VTA_INVARIANT(taken);
+  }
+  uintptr_t slab = block - block % page_bytes_;
+  slab_used_[slab] += rounded;
+  if (slab == spare_slab_) spare_slab_ = 0;
+  *out = block;
+  return true;
+}
+
+bool AddressSpace::mapped_range_locked(size_t npages, uintptr_t* out) {
+  size_t bytes = npages * page_bytes_;
+  uintptr_t va = 0;
+  if (!free_unmapped_.take_best_fit(bytes, &va)) {
+    grow_va_locked(bytes);
+    bool taken = free_unmapped_.take_best_fit(bytes, &va);
+    VTA_INVARIANT(taken);
+  }
+  std::vector<int32_t> ids;
+  ids.reserve(npages);
+  auto give_back = [&] {
+    for (int32_t id : ids) pages_.return_page(id);
+    free_unmapped_.insert(va, bytes);
+  };
+  try {
+    while (ids.size() < npages) {
+      int32_t id = -1;
+      if (!obtain_page_locked(&id)) {
+        give_back();
+        return false;
+      }
+      ids.push_back(id);
+    }
+    pages_.map_pages(va, ids);
+  } catch (...) {
+    give_back();
+    throw;
+  }
+  note_mapped_locked();
+  *out = va;
+  return true;
+}
+
+bool AddressSpace::obtain_page_locked(int32_t* id) {
+  for (;;) {
+    if (pages_.acquire_page(id)) return true;
+    if (!reclaim_one_page_locked()) return false;
+  }
+}
+
+bool AddressSpace::reclaim_one_page_locked() {
+  // Cached pages under free ranges first (smallest range: the least useful for reuse),
+  // then the spare empty slab. Pages here were freed and their events completed.
+  uintptr_t start = 0;
+  size_t bytes = 0;
+  uintptr_t victim = 0;
+  if (free_mapped_.smallest(&start, &bytes)) {
+    victim = start + bytes - page_bytes_;
+    bool taken = free_mapped_.take_exact(victim, page_bytes_);
+    VTA_INVARIANT(taken);
+  } else if (spare_slab_) {
+    victim = spare_slab_;
+    bool taken = small_free_.take_exact(victim, page_bytes_);
+    VTA_INVARIANT(taken);
+    slab_used_.erase(victim);
+    spare_slab_ = 0;
+  } else {
+    return false;
+  }
+  pages_.unmap_range(victim, page_bytes_);
+  free_unmapped_.insert(victim, page_bytes_);
+  stats_.num_page_reclaims++;
+  return true;
+}
+
+void AddressSpace::grow_va_locked(size_t min_bytes) {
+  size_t bytes = std::max<size_t>(reservation_bytes_, round_up(min_bytes, page_bytes_));
+  uintptr_t va = pages_.reserve(bytes);
+  for (RangeSet* set : {&free_mapped_, &free_unmapped_}) {
+    set->add_fence(va);
+    set->add_fence(va + bytes);
+  }
+  free_unmapped_.insert(va, bytes);
+}
+
+void AddressSpace::note_mapped_locked() {
+  uint64_t mapped = pages_.pages_mapped() * page_bytes_;
+  stats_.peak_mapped_bytes = std::max(stats_.peak_mapped_bytes, mapped);
+}
+
+void AddressSpace::free(uintptr_t address) {
+  std::lock_guard<std::mutex> lk(mu_);
+  check_open_locked();
+  auto it = live_.find(address);
+  if (it == live_.end()) throw_not_live_locked(address);
+  const Allocation a = it->second;
+  // Record the event before changing any state, so a driver failure loses nothing.
+  EventHandle event = take_event_locked();
+  Status s = backend_->event_record(event, a.stream);
+  if (!s.is_ok()) {
+    idle_events_.push_back(event);
+    check(s);
+  }
+  live_.erase(it);
+  stats_.allocated_bytes -= a.requested;
+  stats_.active_bytes -= a.size;
+  stats_.num_frees++;
+  stats_.num_live_allocs--;
+  pending_.push_back(PendingFree{address, a.size, a.small, event});
+  stats_.pending_free_bytes += a.size;
+  drain_pending_locked(false);
+}
+
+EventHandle AddressSpace::take_event_locked() {
+  if (!idle_events_.empty()) {
+    EventHandle e = idle_events_.back();
+    idle_events_.pop_back();
+    return e;
+  }
+  EventHandle e = 0;
+  check(backend_->event_create(&e));
+  all_events_.push_back(e);
+  return e;
+}
+
+void AddressSpace::drain_pending_locked(bool wait) {
+  Status first_error;
+  size_t keep = 0;
+  for (size_t i = 0; i < pending_.size(); ++i) {
+    PendingFree p = pending_[i];
+    bool done = false;
+    Status s = wait ? backend_->event_synchronize(p.event) : backend_->event_query(p.event, &done);
+    if (wait && s.is_ok()) done = true;
+    if (!s.is_ok() && first_error.is_ok()) first_error = s;
+    if (!done) {
+      pending_[keep++] = p;
+      continue;
+    }
+    release_block_locked(p.address, p.size, p.small);
+    idle_events_.push_back(p.event);
+    stats_.pending_free_bytes -= p.size;
+  }
+  pending_.resize(keep);
+  check(first_error);
+}
+
+void AddressSpace::release_block_locked(uintptr_t address, uint64_t size, bool small) {
+  if (!small) {
+    free_mapped_.insert(address, size);  // cached with its pages mapped
+    return;
+  }
+  small_free_.insert(address, size);
+  uintptr_t slab = address - address % page_bytes_;
+  uint64_t& used = slab_used_[slab];
+  used -= size;
+  if (used != 0) return;
+  if (spare_slab_ == 0) {
+    spare_slab_ = slab;  // keep one empty slab: alloc/free of one small block stays cheap
+    return;
+  }
+  bool taken = small_free_.take_exact(slab, page_bytes_);
+  VTA_INVARIANT(taken);
+  slab_used_.erase(slab);
+  free_mapped_.insert(slab, page_bytes_);
+}
+
+[[noreturn]] void AddressSpace::throw_oom_locked(uint64_t requested) {
+  stats_.num_ooms++;
+  uint64_t mapped = pages_.pages_mapped() * page_bytes_;
+  std::string msg = "vtalloc out of memory: tried to allocate " + mib(requested) + " (" + std::to_string(requested) +
+                    " bytes); capacity " + mib(capacity_) + ", " + mib(stats_.active_bytes) +
+                    " held by live allocations, " + mib(mapped) + " mapped, " +
+                    mib(stats_.pending_free_bytes) + " awaiting stream completion";
+  throw OutOfMemory(msg, requested, capacity_, mapped);
+}
+
+[[noreturn]] void AddressSpace::throw_not_live_locked(uintptr_t address) {
+  auto it = live_.upper_bound(address);
+  if (it != live_.begin()) {
+    --it;
+    if (address > it->first && address < it->first + it->second.size)
+      fail(VTA_ERR_INVALID_ARGUMENT, "address " + hex(address) + " is inside the allocation at " + hex(it->first) +
+                                         " (an interior pointer), not the start of an allocation");
+  }
+  for (auto& [base, bytes] : pages_.reservations())
+    if (address >= base && address < base + bytes)
+      fail(VTA_ERR_INVALID_ARGUMENT, "address " + hex(address) + " is not a live allocation (already freed?)");
+  fail(VTA_ERR_INVALID_ARGUMENT, "address " + hex(address) + " does not belong to this address space");
+}
+
+uint64_t AddressSpace::size_of(uintptr_t address) {
+  std::lock_guard<std::mutex> lk(mu_);
+  check_open_locked();
+  auto it = live_.find(address);
+  if (it == live_.end()) throw_not_live_locked(address);
+  return it->second.requested;
+}
+
+const AddressSpace::Allocation& AddressSpace::find_allocation_locked(uintptr_t address, uint64_t offset,
+                                                                     uint64_t nbytes, uintptr_t* start) {
+  auto it = live_.upper_bound(address);
+  if (it == live_.begin()) throw_not_live_locked(address);
+  --it;
+  const Allocation& a = it->second;
+  uint64_t into = address - it->first;
+  if (address < it->first || into >= a.requested) throw_not_live_locked(address);
+  uint64_t room = a.requested - into;
+  if (offset > room || nbytes > room - offset)
+    fail(VTA_ERR_INVALID_ARGUMENT, "access of " + std::to_string(nbytes) + " bytes at offset " + std::to_string(offset) +
+                                       " runs past the end of the " + std::to_string(a.requested) +
+                                       "-byte allocation at " + hex(it->first));
+  *start = it->first;
+  return a;
+}
+
+void AddressSpace::write(uintptr_t address, uint64_t offset, const void* src, uint64_t nbytes) {
+  std::lock_guard<std::mutex> lk(mu_);
+  check_open_locked();
+  uintptr_t start = 0;
+  const Allocation& a = find_allocation_locked(address, offset, nbytes, &start);
+  if (nbytes == 0) return;
+  check(backend_->copy(address + offset, reinterpret_cast<uintptr_t>(src), nbytes, a.stream));
+  check(backend_->stream_synchronize(a.stream));
+}
+
+void AddressSpace::read(uintptr_t address, uint64_t offset, void* dst, uint64_t nbytes) {
+  std::lock_guard<std::mutex> lk(mu_);
+  check_open_locked();
+  uintptr_t start = 0;
+  const Allocation& a = find_allocation_locked(address, offset, nbytes, &start);
+  if (nbytes == 0) return;
+  check(backend_->copy(reinterpret_cast<uintptr_t>(dst), address + offset, nbytes, a.stream));
+  check(backend_->stream_synchronize(a.stream));
+}
+
+uint64_t AddressSpace::trim() {
+  std::lock_guard<std::mutex> lk(mu_);
+  check_open_locked();
+  drain_pending_locked(true);
+  if (spare_slab_) {
+    bool taken = small_free_.take_exact(spare_slab_, page_bytes_);
+    VTA_INVARIANT(taken);
+    slab_used_.erase(spare_slab_);
+    free_mapped_.insert(spare_slab_, page_bytes_);
+    spare_slab_ = 0;
+  }
+  std::vector<std::pair<uintptr_t, size_t>> cached(free_mapped_.ranges().begin(), free_mapped_.ranges().end());
+  for (auto& [start, bytes] : cached) {
+    free_mapped_.take_exact(start, bytes);
+    pages_.unmap_range(start, bytes);
+    free_unmapped_.insert(start, bytes);
+  }
+  return pages_.release_free_pages();
+}
+
+void AddressSpace::synchronize() {
+  std::lock_guard<std::mutex> lk(mu_);
+  check_open_locked();
+  drain_pending_locked(true);
+}
+
+void AddressSpace::close() {
+  std::lock_guard<std::mutex> lk(mu_);
+  if (closed_) return;
+  closed_ = true;
+  Status first_error;
+  try {
+    drain_pending_locked(true);
+  } catch (const Error& e) {
+    first_error = Status(e.code(), e.what());
+  }
+  for (EventHandle e : all_events_) (void)backend_->event_destroy(e);
+  all_events_.clear();
+  idle_events_.clear();
+  pending_.clear();
+  live_.clear();
+  try {
+    pages_.release_all();
+  } catch (const Error& e) {
+    if (first_error.is_ok()) first_error = Status(e.code(), e.what());
+  }
+  free_mapped_.clear();
+  free_unmapped_.clear();
+  small_free_.clear();
+  slab_used_.clear();
+  backend_.reset();
+  global_counters().live_spaces--;
+  check(first_error);
+}
+
+vta_stats_t AddressSpace::stats() {
+  std::lock_guard<std::mutex> lk(mu_);
+  check_open_locked();
+  vta_stats_t s = stats_;
+  s.capacity_bytes = capacity_;
+  s.page_bytes = page_bytes_;
+  s.small_threshold_bytes = small_threshold_;
+  s.mapped_bytes = pages_.pages_mapped() * page_bytes_;
+  s.cached_bytes = free_mapped_.total_bytes() + (spare_slab_ ? page_bytes_ : 0);
+  s.reserved_va_bytes = pages_.reserved_bytes();
+  s.num_reservations = pages_.reservations().size();
+  s.pages_total = pages_.pages_held();
+  s.pages_mapped = pages_.pages_mapped();
+  s.pages_free = pages_.pages_unmapped();
+  s.num_map_calls = pages_.num_map_calls();
+  s.num_unmap_calls = pages_.num_unmap_calls();
+  return s;
+}
+
+void AddressSpace::reset_peak_stats() {
+  std::lock_guard<std::mutex> lk(mu_);
+  check_open_locked();
+  stats_.peak_allocated_bytes = stats_.allocated_bytes;
+  stats_.peak_active_bytes = stats_.active_bytes;
+  stats_.peak_mapped_bytes = pages_.pages_mapped() * page_bytes_;
+}
+
+std::vector<vta_page_info_t> AddressSpace::pages() {
+  std::lock_guard<std::mutex> lk(mu_);
+  check_open_locked();
+  std::vector<vta_page_info_t> out;
+  pages_.for_each_page([&](int32_t id, uintptr_t va) {
+    vta_page_info_t info{};
+    info.page_id = static_cast<uint64_t>(id);
+    info.address = va;
+    if (va == 0) {
+      info.state = VTA_PAGE_FREE;
+    } else {
+      uint32_t n = 0;  // live allocations overlapping [va, va + page)
+      auto it = live_.lower_bound(va);
+      if (it != live_.begin()) {
+        auto prev = std::prev(it);
+        if (prev->first + prev->second.size > va) ++n;
+      }
+      for (; it != live_.end() && it->first < va + page_bytes_; ++it) ++n;
+      bool pending = std::any_of(pending_.begin(), pending_.end(), [&](const PendingFree& p) {
+        return p.address < va + page_bytes_ && p.address + p.size > va;
+      });
+      auto slab = slab_used_.find(va);
+      bool live_slab = slab != slab_used_.end() && slab->second > 0;
+      info.num_allocs = n;
+      info.state = (n > 0 || pending || live_slab) ? VTA_PAGE_ALLOCATED : VTA_PAGE_CACHED;
+    }
+    out.push_back(info);
+  });
+  return out;
+}
+
+std::vector<vta_alloc_info_t> AddressSpace::allocations() {
+  std::lock_guard<std::mutex> lk(mu_);
+  check_open_locked();
+  std::vector<vta_alloc_info_t> out;
+  out.reserve(live_.size());
+  for (auto& [addr, a] : live_) out.push_back(vta_alloc_info_t{addr, a.size, a.requested, a.stream});
+  return out;
+}
+
+}  // namespace vta

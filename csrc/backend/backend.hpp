@@ -1,0 +1,90 @@
+// The driver seam: the dozen operations the core needs from a memory driver.
+//
+// Owns: the abstract `Backend` and its contract. Two implementations: host_backend.cpp
+// (Linux memfd + mmap, real bytes, a configured capacity) and cuda_backend.cpp (CUDA driver
+// API resolved at run time). Code above this seam has no platform knowledge.
+//
+// Contract, kept identical on both implementations so that a bug shows on either:
+//  - sizes passed to reserve/create_page/map/unmap are multiples of granularity();
+//  - map() places one whole page at a reserved, currently unmapped address; a new mapping
+//    has no access until set_access() is called on it;
+//  - unmap() covers whole mappings only (one or several adjacent ones);
+//  - free_va() takes exactly a (base, size) that reserve() returned, with nothing mapped;
+//  - release_page() of a mapped page is legal: its memory lives until the last unmap;
+//  - copy() is ordered on `stream`; event_* order work between streams; on the host
+//    backend all work is synchronous and events are complete when recorded.
+// Every operation returns a Status; none throws.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "backend/status.hpp"
+
+namespace vta {
+
+using PageHandle = uint64_t;
+using StreamHandle = uint64_t;  // 0 = the default stream
+using EventHandle = uint64_t;
+
+enum class PageLocation { device, host };
+
+struct BackendOptions {
+  int kind = VTA_BACKEND_AUTO;
+  int device = 0;
+  uint64_t host_device_bytes = 0;      // host backend: simulated device memory; 0 = 1 GiB
+  uint64_t host_granularity_bytes = 0; // host backend: simulated granularity; 0 = 2 MiB
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+
+  virtual int kind() const = 0;        // VTA_BACKEND_HOST or VTA_BACKEND_CUDA
+  virtual const char* name() const = 0;
+  virtual int device() const = 0;
+  virtual size_t granularity() const = 0;
+  // Bytes a new address space may use by default (cuda: free memory less a margin).
+  virtual uint64_t default_capacity() const = 0;
+  // Whether create_page(PageLocation::host) works (CUDA >= 12.2 HOST_NUMA VMM pages).
+  virtual bool supports_host_pages() const = 0;
+
+  // Reserve `bytes` of virtual space aligned to `align` (a multiple of the granularity).
+  virtual Status reserve(size_t bytes, size_t align, uintptr_t* va) = 0;
+  virtual Status free_va(uintptr_t va, size_t bytes) = 0;
+  virtual Status create_page(size_t bytes, PageLocation where, PageHandle* out) = 0;
+  virtual Status release_page(PageHandle page) = 0;
+  virtual Status map(uintptr_t va, size_t bytes, PageHandle page) = 0;
+  virtual Status unmap(uintptr_t va, size_t bytes) = 0;
+  virtual Status set_access(uintptr_t va, size_t bytes) = 0;
+
+  // Copy between any two addresses the process can reach (device VA or host memory).
+  virtual Status copy(uintptr_t dst, uintptr_t src, size_t bytes, StreamHandle stream) = 0;
+  virtual Status stream_create(StreamHandle* out) = 0;
+  virtual Status stream_destroy(StreamHandle stream) = 0;
+  virtual Status stream_synchronize(StreamHandle stream) = 0;
+  virtual Status event_create(EventHandle* out) = 0;
+  virtual Status event_destroy(EventHandle event) = 0;
+  virtual Status event_record(EventHandle event, StreamHandle stream) = 0;
+  virtual Status event_query(EventHandle event, bool* complete) = 0;
+  virtual Status event_synchronize(EventHandle event) = 0;
+  virtual Status stream_wait_event(StreamHandle stream, EventHandle event) = 0;
+
+  // Host memory the device can copy to and from at full speed (cuda: page-locked).
+  virtual Status host_alloc_pinned(size_t bytes, void** out) = 0;
+  virtual Status host_free_pinned(void* ptr, size_t bytes) = 0;
+
+  // Share a page with another process as a file descriptor (caller owns the fd).
+  virtual Status export_page(PageHandle page, int* fd) = 0;
+  // Adopt a page received as a file descriptor (the fd stays owned by the caller).
+  virtual Status import_page(int fd, size_t bytes, PageHandle* out) = 0;
+};
+
+// Create the backend `options.kind` names; AUTO picks cuda when a device is usable.
+Status make_backend(const BackendOptions& options, std::unique_ptr<Backend>* out);
+Status make_host_backend(const BackendOptions& options, std::unique_ptr<Backend>* out);
+Status make_cuda_backend(const BackendOptions& options, std::unique_ptr<Backend>* out);
+
+}  // namespace vta

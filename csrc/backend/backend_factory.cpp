@@ -1,0 +1,32 @@
+// Backend selection: which implementation of the driver seam an address space gets.
+//
+// Owns: the "auto" rule (cuda when a CUDA device is usable, else host) and the
+// process-wide counters every backend reports into.
+#include "backend/backend.hpp"
+#include "backend/counters.hpp"
+
+namespace vta {
+
+GlobalCounters& global_counters() {
+  static GlobalCounters counters;
+  return counters;
+}
+
+Status make_backend(const BackendOptions& options, std::unique_ptr<Backend>* out) {
+  switch (options.kind) {
+    case VTA_BACKEND_HOST:
+      return make_host_backend(options, out);
+    case VTA_BACKEND_CUDA:
+      return make_cuda_backend(options, out);
+    case VTA_BACKEND_AUTO: {
+      Status s = make_cuda_backend(options, out);
+      if (s.is_ok()) return s;
+      if (s.code() != VTA_ERR_BACKEND_UNAVAILABLE) return s;
+      return make_host_backend(options, out);
+    }
+    default:
+      return Status(VTA_ERR_INVALID_ARGUMENT, "unknown backend kind " + std::to_string(options.kind));
+  }
+}
+
+}  // namespace vta

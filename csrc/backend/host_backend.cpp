@@ -1,0 +1,323 @@
+// The host backend: the driver seam on Linux virtual memory, with real bytes.
+//
+// Owns: reservations (mmap PROT_NONE), pages (one memfd each), mappings
+// (mmap MAP_FIXED|MAP_SHARED of a page's memfd), and a byte limit standing in for device
+// memory. It enforces the CUDA rules listed in backend.hpp (whole-mapping unmap, access
+// only after set_access, granularity-sized operations, exact free_va) so that a policy bug
+// fails here as it would on a GPU. Copies are memcpy; streams and events are synchronous
+// (an event is complete as soon as it is recorded).
+// Invariant: every fd, mapping and reservation it creates is in its tables and counted in
+// global_counters() until released.
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <atomic>
+#include <map>
+#include <mutex>
+#include <unordered_map>
+
+#include "backend/backend.hpp"
+#include "backend/counters.hpp"
+
+namespace vta {
+namespace {
+
+constexpr uint64_t kDefaultHostCapacity = 1ull << 30;
+constexpr uint64_t kDefaultHostGranularity = 2ull << 20;
+
+Status os_error(const char* what) {
+  return Status(VTA_ERR_DRIVER, std::string("host backend: ") + what + ": " + std::strerror(errno));
+}
+
+class HostBackend final : public Backend {
+ public:
+  HostBackend(uint64_t capacity, size_t granularity) : capacity_(capacity), granularity_(granularity) {}
+
+  ~HostBackend() override {
+    // Defensive: the page table releases everything first; this only guards against leaks
+    // if an owner was destroyed mid-way.
+    for (auto& [va, m] : mappings_) {
+      (void)m;
+      global_counters().live_mappings--;
+    }
+    for (auto& [va, bytes] : reservations_) {
+      munmap(reinterpret_cast<void*>(va), bytes);
+      global_counters().live_reservations--;
+      global_counters().reserved_va_bytes -= static_cast<int64_t>(bytes);
+    }
+    for (auto& [h, p] : pages_) {
+      if (p.fd >= 0) close(p.fd);
+      global_counters().live_pages--;
+      global_counters().live_page_bytes -= static_cast<int64_t>(p.bytes);
+    }
+  }
+
+  int kind() const override { return VTA_BACKEND_HOST; }
+  const char* name() const override { return "host"; }
+  int device() const override { return 0; }
+  size_t granularity() const override { return granularity_; }
+  uint64_t default_capacity() const override { return capacity_; }
+  bool supports_host_pages() const override { return true; }
+
+  Status reserve(size_t bytes, size_t align, uintptr_t* va) override {
+    if (bytes == 0 || bytes % granularity_) return bad("reserve: size is not a positive multiple of the granularity");
+    if (align < granularity_ || align % granularity_) return bad("reserve: alignment is not a multiple of the granularity");
+    // Over-reserve so the base can be aligned, then trim both ends.
+    size_t span = bytes + align;
+    void* p = mmap(nullptr, span, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (p == MAP_FAILED) return Status(VTA_ERR_OUT_OF_MEMORY, "host backend: cannot reserve virtual address space");
+    uintptr_t raw = reinterpret_cast<uintptr_t>(p);
+    uintptr_t base = (raw + align - 1) / align * align;
+    if (base > raw) munmap(p, base - raw);
+    uintptr_t end = base + bytes, raw_end = raw + span;
+    if (raw_end > end) munmap(reinterpret_cast<void*>(end), raw_end - end);
+    std::lock_guard<std::mutex> lk(mu_);
+    reservations_[base] = bytes;
+    global_counters().live_reservations++;
+    global_counters().reserved_va_bytes += static_cast<int64_t>(bytes);
+    *va = base;
+    return Status::ok();
+  }
+
+  Status free_va(uintptr_t va, size_t bytes) override {
+    std::lock_guard<std::mutex> lk(mu_);
+    auto it = reservations_.find(va);
+    if (it == reservations_.end() || it->second != bytes) return bad("free_va: not a reservation returned by reserve()");
+    auto m = mappings_.lower_bound(va);
+    if (m != mappings_.end() && m->first < va + bytes) return bad("free_va: the reservation still has mappings");
+    if (munmap(reinterpret_cast<void*>(va), bytes) != 0) return os_error("munmap");
+    reservations_.erase(it);
+    global_counters().live_reservations--;
+    global_counters().reserved_va_bytes -= static_cast<int64_t>(bytes);
+    return Status::ok();
+  }
+
+  Status create_page(size_t bytes, PageLocation, PageHandle* out) override {
+    if (bytes == 0 || bytes % granularity_) return bad("create_page: size is not a positive multiple of the granularity");
+    std::lock_guard<std::mutex> lk(mu_);
+    if (used_ + bytes > capacity_)
+      return Status(VTA_ERR_OUT_OF_MEMORY, "host backend: simulated device memory exhausted");
+    int fd = memfd_create("vtalloc-page", MFD_CLOEXEC);
+    if (fd < 0) return os_error("memfd_create");
+    if (ftruncate(fd, static_cast<off_t>(bytes)) != 0) {
+      Status s = os_error("ftruncate");
+      close(fd);
+      return s;
+    }
+    *out = adopt_locked(fd, bytes);
+    return Status::ok();
+  }
+
+  Status release_page(PageHandle page) override {
+    std::lock_guard<std::mutex> lk(mu_);
+    auto it = pages_.find(page);
+    if (it == pages_.end() || it->second.released) return bad("release_page: unknown page handle");
+    close(it->second.fd);
+    it->second.fd = -1;
+    it->second.released = true;
+    maybe_forget_locked(it);
+    return Status::ok();
+  }
+
+  Status map(uintptr_t va, size_t bytes, PageHandle page) override {
+    std::lock_guard<std::mutex> lk(mu_);
+    auto it = pages_.find(page);
+    if (it == pages_.end() || it->second.released) return bad("map: unknown page handle");
+    if (bytes != it->second.bytes) return bad("map: size differs from the page's size");
+    if (!inside_reservation_locked(va, bytes)) return bad("map: range is not inside one reservation");
+    if (overlaps_mapping_locked(va, bytes)) return bad("map: range is already mapped");
+    void* p = mmap(reinterpret_cast<void*>(va), bytes, PROT_NONE, MAP_SHARED | MAP_FIXED, it->second.fd, 0);
+    if (p == MAP_FAILED) return os_error("mmap");
+    mappings_[va] = Mapping{bytes, page};
+    it->second.mappings++;
+    global_counters().live_mappings++;
+    return Status::ok();
+  }
+
+  Status unmap(uintptr_t va, size_t bytes) override {
+    std::lock_guard<std::mutex> lk(mu_);
+    // The range must be exactly a run of whole, adjacent mappings.
+    uintptr_t cur = va, end = va + bytes;
+    while (cur < end) {
+      auto m = mappings_.find(cur);
+      if (m == mappings_.end()) return bad("unmap: range does not start at a mapping or has a hole");
+      cur += m->second.bytes;
+    }
+    if (cur != end) return bad("unmap: range ends inside a mapping");
+    void* p = mmap(reinterpret_cast<void*>(va), bytes, PROT_NONE,
+                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED | MAP_NORESERVE, -1, 0);
+    if (p == MAP_FAILED) return os_error("mmap placeholder");
+    for (cur = va; cur < end;) {
+      auto m = mappings_.find(cur);
+      cur += m->second.bytes;
+      auto pg = pages_.find(m->second.page);
+      pg->second.mappings--;
+      mappings_.erase(m);
+      global_counters().live_mappings--;
+      maybe_forget_locked(pg);
+    }
+    return Status::ok();
+  }
+
+  Status set_access(uintptr_t va, size_t bytes) override {
+    std::lock_guard<std::mutex> lk(mu_);
+    uintptr_t cur = va, end = va + bytes;
+    while (cur < end) {
+      auto m = mappings_.find(cur);
+      if (m == mappings_.end()) return bad("set_access: range is not fully mapped");
+      cur += m->second.bytes;
+    }
+    if (cur != end) return bad("set_access: range ends inside a mapping");
+    if (mprotect(reinterpret_cast<void*>(va), bytes, PROT_READ | PROT_WRITE) != 0) return os_error("mprotect");
+    return Status::ok();
+  }
+
+  Status copy(uintptr_t dst, uintptr_t src, size_t bytes, StreamHandle) override {
+    if (bytes) std::memmove(reinterpret_cast<void*>(dst), reinterpret_cast<const void*>(src), bytes);
+    return Status::ok();
+  }
+
+  Status stream_create(StreamHandle* out) override {
+    *out = ++next_object_;
+    global_counters().live_streams++;
+    return Status::ok();
+  }
+  Status stream_destroy(StreamHandle) override {
+    global_counters().live_streams--;
+    return Status::ok();
+  }
+  Status stream_synchronize(StreamHandle) override { return Status::ok(); }
+  Status event_create(EventHandle* out) override {
+    *out = ++next_object_;
+    global_counters().live_events++;
+    return Status::ok();
+  }
+  Status event_destroy(EventHandle) override {
+    global_counters().live_events--;
+    return Status::ok();
+  }
+  Status event_record(EventHandle, StreamHandle) override { return Status::ok(); }
+  Status event_query(EventHandle, bool* complete) override {
+    *complete = true;
+    return Status::ok();
+  }
+  Status event_synchronize(EventHandle) override { return Status::ok(); }
+  Status stream_wait_event(StreamHandle, EventHandle) override { return Status::ok(); }
+
+  Status host_alloc_pinned(size_t bytes, void** out) override {
+    // Ordinary memory through the same code path the cuda backend pins.
+    void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) return Status(VTA_ERR_OUT_OF_MEMORY, "host backend: cannot allocate host pool memory");
+    global_counters().pinned_host_bytes += static_cast<int64_t>(bytes);
+    *out = p;
+    return Status::ok();
+  }
+  Status host_free_pinned(void* ptr, size_t bytes) override {
+    if (munmap(ptr, bytes) != 0) return os_error("munmap host pool");
+    global_counters().pinned_host_bytes -= static_cast<int64_t>(bytes);
+    return Status::ok();
+  }
+
+  Status export_page(PageHandle page, int* fd) override {
+    std::lock_guard<std::mutex> lk(mu_);
+    auto it = pages_.find(page);
+    if (it == pages_.end() || it->second.released) return bad("export_page: unknown page handle");
+    int dup_fd = fcntl_dup(it->second.fd);
+    if (dup_fd < 0) return os_error("dup");
+    *fd = dup_fd;
+    return Status::ok();
+  }
+
+  Status import_page(int fd, size_t bytes, PageHandle* out) override {
+    if (bytes == 0 || bytes % granularity_) return bad("import_page: size is not a positive multiple of the granularity");
+    struct stat st;
+    if (fstat(fd, &st) != 0) return bad("import_page: not an open file descriptor");
+    if (!S_ISREG(st.st_mode) || static_cast<uint64_t>(st.st_size) != bytes)
+      return bad("import_page: the descriptor is not a page of that size");
+    std::lock_guard<std::mutex> lk(mu_);
+    if (used_ + bytes > capacity_)
+      return Status(VTA_ERR_OUT_OF_MEMORY, "host backend: simulated device memory exhausted");
+    int dup_fd = fcntl_dup(fd);
+    if (dup_fd < 0) return os_error("dup");
+    *out = adopt_locked(dup_fd, bytes);
+    return Status::ok();
+  }
+
+ private:
+  struct Page {
+    int fd;
+    size_t bytes;
+    int mappings;
+    bool released;
+  };
+  struct Mapping {
+    size_t bytes;
+    PageHandle page;
+  };
+
+  static Status bad(const char* msg) { return Status(VTA_ERR_INVALID_ARGUMENT, std::string("host backend: ") + msg); }
+  static int fcntl_dup(int fd) { return fcntl(fd, F_DUPFD_CLOEXEC, 0); }
+
+  PageHandle adopt_locked(int fd, size_t bytes) {
+    PageHandle h = ++next_object_;
+    pages_[h] = Page{fd, bytes, 0, false};
+    used_ += bytes;
+    global_counters().live_pages++;
+    global_counters().live_page_bytes += static_cast<int64_t>(bytes);
+    return h;
+  }
+
+  // A released page's memory lives until its last mapping goes, as with cuMemRelease.
+  void maybe_forget_locked(std::unordered_map<PageHandle, Page>::iterator it) {
+    if (!it->second.released || it->second.mappings > 0) return;
+    used_ -= it->second.bytes;
+    global_counters().live_pages--;
+    global_counters().live_page_bytes -= static_cast<int64_t>(it->second.bytes);
+    pages_.erase(it);
+  }
+
+  bool inside_reservation_locked(uintptr_t va, size_t bytes) const {
+    auto it = reservations_.upper_bound(va);
+    if (it == reservations_.begin()) return false;
+    --it;
+    return va >= it->first && va + bytes <= it->first + it->second;
+  }
+
+  bool overlaps_mapping_locked(uintptr_t va, size_t bytes) const {
+    auto it = mappings_.lower_bound(va);
+    if (it != mappings_.end() && it->first < va + bytes) return true;
+    if (it != mappings_.begin()) {
+      --it;
+      if (it->first + it->second.bytes > va) return true;
+    }
+    return false;
+  }
+
+  std::mutex mu_;
+  uint64_t capacity_;
+  size_t granularity_;
+  uint64_t used_ = 0;
+  std::atomic<uint64_t> next_object_{0};
+  std::map<uintptr_t, size_t> reservations_;
+  std::map<uintptr_t, Mapping> mappings_;
+  std::unordered_map<PageHandle, Page> pages_;
+};
+
+}  // namespace
+
+Status make_host_backend(const BackendOptions& options, std::unique_ptr<Backend>* out) {
+  uint64_t gran = options.host_granularity_bytes ? options.host_granularity_bytes : kDefaultHostGranularity;
+  long os_page = sysconf(_SC_PAGESIZE);
+  if (gran % static_cast<uint64_t>(os_page) != 0 || (gran & (gran - 1)) != 0)
+    return Status(VTA_ERR_INVALID_ARGUMENT, "host granularity must be a power of two and a multiple of the OS page size");
+  uint64_t cap = options.host_device_bytes ? options.host_device_bytes : kDefaultHostCapacity;
+  out->reset(new HostBackend(cap, gran));
+  return Status::ok();
+}
+
+}  // namespace vta

@@ -1,0 +1,210 @@
+// The C ABI (vtalloc.h) over AddressSpace.
+//
+// Owns: the vta_space handle, the thread-local last error, and the rule that no exception
+// crosses this boundary: every entry point runs its body through `guarded()`, which turns
+// an Error (or anything else) into a status code and a message.
+#include <algorithm>
+#include <cstring>
+#include <memory>
+#include <new>
+#include <string>
+
+#include "alloc/address_space.hpp"
+#include "backend/counters.hpp"
+#include "vtalloc/vtalloc.h"
+
+struct vta_space {
+  std::unique_ptr<vta::AddressSpace> impl;
+};
+
+namespace {
+
+thread_local std::string t_last_error;
+thread_local uint64_t t_oom[3] = {0, 0, 0};
+
+template <typename F>
+vta_status_t guarded(F&& body) noexcept {
+  try {
+    body();
+    return VTA_OK;
+  } catch (const vta::OutOfMemory& e) {
+    t_last_error = e.what();
+    t_oom[0] = e.requested();
+    t_oom[1] = e.capacity();
+    t_oom[2] = e.mapped();
+    return VTA_ERR_OUT_OF_MEMORY;
+  } catch (const vta::Error& e) {
+    t_last_error = e.what();
+    return e.code();
+  } catch (const std::bad_alloc&) {
+    t_last_error = "vtalloc: out of host memory for bookkeeping";
+    return VTA_ERR_INTERNAL;
+  } catch (const std::exception& e) {
+    t_last_error = std::string("vtalloc internal error: ") + e.what();
+    return VTA_ERR_INTERNAL;
+  } catch (...) {
+    t_last_error = "vtalloc internal error: unknown exception";
+    return VTA_ERR_INTERNAL;
+  }
+}
+
+vta::AddressSpace& open_space(vta_space_t* space) {
+  if (!space) vta::fail(VTA_ERR_INVALID_ARGUMENT, "null address space handle");
+  if (!space->impl) vta::fail(VTA_ERR_CLOSED, "the address space is closed");
+  return *space->impl;
+}
+
+template <typename T>
+void need(T* p, const char* what) {
+  if (!p) vta::fail(VTA_ERR_INVALID_ARGUMENT, std::string("null ") + what);
+}
+
+}  // namespace
+
+extern "C" {
+
+int32_t vta_abi_version(void) { return VTA_ABI_VERSION; }
+
+const char* vta_last_error(void) { return t_last_error.c_str(); }
+
+void vta_last_oom(uint64_t* requested, uint64_t* capacity, uint64_t* mapped) {
+  if (requested) *requested = t_oom[0];
+  if (capacity) *capacity = t_oom[1];
+  if (mapped) *mapped = t_oom[2];
+}
+
+vta_status_t vta_global_counters(vta_global_counters_t* out) {
+  return guarded([&] {
+    need(out, "output");
+    auto& g = vta::global_counters();
+    vta_global_counters_t c{};
+    c.struct_size = sizeof c;
+    c.live_spaces = static_cast<uint64_t>(g.live_spaces.load());
+    c.live_pages = static_cast<uint64_t>(g.live_pages.load());
+    c.live_page_bytes = static_cast<uint64_t>(g.live_page_bytes.load());
+    c.live_reservations = static_cast<uint64_t>(g.live_reservations.load());
+    c.reserved_va_bytes = static_cast<uint64_t>(g.reserved_va_bytes.load());
+    c.live_mappings = static_cast<uint64_t>(g.live_mappings.load());
+    c.pinned_host_bytes = static_cast<uint64_t>(g.pinned_host_bytes.load());
+    c.live_events = static_cast<uint64_t>(g.live_events.load());
+    c.live_streams = static_cast<uint64_t>(g.live_streams.load());
+    *out = c;
+  });
+}
+
+vta_status_t vta_backend_probe(int32_t backend, int32_t device) {
+  return guarded([&] {
+    vta::BackendOptions opts;
+    opts.kind = backend;
+    opts.device = device;
+    std::unique_ptr<vta::Backend> b;
+    vta::check(vta::make_backend(opts, &b));
+  });
+}
+
+vta_status_t vta_space_create(const vta_config_t* config, vta_space_t** out) {
+  return guarded([&] {
+    need(config, "config");
+    need(out, "output");
+    auto impl = vta::AddressSpace::create(*config);
+    *out = new vta_space{std::move(impl)};
+  });
+}
+
+vta_status_t vta_space_close(vta_space_t* space) {
+  return guarded([&] {
+    need(space, "address space handle");
+    if (!space->impl) return;  // idempotent
+    space->impl->close();
+  });
+}
+
+void vta_space_destroy(vta_space_t* space) {
+  if (!space) return;
+  try {
+    delete space;  // ~AddressSpace closes if needed
+  } catch (...) {
+  }
+}
+
+vta_status_t vta_space_backend(vta_space_t* space, int32_t* backend, int32_t* device) {
+  return guarded([&] {
+    auto& s = open_space(space);
+    if (backend) *backend = s.backend_kind();
+    if (device) *device = s.device();
+  });
+}
+
+vta_status_t vta_malloc(vta_space_t* space, uint64_t nbytes, uint64_t stream, uint64_t* out_address) {
+  return guarded([&] {
+    need(out_address, "output");
+    *out_address = open_space(space).malloc(nbytes, stream);
+  });
+}
+
+vta_status_t vta_free(vta_space_t* space, uint64_t address) {
+  return guarded([&] { open_space(space).free(address); });
+}
+
+vta_status_t vta_size_of(vta_space_t* space, uint64_t address, uint64_t* out) {
+  return guarded([&] {
+    need(out, "output");
+    *out = open_space(space).size_of(address);
+  });
+}
+
+vta_status_t vta_write(vta_space_t* space, uint64_t address, uint64_t offset, const void* src, uint64_t nbytes) {
+  return guarded([&] {
+    if (nbytes) need(src, "source buffer");
+    open_space(space).write(address, offset, src, nbytes);
+  });
+}
+
+vta_status_t vta_read(vta_space_t* space, uint64_t address, uint64_t offset, void* dst, uint64_t nbytes) {
+  return guarded([&] {
+    if (nbytes) need(dst, "destination buffer");
+    open_space(space).read(address, offset, dst, nbytes);
+  });
+}
+
+vta_status_t vta_trim(vta_space_t* space, uint64_t* out_released) {
+  return guarded([&] {
+    uint64_t r = open_space(space).trim();
+    if (out_released) *out_released = r;
+  });
+}
+
+vta_status_t vta_synchronize(vta_space_t* space) {
+  return guarded([&] { open_space(space).synchronize(); });
+}
+
+vta_status_t vta_stats(vta_space_t* space, vta_stats_t* out) {
+  return guarded([&] {
+    need(out, "output");
+    *out = open_space(space).stats();
+  });
+}
+
+vta_status_t vta_reset_peak_stats(vta_space_t* space) {
+  return guarded([&] { open_space(space).reset_peak_stats(); });
+}
+
+vta_status_t vta_pages(vta_space_t* space, vta_page_info_t* out, uint64_t capacity, uint64_t* out_count) {
+  return guarded([&] {
+    need(out_count, "count output");
+    auto v = open_space(space).pages();
+    *out_count = v.size();
+    if (out && capacity) std::memcpy(out, v.data(), sizeof(vta_page_info_t) * std::min<uint64_t>(capacity, v.size()));
+  });
+}
+
+vta_status_t vta_allocations(vta_space_t* space, vta_alloc_info_t* out, uint64_t capacity, uint64_t* out_count) {
+  return guarded([&] {
+    need(out_count, "count output");
+    auto v = open_space(space).allocations();
+    *out_count = v.size();
+    if (out && capacity) std::memcpy(out, v.data(), sizeof(vta_alloc_info_t) * std::min<uint64_t>(capacity, v.size()));
+  });
+}
+
+}  // extern "C"

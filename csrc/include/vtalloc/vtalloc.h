@@ -1,0 +1,144 @@
+/* vtalloc C ABI: the only symbols the shared library exports.
+ *
+ * Owns: the contract between the C++ core and everything above it (Python via ctypes,
+ * PyTorch's CUDAPluggableAllocator, the service).
+ * Invariants: every call returns a vta_status_t (0 = VTA_OK) and passes results through
+ * out-parameters; no C++ exception crosses this boundary; on failure a human-readable
+ * message is available from vta_last_error() on the calling thread. Structs that may grow
+ * start with `uint32_t struct_size`. Bump VTA_ABI_VERSION on any incompatible change.
+ */
+#ifndef VTALLOC_VTALLOC_H
+#define VTALLOC_VTALLOC_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define VTA_ABI_VERSION 1
+#define VTA_API __attribute__((visibility("default")))
+
+typedef int32_t vta_status_t;
+enum {
+  VTA_OK = 0,
+  VTA_ERR_INVALID_ARGUMENT = 1,  /* bad size, double free, foreign/interior pointer, out of range */
+  VTA_ERR_OUT_OF_MEMORY = 2,     /* capacity exhausted after reclaim (and eviction) */
+  VTA_ERR_BACKEND_UNAVAILABLE = 3, /* no CUDA driver / no such device / VMM unsupported */
+  VTA_ERR_DRIVER = 4,            /* the driver (or the OS, for the host backend) failed */
+  VTA_ERR_CLOSED = 5,            /* the address space was closed */
+  VTA_ERR_HOST_POOL_EXHAUSTED = 6, /* the pinned host pool cannot hold another evicted page */
+  VTA_ERR_INTERNAL = 7           /* a bug: an invariant did not hold */
+};
+
+enum { VTA_BACKEND_AUTO = 0, VTA_BACKEND_HOST = 1, VTA_BACKEND_CUDA = 2 };
+
+typedef struct vta_space vta_space_t;
+
+typedef struct vta_config {
+  uint32_t struct_size;          /* sizeof(vta_config_t) */
+  int32_t backend;               /* VTA_BACKEND_* */
+  int32_t device;                /* CUDA device ordinal (ignored by host) */
+  uint32_t reserved0;
+  uint64_t capacity_bytes;       /* most device bytes of physical pages held; 0 = backend default */
+  uint64_t page_bytes;           /* physical page size; 0 = backend granularity */
+  uint64_t small_threshold_bytes;/* allocations at or below this are packed; 0 = min(1 MiB, page) */
+  uint64_t host_granularity_bytes; /* host backend only: simulated granularity; 0 = 2 MiB */
+  uint64_t host_capacity_bytes;  /* pinned host pool for evicted pages; 0 = default */
+  uint64_t reservation_bytes;    /* VA reserved per reservation; 0 = max(2 x capacity, 64 pages) */
+} vta_config_t;
+
+typedef struct vta_stats {
+  uint32_t struct_size;
+  uint32_t reserved0;
+  uint64_t capacity_bytes;
+  uint64_t page_bytes;
+  uint64_t small_threshold_bytes;
+  uint64_t allocated_bytes;       /* live, as requested */
+  uint64_t active_bytes;          /* live, rounded */
+  uint64_t mapped_bytes;          /* physical pages mapped into the VA */
+  uint64_t cached_bytes;          /* mapped bytes under no live allocation */
+  uint64_t peak_allocated_bytes;
+  uint64_t peak_active_bytes;
+  uint64_t peak_mapped_bytes;
+  uint64_t reserved_va_bytes;
+  uint64_t num_reservations;
+  uint64_t pages_total;           /* physical pages held (created or imported) */
+  uint64_t pages_mapped;
+  uint64_t pages_free;            /* held, unmapped */
+  uint64_t num_live_allocs;
+  uint64_t num_allocs;
+  uint64_t num_frees;
+  uint64_t num_ooms;
+  uint64_t num_page_reclaims;     /* pages unmapped from cached ranges to serve a new allocation */
+  uint64_t num_map_calls;
+  uint64_t num_unmap_calls;
+  uint64_t pending_free_bytes;    /* freed, waiting for their stream's event */
+} vta_stats_t;
+
+/* One physical page of an address space. */
+typedef struct vta_page_info {
+  uint64_t page_id;
+  uint64_t address;               /* where it is mapped; 0 when unmapped */
+  uint32_t state;                 /* VTA_PAGE_* */
+  uint32_t num_allocs;            /* live allocations overlapping it */
+} vta_page_info_t;
+enum { VTA_PAGE_FREE = 0, VTA_PAGE_CACHED = 1, VTA_PAGE_ALLOCATED = 2 };
+
+typedef struct vta_alloc_info {
+  uint64_t address;
+  uint64_t size_bytes;            /* rounded */
+  uint64_t requested_bytes;
+  uint64_t stream;
+} vta_alloc_info_t;
+
+/* Process-wide counters of what every backend holds; all return to 0 once every space closed. */
+typedef struct vta_global_counters {
+  uint32_t struct_size;
+  uint32_t reserved0;
+  uint64_t live_spaces;
+  uint64_t live_pages;
+  uint64_t live_page_bytes;
+  uint64_t live_reservations;
+  uint64_t reserved_va_bytes;
+  uint64_t live_mappings;
+  uint64_t pinned_host_bytes;
+  uint64_t live_events;
+  uint64_t live_streams;
+} vta_global_counters_t;
+
+VTA_API int32_t vta_abi_version(void);
+VTA_API const char* vta_last_error(void);
+/* Details of the last VTA_ERR_OUT_OF_MEMORY on this thread. */
+VTA_API void vta_last_oom(uint64_t* requested_bytes, uint64_t* capacity_bytes, uint64_t* mapped_bytes);
+VTA_API vta_status_t vta_global_counters(vta_global_counters_t* out);
+
+/* Probe whether a backend can be created on `device`; VTA_OK or VTA_ERR_BACKEND_UNAVAILABLE. */
+VTA_API vta_status_t vta_backend_probe(int32_t backend, int32_t device);
+
+VTA_API vta_status_t vta_space_create(const vta_config_t* config, vta_space_t** out);
+/* Release every page, mapping and reservation. Idempotent; later calls get VTA_ERR_CLOSED. */
+VTA_API vta_status_t vta_space_close(vta_space_t* space);
+/* Free the handle itself (after close). Not thread-safe with other calls on the handle. */
+VTA_API void vta_space_destroy(vta_space_t* space);
+VTA_API vta_status_t vta_space_backend(vta_space_t* space, int32_t* backend, int32_t* device);
+
+VTA_API vta_status_t vta_malloc(vta_space_t* space, uint64_t nbytes, uint64_t stream, uint64_t* out_address);
+VTA_API vta_status_t vta_free(vta_space_t* space, uint64_t address);
+VTA_API vta_status_t vta_size_of(vta_space_t* space, uint64_t address, uint64_t* out_requested_bytes);
+VTA_API vta_status_t vta_write(vta_space_t* space, uint64_t address, uint64_t offset, const void* src, uint64_t nbytes);
+VTA_API vta_status_t vta_read(vta_space_t* space, uint64_t address, uint64_t offset, void* dst, uint64_t nbytes);
+/* Release cached pages: unmap free ranges and give unmapped pages back to the backend. */
+VTA_API vta_status_t vta_trim(vta_space_t* space, uint64_t* out_released_bytes);
+VTA_API vta_status_t vta_synchronize(vta_space_t* space);
+
+VTA_API vta_status_t vta_stats(vta_space_t* space, vta_stats_t* out);
+VTA_API vta_status_t vta_reset_peak_stats(vta_space_t* space);
+VTA_API vta_status_t vta_pages(vta_space_t* space, vta_page_info_t* out, uint64_t capacity, uint64_t* out_count);
+VTA_API vta_status_t vta_allocations(vta_space_t* space, vta_alloc_info_t* out, uint64_t capacity, uint64_t* out_count);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* VTALLOC_VTALLOC_H */

@@ -1,0 +1,93 @@
+// PageTable: reservations of virtual space, the physical pages an address space holds, and
+// which page is mapped where.
+//
+// Owns: every reservation, page handle and mapping of one address space, and the driver
+// calls that create or destroy them. Holds no policy: which range to use and when to
+// reclaim is decided in alloc/.
+// Invariants:
+//  - pages held <= capacity_pages; a page is either mapped at exactly one page-aligned
+//    address inside a reservation, or unmapped and listed in the free pool;
+//  - map_pages() is all-or-nothing: on any failure the pages mapped so far are unmapped
+//    and returned to the pool (RAII guard), so no mapping or page leaks;
+//  - after release_all() nothing is held: no page, mapping or reservation.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <unordered_map>
+#include <vector>
+
+#include "backend/backend.hpp"
+
+namespace vta {
+
+class PageTable {
+ public:
+  PageTable(Backend& backend, size_t page_bytes, uint64_t capacity_bytes);
+  PageTable(const PageTable&) = delete;
+  PageTable& operator=(const PageTable&) = delete;
+
+  size_t page_bytes() const { return page_bytes_; }
+  uint64_t capacity_pages() const { return capacity_pages_; }
+
+  // Reserve a new range of virtual addresses (a multiple of page_bytes). Throws on failure.
+  uintptr_t reserve(size_t bytes);
+  const std::map<uintptr_t, size_t>& reservations() const { return reservations_; }
+  uint64_t reserved_bytes() const { return reserved_bytes_; }
+
+  // Take a held, unmapped page, or create one while under capacity. False when neither is
+  // possible (at capacity, or the driver is out of memory). Throws on other driver errors.
+  bool acquire_page(int32_t* id);
+  // Give an acquired page back to the unmapped pool without mapping it.
+  void return_page(int32_t id);
+
+  // Map pages[i] at va + i * page_bytes and make the range accessible. All or nothing.
+  void map_pages(uintptr_t va, const std::vector<int32_t>& ids);
+  // Unmap the whole pages in [va, va + bytes); their pages return to the unmapped pool.
+  void unmap_range(uintptr_t va, size_t bytes);
+
+  int32_t page_at(uintptr_t va) const;  // -1 when nothing is mapped there
+  uintptr_t address_of(int32_t id) const { return pages_[id].va; }
+
+  // Give every unmapped page back to the driver; returns the bytes released.
+  uint64_t release_free_pages();
+  // Unmap and release everything and free every reservation (close()).
+  void release_all();
+
+  uint64_t pages_held() const { return pages_held_; }
+  uint64_t pages_mapped() const { return pages_mapped_; }
+  uint64_t pages_unmapped() const { return free_pool_.size(); }
+  uint64_t num_map_calls() const { return num_map_calls_; }
+  uint64_t num_unmap_calls() const { return num_unmap_calls_; }
+
+  // Visit every held page: (id, mapped address or 0).
+  template <typename F>
+  void for_each_page(F&& f) const {
+    for (size_t i = 0; i < pages_.size(); ++i)
+      if (pages_[i].held) f(static_cast<int32_t>(i), pages_[i].va);
+  }
+
+ private:
+  struct Page {
+    PageHandle handle = 0;
+    uintptr_t va = 0;   // 0 when unmapped
+    bool held = false;  // this slot holds a live page handle
+  };
+
+  Backend& backend_;
+  size_t page_bytes_;
+  uint64_t capacity_pages_;
+  std::vector<Page> pages_;
+  std::vector<int32_t> free_slots_;  // unused slots in pages_
+  std::vector<int32_t> free_pool_;   // held, unmapped pages
+  std::unordered_map<uintptr_t, int32_t> mapped_;  // page-aligned va -> page id
+  std::map<uintptr_t, size_t> reservations_;
+  uint64_t reserved_bytes_ = 0;
+  uint64_t pages_held_ = 0;
+  uint64_t pages_mapped_ = 0;
+  uint64_t num_map_calls_ = 0;
+  uint64_t num_unmap_calls_ = 0;
+};
+
+}  // namespace vta
