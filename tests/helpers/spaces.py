@@ -1,0 +1,30 @@
+"""Small, capped address spaces for tests (never sized by the machine's memory)."""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+
+from vtalloc.allocator import AddressSpace
+
+MiB = 1 << 20
+PAGE = 2 * MiB
+
+
+def host_space(capacity: int | str = 64 * MiB, **kw) -> AddressSpace:
+    return AddressSpace(backend="host", capacity=capacity, **kw)
+
+
+def pattern(seed: int, n: int) -> bytes:
+    """Deterministic, non-zero, seed-specific bytes (never test on zeros)."""
+    block = hashlib.sha256(seed.to_bytes(8, "little", signed=False)).digest()
+    return (block * (n // len(block) + 1))[:n]
+
+
+@contextlib.contextmanager
+def space_for(backend: str, **kw):
+    space = AddressSpace(backend=backend, **kw)
+    try:
+        yield space
+    finally:
+        space.close()
