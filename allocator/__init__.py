@@ -7,6 +7,7 @@ imports torch.
 
 from ._native import global_counters
 from .address_space import AddressSpace
+from .pool import PagePool, PoolInfo
 from .config import Config, format_size, parse_size
 from .errors import (
     BackendUnavailableError,
@@ -22,7 +23,7 @@ from .probe import backend_available, cuda_available
 from .stats import AllocationRecord, PageRecord, Stats
 
 __all__ = [
-    "AddressSpace", "Config", "Stats", "PageRecord", "AllocationRecord",
+    "AddressSpace", "PagePool", "PoolInfo", "Config", "Stats", "PageRecord", "AllocationRecord",
     "VtallocError", "OutOfMemoryError", "HostPoolExhaustedError", "InvalidArgumentError", "ClosedError",
     "BackendUnavailableError", "DriverError", "InternalError",
     "global_counters", "backend_available", "cuda_available", "parse_size", "format_size",

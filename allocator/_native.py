@@ -26,7 +26,7 @@ u32, i32, u64 = ctypes.c_uint32, ctypes.c_int32, ctypes.c_uint64
 
 class VtaConfig(ctypes.Structure):
     _fields_ = [
-        ("struct_size", u32), ("backend", i32), ("device", i32), ("reserved0", u32),
+        ("struct_size", u32), ("backend", i32), ("device", i32), ("flags", u32),
         ("capacity_bytes", u64), ("page_bytes", u64), ("small_threshold_bytes", u64),
         ("host_granularity_bytes", u64), ("host_capacity_bytes", u64), ("reservation_bytes", u64),
     ]
@@ -51,6 +51,16 @@ class VtaPageInfo(ctypes.Structure):
 
 class VtaAllocInfo(ctypes.Structure):
     _fields_ = [("address", u64), ("size_bytes", u64), ("requested_bytes", u64), ("stream", u64)]
+
+
+class VtaPoolInfo(ctypes.Structure):
+    _fields_ = [
+        ("struct_size", u32), ("backend", i32), ("device", i32), ("exportable", u32),
+        ("page_bytes", u64), ("capacity_bytes", u64), ("pages_held", u64),
+    ]
+
+
+CONFIG_LEASED = 1
 
 
 class VtaGlobalCounters(ctypes.Structure):
@@ -85,7 +95,32 @@ _PROTOTYPES = {
     "vta_reset_peak_stats": (i32, [ctypes.c_void_p]),
     "vta_pages": (i32, [ctypes.c_void_p, _P(VtaPageInfo), u64, _P(u64)]),
     "vta_allocations": (i32, [ctypes.c_void_p, _P(VtaAllocInfo), u64, _P(u64)]),
+    "vta_space_import_page": (i32, [ctypes.c_void_p, i32, u64]),
+    "vta_space_return_pages": (i32, [ctypes.c_void_p, u64, _P(u64), _P(u64)]),
+    "vta_pool_create": (i32, [_P(VtaConfig), _P(ctypes.c_void_p)]),
+    "vta_pool_close": (i32, [ctypes.c_void_p]),
+    "vta_pool_destroy": (None, [ctypes.c_void_p]),
+    "vta_pool_info": (i32, [ctypes.c_void_p, _P(VtaPoolInfo)]),
+    "vta_pool_create_page": (i32, [ctypes.c_void_p, _P(u64)]),
+    "vta_pool_export_page": (i32, [ctypes.c_void_p, u64, _P(i32)]),
+    "vta_pool_release_page": (i32, [ctypes.c_void_p, u64]),
 }
+
+
+def make_config(config, *, flags: int = 0) -> VtaConfig:
+    """The C mirror of a :class:`vtalloc.allocator.config.Config`."""
+    c = VtaConfig()
+    c.struct_size = ctypes.sizeof(c)
+    c.backend = BACKEND_CODES[config.backend]
+    c.device = config.device
+    c.flags = flags
+    c.capacity_bytes = config.capacity or 0
+    c.page_bytes = config.page_size or 0
+    c.small_threshold_bytes = config.small_threshold or 0
+    c.host_granularity_bytes = config.host_granularity or 0
+    c.host_capacity_bytes = config.host_capacity or 0
+    c.reservation_bytes = config.reservation_size or 0
+    return c
 
 _lib: ctypes.CDLL | None = None
 _lock = threading.Lock()

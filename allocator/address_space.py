@@ -59,6 +59,7 @@ class AddressSpace:
         host_capacity: int | str | None = None,
         reservation_size: int | str | None = None,
         config: Config | None = None,
+        leased: bool = False,
     ) -> None:
         self._handle: int | None = None
         self._closed = True
@@ -70,16 +71,10 @@ class AddressSpace:
             )
         self.config = config
         lib = _native.load()
-        c = _native.VtaConfig()
-        c.struct_size = ctypes.sizeof(c)
-        c.backend = _native.BACKEND_CODES[config.backend]
-        c.device = config.device
-        c.capacity_bytes = config.capacity or 0
-        c.page_bytes = config.page_size or 0
-        c.small_threshold_bytes = config.small_threshold or 0
-        c.host_granularity_bytes = config.host_granularity or 0
-        c.host_capacity_bytes = config.host_capacity or 0
-        c.reservation_bytes = config.reservation_size or 0
+        if leased and config.capacity is None:
+            raise InvalidArgumentError("a leased address space needs a capacity (the most it may lease)")
+        c = _native.make_config(config, flags=_native.CONFIG_LEASED if leased else 0)
+        self.leased = leased
         handle = ctypes.c_void_p()
         _native.check(lib.vta_space_create(ctypes.byref(c), ctypes.byref(handle)))
         self._lib = lib
@@ -188,6 +183,22 @@ class AddressSpace:
     def synchronize(self) -> None:
         """Wait for every pending free's stream, so freed memory is reusable at once."""
         _native.check(self._lib.vta_synchronize(self._h()))
+
+    # -- leased pages (the client side of the service) -------------------------------------
+    def import_page(self, fd: int, tag: int) -> None:
+        """Adopt a page received as file descriptor ``fd`` (still yours to close); ``tag`` names it."""
+        fd_ = _as_u64(fd, "fd")
+        if fd_ >= 1 << 31:
+            raise InvalidArgumentError(f"fd {fd_} is not a file descriptor")
+        _native.check(self._lib.vta_space_import_page(self._h(), fd_, _as_u64(tag, "tag")))
+
+    def return_pages(self, max_pages: int) -> list[int]:
+        """Give back up to ``max_pages`` pages holding no live data; returns their tags."""
+        n = _as_u64(max_pages, "max_pages")
+        tags = (ctypes.c_uint64 * max(n, 1))()
+        count = ctypes.c_uint64()
+        _native.check(self._lib.vta_space_return_pages(self._h(), n, tags, ctypes.byref(count)))
+        return list(tags[: count.value])
 
     # -- inspection -----------------------------------------------------------------------
     def stats(self) -> Stats:

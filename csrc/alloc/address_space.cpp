@@ -33,6 +33,7 @@ std::unique_ptr<AddressSpace> AddressSpace::create(const vta_config_t& config) {
   opts.device = config.device;
   opts.host_device_bytes = config.capacity_bytes;
   opts.host_granularity_bytes = config.host_granularity_bytes;
+  if (config.flags & ~VTA_CONFIG_LEASED) fail(VTA_ERR_INVALID_ARGUMENT, "unknown vta_config_t flags");
   std::unique_ptr<Backend> backend;
   check(make_backend(opts, &backend));
 
@@ -63,6 +64,10 @@ AddressSpace::AddressSpace(std::unique_ptr<Backend> backend, const vta_config_t&
       small_free_(page_bytes) {
   if (small_threshold_ > page_bytes_)
     fail(VTA_ERR_INVALID_ARGUMENT, "small_threshold must not exceed the page size");
+  if (config.flags & VTA_CONFIG_LEASED) {
+    leased_ = true;
+    pages_.set_capacity_pages(0);  // grows with each imported page, up to capacity_
+  }
   stats_.struct_size = sizeof(vta_stats_t);
   global_counters().live_spaces++;
 }
@@ -373,6 +378,28 @@ uint64_t AddressSpace::trim() {
     free_unmapped_.insert(start, bytes);
   }
   return pages_.release_free_pages();
+}
+
+void AddressSpace::import_page(int fd, uint64_t tag) {
+  std::lock_guard<std::mutex> lk(mu_);
+  check_open_locked();
+  if (!leased_) fail(VTA_ERR_INVALID_ARGUMENT, "import_page needs an address space created in leased mode");
+  if (fd < 0) fail(VTA_ERR_INVALID_ARGUMENT, "import_page: invalid file descriptor");
+  if ((pages_.pages_held() + 1) * page_bytes_ > capacity_)
+    fail(VTA_ERR_INVALID_ARGUMENT, "import_page: the lease would exceed this space's capacity ceiling");
+  PageHandle h = 0;
+  check(backend_->import_page(fd, page_bytes_, &h));
+  pages_.adopt_page(h, tag);
+}
+
+std::vector<uint64_t> AddressSpace::return_pages(uint64_t max_pages) {
+  std::lock_guard<std::mutex> lk(mu_);
+  check_open_locked();
+  if (!leased_) fail(VTA_ERR_INVALID_ARGUMENT, "return_pages needs an address space created in leased mode");
+  drain_pending_locked(false);
+  while (pages_.pages_unmapped() < max_pages && reclaim_one_page_locked()) {
+  }
+  return pages_.give_back_pages(max_pages);
 }
 
 void AddressSpace::synchronize() {

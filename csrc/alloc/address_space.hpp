@@ -46,6 +46,9 @@ class AddressSpace {
   void read(uintptr_t address, uint64_t offset, void* dst, uint64_t nbytes);
   uint64_t trim();
   void synchronize();
+  // Leased mode (VTA_CONFIG_LEASED): pages come from the service, not from the backend.
+  void import_page(int fd, uint64_t tag);
+  std::vector<uint64_t> return_pages(uint64_t max_pages);
   void close();
 
   vta_stats_t stats();
@@ -89,6 +92,7 @@ class AddressSpace {
 
   mutable std::mutex mu_;
   bool closed_ = false;
+  bool leased_ = false;
   std::unique_ptr<Backend> backend_;
   int backend_kind_;
   int device_;

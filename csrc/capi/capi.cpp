@@ -10,54 +10,18 @@
 #include <string>
 
 #include "alloc/address_space.hpp"
+#include "capi/guard.hpp"
+#include "capi/space_handle.hpp"
 #include "backend/counters.hpp"
 #include "vtalloc/vtalloc.h"
 
-struct vta_space {
-  std::unique_ptr<vta::AddressSpace> impl;
-};
 
 namespace {
 
-thread_local std::string t_last_error;
-thread_local uint64_t t_oom[3] = {0, 0, 0};
+using vta::capi::guarded;
+using vta::capi::need;
 
-template <typename F>
-vta_status_t guarded(F&& body) noexcept {
-  try {
-    body();
-    return VTA_OK;
-  } catch (const vta::OutOfMemory& e) {
-    t_last_error = e.what();
-    t_oom[0] = e.requested();
-    t_oom[1] = e.capacity();
-    t_oom[2] = e.mapped();
-    return VTA_ERR_OUT_OF_MEMORY;
-  } catch (const vta::Error& e) {
-    t_last_error = e.what();
-    return e.code();
-  } catch (const std::bad_alloc&) {
-    t_last_error = "vtalloc: out of host memory for bookkeeping";
-    return VTA_ERR_INTERNAL;
-  } catch (const std::exception& e) {
-    t_last_error = std::string("vtalloc internal error: ") + e.what();
-    return VTA_ERR_INTERNAL;
-  } catch (...) {
-    t_last_error = "vtalloc internal error: unknown exception";
-    return VTA_ERR_INTERNAL;
-  }
-}
-
-vta::AddressSpace& open_space(vta_space_t* space) {
-  if (!space) vta::fail(VTA_ERR_INVALID_ARGUMENT, "null address space handle");
-  if (!space->impl) vta::fail(VTA_ERR_CLOSED, "the address space is closed");
-  return *space->impl;
-}
-
-template <typename T>
-void need(T* p, const char* what) {
-  if (!p) vta::fail(VTA_ERR_INVALID_ARGUMENT, std::string("null ") + what);
-}
+using vta::capi::open_space;
 
 }  // namespace
 
@@ -65,12 +29,13 @@ extern "C" {
 
 int32_t vta_abi_version(void) { return VTA_ABI_VERSION; }
 
-const char* vta_last_error(void) { return t_last_error.c_str(); }
+const char* vta_last_error(void) { return vta::capi::last_error().c_str(); }
 
 void vta_last_oom(uint64_t* requested, uint64_t* capacity, uint64_t* mapped) {
-  if (requested) *requested = t_oom[0];
-  if (capacity) *capacity = t_oom[1];
-  if (mapped) *mapped = t_oom[2];
+  const uint64_t* oom = vta::capi::last_oom();
+  if (requested) *requested = oom[0];
+  if (capacity) *capacity = oom[1];
+  if (mapped) *mapped = oom[2];
 }
 
 vta_status_t vta_global_counters(vta_global_counters_t* out) {

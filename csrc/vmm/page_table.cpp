@@ -32,6 +32,11 @@ bool PageTable::acquire_page(int32_t* id) {
   Status s = backend_.create_page(page_bytes_, PageLocation::device, &h);
   if (s.code() == VTA_ERR_OUT_OF_MEMORY) return false;
   check(s);
+  *id = new_slot(h, 0);
+  return true;
+}
+
+int32_t PageTable::new_slot(PageHandle handle, uint64_t tag) {
   int32_t slot;
   if (!free_slots_.empty()) {
     slot = free_slots_.back();
@@ -40,10 +45,29 @@ bool PageTable::acquire_page(int32_t* id) {
     slot = static_cast<int32_t>(pages_.size());
     pages_.emplace_back();
   }
-  pages_[slot] = Page{h, 0, true};
+  pages_[slot] = Page{handle, 0, true, tag};
   ++pages_held_;
-  *id = slot;
-  return true;
+  return slot;
+}
+
+void PageTable::adopt_page(PageHandle handle, uint64_t tag) {
+  free_pool_.push_back(new_slot(handle, tag));
+  ++capacity_pages_;
+}
+
+std::vector<uint64_t> PageTable::give_back_pages(uint64_t max_pages) {
+  std::vector<uint64_t> tags;
+  while (!free_pool_.empty() && tags.size() < max_pages) {
+    int32_t id = free_pool_.back();
+    check(backend_.release_page(pages_[id].handle));
+    free_pool_.pop_back();
+    tags.push_back(pages_[id].tag);
+    pages_[id] = Page{};
+    free_slots_.push_back(id);
+    --pages_held_;
+    --capacity_pages_;
+  }
+  return tags;
 }
 
 void PageTable::return_page(int32_t id) {

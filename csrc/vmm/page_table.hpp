@@ -47,11 +47,18 @@ class PageTable {
   // Unmap the whole pages in [va, va + bytes); their pages return to the unmapped pool.
   void unmap_range(uintptr_t va, size_t bytes);
 
-  int32_t page_at(uintptr_t va) const;  // -1 when nothing is mapped there
+  int32_t page_at(uintptr_t va) const;
+  int32_t new_slot(PageHandle handle, uint64_t tag);  // -1 when nothing is mapped there
   uintptr_t address_of(int32_t id) const { return pages_[id].va; }
 
   // Give every unmapped page back to the driver; returns the bytes released.
   uint64_t release_free_pages();
+
+  // Leased pages: adopt a page created elsewhere (capacity grows by one page), and give
+  // unmapped pages back (capacity shrinks), reporting the tags they were adopted with.
+  void adopt_page(PageHandle handle, uint64_t tag);
+  std::vector<uint64_t> give_back_pages(uint64_t max_pages);
+  void set_capacity_pages(uint64_t n) { capacity_pages_ = n; }
   // Unmap and release everything and free every reservation (close()).
   void release_all();
 
@@ -73,6 +80,7 @@ class PageTable {
     PageHandle handle = 0;
     uintptr_t va = 0;   // 0 when unmapped
     bool held = false;  // this slot holds a live page handle
+    uint64_t tag = 0;   // the service's id of a leased page (0 for pages created here)
   };
 
   Backend& backend_;

@@ -34,13 +34,17 @@ enum {
 
 enum { VTA_BACKEND_AUTO = 0, VTA_BACKEND_HOST = 1, VTA_BACKEND_CUDA = 2 };
 
+/* Config flags. LEASED: the space creates no page itself; it holds only pages imported with
+ * vta_space_import_page() (a lease from the service), and capacity_bytes is the ceiling. */
+#define VTA_CONFIG_LEASED 1u
+
 typedef struct vta_space vta_space_t;
 
 typedef struct vta_config {
   uint32_t struct_size;          /* sizeof(vta_config_t) */
   int32_t backend;               /* VTA_BACKEND_* */
   int32_t device;                /* CUDA device ordinal (ignored by host) */
-  uint32_t reserved0;
+  uint32_t flags;                /* VTA_CONFIG_* */
   uint64_t capacity_bytes;       /* most device bytes of physical pages held; 0 = backend default */
   uint64_t page_bytes;           /* physical page size; 0 = backend granularity */
   uint64_t small_threshold_bytes;/* allocations at or below this are packed; 0 = min(1 MiB, page) */
@@ -137,6 +141,36 @@ VTA_API vta_status_t vta_stats(vta_space_t* space, vta_stats_t* out);
 VTA_API vta_status_t vta_reset_peak_stats(vta_space_t* space);
 VTA_API vta_status_t vta_pages(vta_space_t* space, vta_page_info_t* out, uint64_t capacity, uint64_t* out_count);
 VTA_API vta_status_t vta_allocations(vta_space_t* space, vta_alloc_info_t* out, uint64_t capacity, uint64_t* out_count);
+
+/* --- Leased pages (client side of the service) ------------------------------------------ */
+/* Adopt a page received as a file descriptor (the caller keeps and closes `fd`). The page
+ * joins the unmapped pool; `tag` is the service's id for it, given back on return. */
+VTA_API vta_status_t vta_space_import_page(vta_space_t* space, int32_t fd, uint64_t tag);
+/* Give back up to `max_pages` pages that hold no live data (unmapping cached ones as needed).
+ * Writes their tags to out_tags (room for max_pages) and the number to *out_count. */
+VTA_API vta_status_t vta_space_return_pages(vta_space_t* space, uint64_t max_pages, uint64_t* out_tags,
+                                            uint64_t* out_count);
+
+/* --- Page pool (service side): physical pages created and exported, never mapped --------- */
+typedef struct vta_pool vta_pool_t;
+typedef struct vta_pool_info {
+  uint32_t struct_size;
+  int32_t backend;
+  int32_t device;
+  uint32_t exportable;            /* 1 when pages can be exported as POSIX file descriptors */
+  uint64_t page_bytes;
+  uint64_t capacity_bytes;
+  uint64_t pages_held;
+} vta_pool_info_t;
+/* Uses config->backend, device, capacity_bytes, page_bytes, host_granularity_bytes. */
+VTA_API vta_status_t vta_pool_create(const vta_config_t* config, vta_pool_t** out);
+VTA_API vta_status_t vta_pool_close(vta_pool_t* pool);  /* releases every page; idempotent */
+VTA_API void vta_pool_destroy(vta_pool_t* pool);
+VTA_API vta_status_t vta_pool_info(vta_pool_t* pool, vta_pool_info_t* out);
+VTA_API vta_status_t vta_pool_create_page(vta_pool_t* pool, uint64_t* out_page_id);
+/* A new file descriptor for the page on each call; the caller owns and closes it. */
+VTA_API vta_status_t vta_pool_export_page(vta_pool_t* pool, uint64_t page_id, int32_t* out_fd);
+VTA_API vta_status_t vta_pool_release_page(vta_pool_t* pool, uint64_t page_id);
 
 #ifdef __cplusplus
 }

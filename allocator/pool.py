@@ -1,0 +1,95 @@
+"""PagePool: physical pages created to be leased to other processes (the service's side).
+
+Owns: one native ``vta_pool`` handle. Pages are never mapped in this process; each export
+returns a fresh file descriptor that the caller owns (send it with SCM_RIGHTS, then close
+it). Page ids are never reused within a pool. ``close()`` releases every page; a page a
+client has imported stays alive in that client until the client releases it (driver and
+kernel reference counting), so closing the pool revokes nothing already handed out.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from dataclasses import dataclass
+
+from . import _native
+from .address_space import _as_u64
+from .config import Config
+from .errors import ClosedError
+
+__all__ = ["PagePool", "PoolInfo"]
+
+
+@dataclass(frozen=True)
+class PoolInfo:
+    backend: str
+    device: int
+    page_bytes: int
+    capacity_bytes: int
+    pages_held: int
+    exportable: bool
+
+
+class PagePool:
+    def __init__(self, backend: str = "auto", device: int = 0, capacity: int | str | None = None,
+                 page_size: int | str | None = None, *, host_granularity: int | str | None = None,
+                 config: Config | None = None) -> None:
+        self._handle = None
+        config = config or Config(backend=backend, device=device, capacity=capacity, page_size=page_size,
+                                  host_granularity=host_granularity)
+        self._lib = _native.load()
+        c = _native.make_config(config)
+        handle = ctypes.c_void_p()
+        _native.check(self._lib.vta_pool_create(ctypes.byref(c), ctypes.byref(handle)))
+        self._handle = handle.value
+        self._closed = False
+        info = self.info()
+        self.backend, self.device = info.backend, info.device
+        self.page_bytes, self.capacity_bytes = info.page_bytes, info.capacity_bytes
+
+    def _h(self) -> int:
+        if self._handle is None or self._closed:
+            raise ClosedError("the page pool is closed")
+        return self._handle
+
+    def info(self) -> PoolInfo:
+        raw = _native.VtaPoolInfo()
+        _native.check(self._lib.vta_pool_info(self._h(), ctypes.byref(raw)))
+        return PoolInfo(_native.BACKEND_NAMES[raw.backend], raw.device, raw.page_bytes, raw.capacity_bytes,
+                        raw.pages_held, bool(raw.exportable))
+
+    def create_page(self) -> int:
+        """A new page's id; OutOfMemoryError at capacity."""
+        out = ctypes.c_uint64()
+        _native.check(self._lib.vta_pool_create_page(self._h(), ctypes.byref(out)))
+        return out.value
+
+    def export_page(self, page_id: int) -> int:
+        """A new file descriptor for the page (the caller closes it)."""
+        out = ctypes.c_int32()
+        _native.check(self._lib.vta_pool_export_page(self._h(), _as_u64(page_id, "page_id"), ctypes.byref(out)))
+        return out.value
+
+    def release_page(self, page_id: int) -> None:
+        _native.check(self._lib.vta_pool_release_page(self._h(), _as_u64(page_id, "page_id")))
+
+    def close(self) -> None:
+        if self._handle is None or self._closed:
+            return
+        self._closed = True
+        _native.check(self._lib.vta_pool_close(self._handle))
+
+    def __enter__(self) -> "PagePool":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        handle, self._handle = getattr(self, "_handle", None), None
+        if handle is not None:
+            try:
+                if not self._closed:
+                    self._lib.vta_pool_close(handle)
+            finally:
+                self._lib.vta_pool_destroy(handle)
