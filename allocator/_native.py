@@ -80,6 +80,7 @@ _PROTOTYPES = {
     "vta_last_oom": (None, [_P(u64), _P(u64), _P(u64)]),
     "vta_global_counters": (i32, [_P(VtaGlobalCounters)]),
     "vta_backend_probe": (i32, [i32, i32]),
+    "vta_backend_conformance": (i32, [i32, i32, ctypes.c_char_p, u64, _P(i32)]),
     "vta_space_create": (i32, [_P(VtaConfig), _P(ctypes.c_void_p)]),
     "vta_space_close": (i32, [ctypes.c_void_p]),
     "vta_space_destroy": (None, [ctypes.c_void_p]),
@@ -171,6 +172,15 @@ def check(status: int) -> None:
         lib.vta_last_oom(ctypes.byref(r), ctypes.byref(c), ctypes.byref(m))
         oom = (r.value, c.value, m.value)
     raise error_for_status(status, message, oom)
+
+
+def backend_conformance(backend: str, device: int = 0) -> tuple[int, str]:
+    """Run the driver-seam contract checks on a fresh backend: (failed checks, report)."""
+    lib = load()
+    buf = ctypes.create_string_buffer(16384)
+    failures = i32()
+    check(lib.vta_backend_conformance(BACKEND_CODES[backend], device, buf, len(buf), ctypes.byref(failures)))
+    return failures.value, buf.value.decode()
 
 
 def global_counters() -> dict[str, int]:

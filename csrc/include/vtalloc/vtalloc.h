@@ -120,6 +120,10 @@ VTA_API vta_status_t vta_global_counters(vta_global_counters_t* out);
 
 /* Probe whether a backend can be created on `device`; VTA_OK or VTA_ERR_BACKEND_UNAVAILABLE. */
 VTA_API vta_status_t vta_backend_probe(int32_t backend, int32_t device);
+/* Run the driver-seam contract checks (backend.hpp) on a fresh backend; writes a report and
+ * the number of failed checks. For tests: the same checks on host and on cuda. */
+VTA_API vta_status_t vta_backend_conformance(int32_t backend, int32_t device, char* report, uint64_t report_len,
+                                             int32_t* out_failures);
 
 VTA_API vta_status_t vta_space_create(const vta_config_t* config, vta_space_t** out);
 /* Release every page, mapping and reservation. Idempotent; later calls get VTA_ERR_CLOSED. */

@@ -1,0 +1,120 @@
+"""Property test: random malloc / free / write / read / trim against a model.
+
+After every step: every live allocation reads back exactly what was last written to it,
+allocations never overlap, mapped bytes never exceed capacity, the stats agree with the
+model, and an OOM happens only when live rounded bytes plus the request exceed capacity
+(invariant 1: no fragmentation OOM).
+"""
+
+from __future__ import annotations
+
+import hypothesis.strategies as st
+from hypothesis import HealthCheck, settings
+from hypothesis.stateful import Bundle, RuleBasedStateMachine, consumes, invariant, precondition, rule
+
+from vtalloc.allocator import OutOfMemoryError
+from helpers.spaces import MiB, host_space, pattern
+
+CAPACITY = 16 * MiB
+PAGE = 2 * MiB
+SMALL = MiB
+
+SIZES = st.one_of(
+    st.integers(1, 4096),
+    st.integers(4097, SMALL),
+    st.integers(SMALL + 1, 3 * PAGE),
+    st.sampled_from([PAGE, 2 * PAGE, 4 * PAGE, 8 * PAGE]),
+)
+
+
+def rounded(n: int) -> int:
+    return -(-n // 512) * 512 if n <= SMALL else -(-n // PAGE) * PAGE
+
+
+class SpaceMachine(RuleBasedStateMachine):
+    allocations = Bundle("allocations")
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.space = host_space(CAPACITY)
+        self.live: dict[int, tuple[int, int]] = {}  # address -> (size, tag)
+        self.tag = 0
+
+    def teardown(self) -> None:
+        for a in list(self.live):
+            self.space.free(a)
+        self.space.close()
+
+    def pages_needed_by_live(self) -> int:
+        # Small allocations share pages: count the distinct pages they touch.
+        large = sum(rounded(n) for n, _ in self.live.values() if n > SMALL)
+        small_pages = {a - a % PAGE for a, (n, _) in self.live.items() if n <= SMALL}
+        return large + len(small_pages) * PAGE
+
+    @rule(target=allocations, n=SIZES)
+    def malloc(self, n):
+        try:
+            a = self.space.malloc(n)
+        except OutOfMemoryError:
+            # Allowed only if live pages plus this request exceed capacity.
+            need = PAGE if n <= SMALL else rounded(n)
+            assert self.pages_needed_by_live() + need > CAPACITY, "fragmentation OOM"
+            return None
+        self.tag += 1
+        self.write_tagged(a, n, self.tag)
+        self.live[a] = (n, self.tag)
+        return a
+
+    @rule(a=consumes(allocations))
+    def free(self, a):
+        if a is None or a not in self.live:
+            return
+        self.check_bytes(a)
+        self.space.free(a)
+        del self.live[a]
+
+    @rule(a=allocations)
+    def rewrite(self, a):
+        if a is None or a not in self.live:
+            return
+        n, _ = self.live[a]
+        self.tag += 1
+        self.write_tagged(a, n, self.tag)
+        self.live[a] = (n, self.tag)
+
+    @precondition(lambda self: self.live)
+    @rule()
+    def trim(self):
+        self.space.trim()
+
+    # Head (up to 8 KiB) and, for larger allocations, the last 64 bytes carry the tag.
+    def write_tagged(self, a: int, n: int, tag: int) -> None:
+        self.space.write(a, pattern(tag, min(n, 8192)))
+        if n >= 8192 + 64:
+            self.space.write(a, pattern(-tag % (1 << 63), 64), offset=n - 64)
+
+    def check_bytes(self, a: int) -> None:
+        n, tag = self.live[a]
+        assert self.space.read(a, min(n, 8192)) == pattern(tag, min(n, 8192))
+        if n >= 8192 + 64:
+            assert self.space.read(a, 64, offset=n - 64) == pattern(-tag % (1 << 63), 64)
+
+    @invariant()
+    def bytes_intact_and_accounting_exact(self):
+        for a in self.live:
+            self.check_bytes(a)
+        s = self.space.stats()
+        assert s.mapped_bytes <= s.capacity_bytes
+        assert s.num_live_allocs == len(self.live)
+        assert s.allocated_bytes == sum(n for n, _ in self.live.values())
+        assert s.active_bytes == sum(rounded(n) for n, _ in self.live.values())
+        assert s.pages_mapped + s.pages_free == s.pages_total
+        spans = sorted((a, a + rounded(n)) for a, (n, _) in self.live.items())
+        for (_, end), (start, _) in zip(spans, spans[1:]):
+            assert end <= start, "allocations overlap"
+
+
+TestSpaceMachine = SpaceMachine.TestCase
+TestSpaceMachine.settings = settings(
+    max_examples=60, stateful_step_count=40, deadline=None, suppress_health_check=[HealthCheck.too_slow]
+)

@@ -1,0 +1,76 @@
+"""Thread safety: many threads allocating, writing, reading and freeing one space."""
+
+from __future__ import annotations
+
+import random
+import threading
+
+from helpers.spaces import MiB, host_space, pattern
+
+
+def test_concurrent_malloc_free_keeps_every_byte():
+    errors: list[BaseException] = []
+    with host_space(128 * MiB) as space:
+        def worker(seed: int) -> None:
+            rng = random.Random(seed)
+            mine: list[tuple[int, int, int]] = []
+            try:
+                for step in range(400):
+                    if mine and rng.random() < 0.45:
+                        a, n, tag = mine.pop(rng.randrange(len(mine)))
+                        assert space.read(a, n) == pattern(tag, n)
+                        space.free(a)
+                    else:
+                        n = rng.choice([64, 512, 3000, 70_000, MiB, 2 * MiB + 5])
+                        try:
+                            a = space.malloc(n)
+                        except MemoryError:
+                            continue
+                        tag = seed * 100_000 + step
+                        space.write(a, pattern(tag, n))
+                        mine.append((a, n, tag))
+                for a, n, tag in mine:
+                    assert space.read(a, n) == pattern(tag, n)
+                    space.free(a)
+            except BaseException as e:  # surfaced to the main thread below
+                errors.append(e)
+
+        threads = [threading.Thread(target=worker, args=(i,)) for i in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert not errors, errors[0]
+        s = space.stats()
+        assert s.num_live_allocs == 0 and s.allocated_bytes == 0 and s.active_bytes == 0
+        assert s.num_allocs == s.num_frees
+        assert s.peak_mapped_bytes <= s.capacity_bytes
+
+
+def test_close_while_other_threads_allocate_is_safe():
+    from vtalloc.allocator import ClosedError
+
+    space = host_space(32 * MiB)
+    stop = threading.Event()
+    seen: list[str] = []
+
+    def hammer() -> None:
+        while not stop.is_set():
+            try:
+                a = space.malloc(4096)
+                space.free(a)
+            except ClosedError:
+                seen.append("closed")
+                return
+            except Exception as e:  # anything else is a bug
+                seen.append(repr(e))
+                return
+
+    threads = [threading.Thread(target=hammer) for _ in range(4)]
+    for t in threads:
+        t.start()
+    space.close()
+    stop.set()
+    for t in threads:
+        t.join()
+    assert seen and all(s == "closed" for s in seen), seen
