@@ -29,6 +29,7 @@ class VtaConfig(ctypes.Structure):
         ("struct_size", u32), ("backend", i32), ("device", i32), ("flags", u32),
         ("capacity_bytes", u64), ("page_bytes", u64), ("small_threshold_bytes", u64),
         ("host_granularity_bytes", u64), ("host_capacity_bytes", u64), ("reservation_bytes", u64),
+        ("evict_mode", u32), ("reserved1", u32),
     ]
 
 
@@ -41,6 +42,10 @@ class VtaStats(ctypes.Structure):
             "reserved_va_bytes", "num_reservations", "pages_total", "pages_mapped", "pages_free",
             "num_live_allocs", "num_allocs", "num_frees", "num_ooms", "num_page_reclaims", "num_map_calls",
             "num_unmap_calls", "pending_free_bytes",
+            "evict_mode", "pages_resident", "pages_evicted", "pages_in_flight", "evicted_bytes", "evictable_bytes",
+            "evictions", "pressure_evictions", "restores", "bytes_evicted_total", "bytes_restored_total",
+            "host_pool_capacity_bytes", "host_pool_bytes", "host_pool_used_bytes", "restore_wait_ns",
+            "evict_copy_ns", "restore_copy_ns",
         )
     ]
 
@@ -61,6 +66,11 @@ class VtaPoolInfo(ctypes.Structure):
 
 
 CONFIG_LEASED = 1
+EVICT_MODES = {"auto": 0, "copy": 1, "mapped": 2}
+EVICT_MODE_NAMES = {v: k for k, v in EVICT_MODES.items()}
+RESIDENCY_NAMES = {0: "resident", 1: "evicted", 2: "in_flight"}
+NO_PAGE = (1 << 64) - 1
+FAULT_OPS = {"copy": 0, "map": 1, "create_page": 2, "set_access": 3}
 
 
 class VtaGlobalCounters(ctypes.Structure):
@@ -96,6 +106,12 @@ _PROTOTYPES = {
     "vta_reset_peak_stats": (i32, [ctypes.c_void_p]),
     "vta_pages": (i32, [ctypes.c_void_p, _P(VtaPageInfo), u64, _P(u64)]),
     "vta_allocations": (i32, [ctypes.c_void_p, _P(VtaAllocInfo), u64, _P(u64)]),
+    "vta_set_evictable": (i32, [ctypes.c_void_p, u64, i32]),
+    "vta_offload": (i32, [ctypes.c_void_p, u64]),
+    "vta_prefetch": (i32, [ctypes.c_void_p, u64, u64, i32]),
+    "vta_ensure_resident": (i32, [ctypes.c_void_p, u64, u64, i32]),
+    "vta_residency": (i32, [ctypes.c_void_p, u64, _P(i32)]),
+    "vta_debug_inject_fault": (i32, [ctypes.c_void_p, i32, i32]),
     "vta_space_import_page": (i32, [ctypes.c_void_p, i32, u64]),
     "vta_space_return_pages": (i32, [ctypes.c_void_p, u64, _P(u64), _P(u64)]),
     "vta_pool_create": (i32, [_P(VtaConfig), _P(ctypes.c_void_p)]),
@@ -121,6 +137,7 @@ def make_config(config, *, flags: int = 0) -> VtaConfig:
     c.host_granularity_bytes = config.host_granularity or 0
     c.host_capacity_bytes = config.host_capacity or 0
     c.reservation_bytes = config.reservation_size or 0
+    c.evict_mode = EVICT_MODES[config.evict_mode]
     return c
 
 _lib: ctypes.CDLL | None = None

@@ -58,6 +58,7 @@ class AddressSpace:
         host_granularity: int | str | None = None,
         host_capacity: int | str | None = None,
         reservation_size: int | str | None = None,
+        evict_mode: str = "auto",
         config: Config | None = None,
         leased: bool = False,
     ) -> None:
@@ -67,7 +68,7 @@ class AddressSpace:
             config = Config(
                 backend=backend, device=device, capacity=capacity, page_size=page_size,
                 small_threshold=small_threshold, host_granularity=host_granularity,
-                host_capacity=host_capacity, reservation_size=reservation_size,
+                host_capacity=host_capacity, reservation_size=reservation_size, evict_mode=evict_mode,
             )
         self.config = config
         lib = _native.load()
@@ -87,6 +88,7 @@ class AddressSpace:
         s = self.stats()
         self.page_bytes: int = s.page_bytes
         self.capacity_bytes: int = s.capacity_bytes
+        self.evict_mode: str = s.evict_mode  # the active mode: "mapped" or "copy"
 
     # -- lifetime -------------------------------------------------------------------------
     @property
@@ -184,6 +186,45 @@ class AddressSpace:
         """Wait for every pending free's stream, so freed memory is reusable at once."""
         _native.check(self._lib.vta_synchronize(self._h()))
 
+    # -- eviction engine ------------------------------------------------------------------
+    def set_evictable(self, address: int, flag: bool = True) -> None:
+        """Let memory pressure evict this allocation's pages (or not: then it is made resident).
+
+        A page shared by several allocations (small ones share pages) is evicted only if all
+        of them are evictable. Evicted bytes keep their address and come back exact.
+        """
+        _native.check(self._lib.vta_set_evictable(self._h(), _as_u64(address, "address"), 1 if flag else 0))
+
+    def offload(self, address: int) -> None:
+        """Start evicting the allocation's pages to host memory now (asynchronous).
+
+        Do not write the allocation until :meth:`ensure_resident` returns.
+        """
+        _native.check(self._lib.vta_offload(self._h(), _as_u64(address, "address")))
+
+    def prefetch(self, address: int, stream: int | None = None) -> None:
+        """Start restoring the allocation (asynchronous); ``stream`` (default: the
+        allocation's) is ordered after the copies."""
+        s, use = (0, 0) if stream is None else (_as_u64(stream, "stream"), 1)
+        _native.check(self._lib.vta_prefetch(self._h(), _as_u64(address, "address"), s, use))
+
+    def ensure_resident(self, address: int, stream: int | None = None) -> None:
+        """Block until every page of the allocation is resident at its address."""
+        s, use = (0, 0) if stream is None else (_as_u64(stream, "stream"), 1)
+        _native.check(self._lib.vta_ensure_resident(self._h(), _as_u64(address, "address"), s, use))
+
+    def residency(self, address: int) -> str:
+        """``"resident"``, ``"evicted"`` (some page's bytes are in host memory) or ``"in_flight"``."""
+        out = ctypes.c_int32()
+        _native.check(self._lib.vta_residency(self._h(), _as_u64(address, "address"), ctypes.byref(out)))
+        return _native.RESIDENCY_NAMES[out.value]
+
+    def _inject_fault(self, op: str, times: int = 1) -> None:
+        """Tests only: make the next ``times`` backend ``op`` calls fail ("copy", "map", ...)."""
+        if op not in _native.FAULT_OPS:
+            raise InvalidArgumentError(f"unknown fault op {op!r}")
+        _native.check(self._lib.vta_debug_inject_fault(self._h(), _native.FAULT_OPS[op], int(times)))
+
     # -- leased pages (the client side of the service) -------------------------------------
     def import_page(self, fd: int, tag: int) -> None:
         """Adopt a page received as file descriptor ``fd`` (still yours to close); ``tag`` names it."""
@@ -204,7 +245,9 @@ class AddressSpace:
     def stats(self) -> Stats:
         raw = _native.VtaStats()
         _native.check(self._lib.vta_stats(self._h(), ctypes.byref(raw)))
-        return Stats(**{f: getattr(raw, f) for f in Stats.__dataclass_fields__})
+        values = {f: getattr(raw, f) for f in Stats.__dataclass_fields__}
+        values["evict_mode"] = _native.EVICT_MODE_NAMES[raw.evict_mode]
+        return Stats(**values)
 
     def reset_peak_stats(self) -> None:
         _native.check(self._lib.vta_reset_peak_stats(self._h()))
@@ -229,7 +272,8 @@ class AddressSpace:
                     a.address for a in allocs[i:bisect.bisect_left(starts, end)]
                     if a.address < end and a.address + a.size_bytes > r.address
                 )
-            out.append(PageRecord(r.page_id, r.address or None, PAGE_STATES[r.state], on_page))
+            page_id = None if r.page_id == _native.NO_PAGE else r.page_id
+            out.append(PageRecord(page_id, r.address or None, PAGE_STATES[r.state], on_page))
         return out
 
     def _fetch(self, fn: Any, struct: type) -> list[Any]:

@@ -19,6 +19,7 @@ from .errors import InvalidArgumentError
 __all__ = ["Config", "parse_size", "format_size", "BACKENDS"]
 
 BACKENDS = ("auto", "host", "cuda")
+EVICT_MODES = ("auto", "copy", "mapped")
 _MAX_U64 = (1 << 64) - 1
 
 _UNITS = {
@@ -84,12 +85,17 @@ class Config:
     host_granularity: int | None = None   # host backend only: simulated driver granularity (default 2 MiB)
     host_capacity: int | None = None      # pinned host bytes for evicted pages (eviction engine)
     reservation_size: int | None = None   # virtual bytes per reservation (default 2 x capacity)
+    evict_mode: str = "auto"              # "mapped": evicted pages stay mapped, backed by host memory
+                                          # (CUDA >= 12.2 HOST_NUMA; host backend); "copy": pinned slots,
+                                          # address unmapped while evicted; "auto": mapped where supported
 
     _SIZE_FIELDS = ("capacity", "page_size", "small_threshold", "host_granularity", "host_capacity", "reservation_size")
 
     def __post_init__(self) -> None:
         if self.backend not in BACKENDS:
             raise InvalidArgumentError(f"backend must be one of {', '.join(BACKENDS)}, got {self.backend!r}")
+        if self.evict_mode not in EVICT_MODES:
+            raise InvalidArgumentError(f"evict_mode must be one of {', '.join(EVICT_MODES)}, got {self.evict_mode!r}")
         if isinstance(self.device, bool):
             raise InvalidArgumentError("device must be an integer ordinal")
         try:

@@ -10,7 +10,7 @@ import dataclasses
 
 __all__ = ["Stats", "PageRecord", "AllocationRecord", "PAGE_STATES"]
 
-PAGE_STATES = ("free", "cached", "allocated")
+PAGE_STATES = ("free", "cached", "allocated", "evicted", "in_flight")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -38,6 +38,33 @@ class Stats:
     num_map_calls: int
     num_unmap_calls: int
     pending_free_bytes: int      # freed, waiting for the stream that used them
+    # eviction engine
+    evict_mode: str              # "mapped" or "copy": the active mode
+    pages_resident: int          # device pages under live data
+    pages_evicted: int           # virtual pages whose bytes are in the host pool
+    pages_in_flight: int         # being evicted or restored
+    evicted_bytes: int
+    evictable_bytes: int         # live allocations marked evictable (rounded)
+    evictions: int               # pages evicted (completed), pressure included
+    pressure_evictions: int      # pages malloc evicted under memory pressure
+    restores: int
+    bytes_evicted_total: int
+    bytes_restored_total: int
+    host_pool_capacity_bytes: int
+    host_pool_bytes: int         # host memory pinned (or host pages created) so far; reused
+    host_pool_used_bytes: int    # holding evicted pages now
+    restore_wait_ns: int         # time callers blocked in ensure_resident / reads waiting for restores
+    evict_copy_ns: int           # issue-to-completion time of eviction copies (an upper bound)
+    restore_copy_ns: int         # issue-to-completion time of restore copies (an upper bound)
+
+    @property
+    def evict_bandwidth_bytes_per_s(self) -> float:
+        """Achieved eviction copy bandwidth (bytes over issue-to-completion time)."""
+        return self.bytes_evicted_total / (self.evict_copy_ns / 1e9) if self.evict_copy_ns else 0.0
+
+    @property
+    def restore_bandwidth_bytes_per_s(self) -> float:
+        return self.bytes_restored_total / (self.restore_copy_ns / 1e9) if self.restore_copy_ns else 0.0
 
     @property
     def fragmentation(self) -> float:
@@ -58,7 +85,8 @@ class AllocationRecord:
 
 @dataclasses.dataclass(frozen=True)
 class PageRecord:
-    page_id: int
-    address: int | None   # where it is mapped; None when unmapped
-    state: str            # "free" (held, unmapped), "cached" (mapped, no live data), "allocated"
+    page_id: int | None   # the physical page; None for an evicted virtual page (no device page)
+    address: int | None   # where it is mapped (or, evicted, the virtual page); None when unmapped
+    state: str            # "free" (held, unmapped), "cached" (mapped, no live data), "allocated",
+                          # "evicted" (bytes in the host pool), "in_flight" (being evicted or restored)
     allocations: tuple[int, ...]  # addresses of the live allocations on this page

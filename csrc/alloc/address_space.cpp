@@ -51,7 +51,7 @@ std::unique_ptr<AddressSpace> AddressSpace::create(const vta_config_t& config) {
 
 AddressSpace::AddressSpace(std::unique_ptr<Backend> backend, const vta_config_t& config, uint64_t capacity,
                            size_t page_bytes)
-    : backend_(std::move(backend)),
+    : backend_(std::make_unique<FaultInjectingBackend>(std::move(backend))),
       backend_kind_(backend_->kind()),
       device_(backend_->device()),
       capacity_(capacity),
@@ -68,6 +68,7 @@ AddressSpace::AddressSpace(std::unique_ptr<Backend> backend, const vta_config_t&
     leased_ = true;
     pages_.set_capacity_pages(0);  // grows with each imported page, up to capacity_
   }
+  init_eviction(config);
   stats_.struct_size = sizeof(vta_stats_t);
   global_counters().live_spaces++;
 }
@@ -95,6 +96,7 @@ uintptr_t AddressSpace::malloc(uint64_t nbytes, StreamHandle stream) {
   if (rounded > capacity_) throw_oom_locked(nbytes);
 
   drain_pending_locked(false);
+  drain_inflight_locked(false);
   uintptr_t address = 0;
   bool ok = try_malloc_locked(rounded, small, &address);
   if (!ok && !pending_.empty()) {
@@ -105,6 +107,7 @@ uintptr_t AddressSpace::malloc(uint64_t nbytes, StreamHandle stream) {
   if (!ok) throw_oom_locked(nbytes);
 
   live_[address] = Allocation{rounded, nbytes, stream, small};
+  if (small && lru_pos_.count(page_of(address))) lru_remove_locked(page_of(address));  // now shared with a pinned block
   stats_.allocated_bytes += nbytes;
   stats_.active_bytes += rounded;
   stats_.peak_allocated_bytes = std::max(stats_.peak_allocated_bytes, stats_.allocated_bytes);
@@ -171,7 +174,8 @@ bool AddressSpace::mapped_range_locked(size_t npages, uintptr_t* out) {
 bool AddressSpace::obtain_page_locked(int32_t* id) {
   for (;;) {
     if (pages_.acquire_page(id)) return true;
-    if (!reclaim_one_page_locked()) return false;
+    if (reclaim_one_page_locked()) continue;
+    if (!evict_lru_locked()) return false;  // the least recently used evictable page goes to host
   }
 }
 
@@ -218,8 +222,7 @@ void AddressSpace::note_mapped_locked() {
 void AddressSpace::free(uintptr_t address) {
   std::lock_guard<std::mutex> lk(mu_);
   check_open_locked();
-  auto it = live_.find(address);
-  if (it == live_.end()) throw_not_live_locked(address);
+  auto it = find_live_locked(address);
   const Allocation a = it->second;
   // Record the event before changing any state, so a driver failure loses nothing.
   EventHandle event = take_event_locked();
@@ -229,6 +232,8 @@ void AddressSpace::free(uintptr_t address) {
     check(s);
   }
   live_.erase(it);
+  if (a.evictable) evictable_bytes_ -= a.size;
+  touch_range_locked(address, a.size);  // its pages may have become (un)evictable
   stats_.allocated_bytes -= a.requested;
   stats_.active_bytes -= a.size;
   stats_.num_frees++;
@@ -271,15 +276,57 @@ void AddressSpace::drain_pending_locked(bool wait) {
   check(first_error);
 }
 
+void AddressSpace::release_large_range_locked(uintptr_t address, uint64_t size) {
+  // Resident pages stay mapped (cached); evicted ones lose their copy and become unmapped VA.
+  uintptr_t run = address;
+  bool run_mapped = true;
+  auto flush = [&](uintptr_t end) {
+    if (end == run) return;
+    (run_mapped ? free_mapped_ : free_unmapped_).insert(run, end - run);
+    run = end;
+  };
+  for (uintptr_t va = address; va < address + size; va += page_bytes_) {
+    if (away_.count(va)) drop_away_page_locked(va);  // may complete a restore: then resident
+    bool mapped = pages_.page_at(va) >= 0;
+    if (mapped != run_mapped) {
+      flush(va);
+      run_mapped = mapped;
+    }
+  }
+  flush(address + size);
+}
+
 void AddressSpace::release_block_locked(uintptr_t address, uint64_t size, bool small) {
   if (!small) {
-    free_mapped_.insert(address, size);  // cached with its pages mapped
+    release_large_range_locked(address, size);
     return;
   }
-  small_free_.insert(address, size);
   uintptr_t slab = address - address % page_bytes_;
   uint64_t& used = slab_used_[slab];
   used -= size;
+  if (away_.count(slab)) {
+    // The slab page is evicted: its free blocks wait in the stash until it is restored.
+    if (used != 0) {
+      slab_stash_[slab].push_back({address, size});
+      return;
+    }
+    drop_away_page_locked(slab);
+    slab_stash_.erase(slab);
+    slab_used_.erase(slab);
+    if (pages_.page_at(slab) >= 0) {  // a restore completed while dropping
+      free_mapped_.insert(slab, page_bytes_);
+    } else {
+      free_unmapped_.insert(slab, page_bytes_);
+    }
+    // small_free_ may hold the slab's blocks if the restore completed: remove them.
+    std::vector<std::pair<uintptr_t, uint64_t>> blocks;
+    auto& ranges = small_free_.ranges();
+    for (auto it = ranges.lower_bound(slab); it != ranges.end() && it->first < slab + page_bytes_; ++it)
+      blocks.push_back(*it);
+    for (auto& [a, n] : blocks) small_free_.take_exact(a, n);
+    return;
+  }
+  small_free_.insert(address, size);
   if (used != 0) return;
   if (spare_slab_ == 0) {
     spare_slab_ = slab;  // keep one empty slab: alloc/free of one small block stays cheap
@@ -291,13 +338,15 @@ void AddressSpace::release_block_locked(uintptr_t address, uint64_t size, bool s
   free_mapped_.insert(slab, page_bytes_);
 }
 
-[[noreturn]] void AddressSpace::throw_oom_locked(uint64_t requested) {
+[[noreturn]] void AddressSpace::throw_oom_locked(uint64_t requested, const char* why) {
   stats_.num_ooms++;
   uint64_t mapped = pages_.pages_mapped() * page_bytes_;
-  std::string msg = "vtalloc out of memory: tried to allocate " + mib(requested) + " (" + std::to_string(requested) +
-                    " bytes); capacity " + mib(capacity_) + ", " + mib(stats_.active_bytes) +
-                    " held by live allocations, " + mib(mapped) + " mapped, " +
-                    mib(stats_.pending_free_bytes) + " awaiting stream completion";
+  std::string msg = "vtalloc out of memory: " + std::string(why ? why : "tried to allocate") + " " + mib(requested) +
+                    " (" + std::to_string(requested) + " bytes); capacity " + mib(capacity_) + ", " +
+                    mib(stats_.active_bytes) + " held by live allocations (" + mib(evictable_bytes_) +
+                    " evictable), " + mib(mapped) + " mapped, " + mib(stats_.pending_free_bytes) +
+                    " awaiting stream completion, host pool " + mib(host_pool_ ? host_pool_->used_bytes() : 0) +
+                    " of " + mib(host_capacity_) + " used";
   throw OutOfMemory(msg, requested, capacity_, mapped);
 }
 
@@ -315,12 +364,16 @@ void AddressSpace::release_block_locked(uintptr_t address, uint64_t size, bool s
   fail(VTA_ERR_INVALID_ARGUMENT, "address " + hex(address) + " does not belong to this address space");
 }
 
+std::map<uintptr_t, AddressSpace::Allocation>::iterator AddressSpace::find_live_locked(uintptr_t address) {
+  auto it = live_.find(address);
+  if (it == live_.end()) throw_not_live_locked(address);
+  return it;
+}
+
 uint64_t AddressSpace::size_of(uintptr_t address) {
   std::lock_guard<std::mutex> lk(mu_);
   check_open_locked();
-  auto it = live_.find(address);
-  if (it == live_.end()) throw_not_live_locked(address);
-  return it->second.requested;
+  return find_live_locked(address)->second.requested;
 }
 
 const AddressSpace::Allocation& AddressSpace::find_allocation_locked(uintptr_t address, uint64_t offset,
@@ -346,8 +399,7 @@ void AddressSpace::write(uintptr_t address, uint64_t offset, const void* src, ui
   uintptr_t start = 0;
   const Allocation& a = find_allocation_locked(address, offset, nbytes, &start);
   if (nbytes == 0) return;
-  check(backend_->copy(address + offset, reinterpret_cast<uintptr_t>(src), nbytes, a.stream));
-  check(backend_->stream_synchronize(a.stream));
+  copy_bytes_locked(address + offset, reinterpret_cast<uintptr_t>(src), nbytes, a.stream, true);
 }
 
 void AddressSpace::read(uintptr_t address, uint64_t offset, void* dst, uint64_t nbytes) {
@@ -356,8 +408,29 @@ void AddressSpace::read(uintptr_t address, uint64_t offset, void* dst, uint64_t 
   uintptr_t start = 0;
   const Allocation& a = find_allocation_locked(address, offset, nbytes, &start);
   if (nbytes == 0) return;
-  check(backend_->copy(reinterpret_cast<uintptr_t>(dst), address + offset, nbytes, a.stream));
-  check(backend_->stream_synchronize(a.stream));
+  copy_bytes_locked(address + offset, reinterpret_cast<uintptr_t>(dst), nbytes, a.stream, false);
+}
+
+// Copy between [va, va + n) and host memory without changing residency: resident pages and
+// host-mapped evicted pages are reached at their address, copy-mode evicted ones in their
+// host slot; in-flight pages are waited for first.
+void AddressSpace::copy_bytes_locked(uintptr_t va, uintptr_t host, uint64_t n, StreamHandle stream, bool to_va) {
+  uintptr_t at = va;
+  while (at < va + n) {
+    uintptr_t page = page_of(at);
+    uint64_t chunk = std::min<uint64_t>(page + page_bytes_, va + n) - at;
+    uintptr_t target = at;
+    auto it = away_.find(page);
+    if (it != away_.end()) {
+      finish_inflight_locked(page, true);
+      it = away_.find(page);
+      if (it != away_.end() && !it->second.host_mapped) target = it->second.slot.addr + (at - page);
+    }
+    uintptr_t h = host + (at - va);
+    check(to_va ? backend_->copy(target, h, chunk, stream) : backend_->copy(h, target, chunk, stream));
+    at += chunk;
+  }
+  check(backend_->stream_synchronize(stream));
 }
 
 uint64_t AddressSpace::trim() {
@@ -406,6 +479,7 @@ void AddressSpace::synchronize() {
   std::lock_guard<std::mutex> lk(mu_);
   check_open_locked();
   drain_pending_locked(true);
+  drain_inflight_locked(true);
 }
 
 void AddressSpace::close() {
@@ -417,6 +491,11 @@ void AddressSpace::close() {
     drain_pending_locked(true);
   } catch (const Error& e) {
     first_error = Status(e.code(), e.what());
+  }
+  try {
+    release_eviction_locked();  // waits for in-flight copies: before the events go
+  } catch (const Error& e) {
+    if (first_error.is_ok()) first_error = Status(e.code(), e.what());
   }
   for (EventHandle e : all_events_) (void)backend_->event_destroy(e);
   all_events_.clear();
@@ -453,6 +532,18 @@ vta_stats_t AddressSpace::stats() {
   s.pages_free = pages_.pages_unmapped();
   s.num_map_calls = pages_.num_map_calls();
   s.num_unmap_calls = pages_.num_unmap_calls();
+  s.evict_mode = mapped_mode_ ? VTA_EVICT_MAPPED : VTA_EVICT_COPY;
+  uint64_t evicted = 0;
+  for (auto& [va, p] : away_)
+    if (p.state == Residency::evicted) ++evicted;
+  s.pages_evicted = evicted;
+  s.pages_in_flight = in_flight_;
+  s.evicted_bytes = evicted * page_bytes_;
+  s.evictable_bytes = evictable_bytes_;
+  s.pages_resident = pages_.pages_mapped() - free_mapped_.total_bytes() / page_bytes_ - (spare_slab_ ? 1 : 0);
+  s.host_pool_capacity_bytes = host_capacity_;
+  s.host_pool_bytes = host_pool_ ? host_pool_->held_bytes() : 0;
+  s.host_pool_used_bytes = host_pool_ ? host_pool_->used_bytes() : 0;
   return s;
 }
 
@@ -467,31 +558,50 @@ void AddressSpace::reset_peak_stats() {
 std::vector<vta_page_info_t> AddressSpace::pages() {
   std::lock_guard<std::mutex> lk(mu_);
   check_open_locked();
+  drain_inflight_locked(false);
+  auto count_allocs = [&](uintptr_t va) {
+    uint32_t n = 0;
+    for_each_alloc_on_page_locked(va, [&](uintptr_t, const Allocation&) { ++n; });
+    return n;
+  };
+  std::unordered_map<int32_t, uintptr_t> restoring;  // device page id -> the address it fills
+  for (auto& [va, p] : away_)
+    if (p.state == Residency::restoring) restoring[p.device_page] = va;
   std::vector<vta_page_info_t> out;
   pages_.for_each_page([&](int32_t id, uintptr_t va) {
     vta_page_info_t info{};
     info.page_id = static_cast<uint64_t>(id);
     info.address = va;
-    if (va == 0) {
+    auto r = restoring.find(id);
+    if (r != restoring.end()) {
+      info.address = r->second;
+      info.state = VTA_PAGE_IN_FLIGHT;
+      info.num_allocs = count_allocs(r->second);
+    } else if (va == 0) {
       info.state = VTA_PAGE_FREE;
+    } else if (away_.count(va)) {
+      info.state = VTA_PAGE_IN_FLIGHT;  // being evicted
+      info.num_allocs = count_allocs(va);
     } else {
-      uint32_t n = 0;  // live allocations overlapping [va, va + page)
-      auto it = live_.lower_bound(va);
-      if (it != live_.begin()) {
-        auto prev = std::prev(it);
-        if (prev->first + prev->second.size > va) ++n;
-      }
-      for (; it != live_.end() && it->first < va + page_bytes_; ++it) ++n;
+      info.num_allocs = count_allocs(va);
       bool pending = std::any_of(pending_.begin(), pending_.end(), [&](const PendingFree& p) {
         return p.address < va + page_bytes_ && p.address + p.size > va;
       });
       auto slab = slab_used_.find(va);
       bool live_slab = slab != slab_used_.end() && slab->second > 0;
-      info.num_allocs = n;
-      info.state = (n > 0 || pending || live_slab) ? VTA_PAGE_ALLOCATED : VTA_PAGE_CACHED;
+      info.state = (info.num_allocs > 0 || pending || live_slab) ? VTA_PAGE_ALLOCATED : VTA_PAGE_CACHED;
     }
     out.push_back(info);
   });
+  for (auto& [va, p] : away_) {
+    if (p.state != Residency::evicted) continue;  // in-flight ones were listed with their device page
+    vta_page_info_t info{};
+    info.page_id = VTA_NO_PAGE;
+    info.address = va;
+    info.state = VTA_PAGE_EVICTED;
+    info.num_allocs = count_allocs(va);
+    out.push_back(info);
+  }
   return out;
 }
 

@@ -1,21 +1,37 @@
-// AddressSpace: the allocation policy over one PageTable. What `malloc` and `free` do.
+// AddressSpace: the allocation policy and the eviction engine over one PageTable.
 //
 // Owns: live allocations, free virtual ranges (mapped = cached, unmapped), small-object
-// slabs, frees waiting for their stream, and the statistics. One mutex guards all of it;
-// no call ever enters Python.
-// Policy, in order, for an allocation of n pages (large, > small_threshold):
+// slabs, frees waiting for their stream, the residency of every virtual page whose bytes
+// are not in a device page (evicted or in flight), the LRU of evictable pages, the host
+// pool and the copy stream, and the statistics. One mutex guards all of it; no call ever
+// enters Python.
+//
+// Allocation, in order, for n pages (large, > small_threshold):
 //   1. best-fit among cached free ranges that still have pages mapped (no driver call);
 //   2. best-fit among unmapped free ranges (reserving more VA if none fits), backed by
-//      pages taken from the unmapped pool, created under capacity, or reclaimed: unmapped
-//      from cached free ranges (invariant 1: no OOM while a cached page could serve);
+//      pages taken from the unmapped pool, created under capacity, reclaimed from cached
+//      free ranges, or freed by evicting the least-recently-used evictable page;
 //   3. wait for pending frees of other streams and retry; then OutOfMemory.
 // Small allocations (<= small_threshold) are 512-byte blocks packed into one-page slabs.
+//
+// Page residency (per virtual page under live data):
+//   resident -> evicting -> evicted -> restoring -> resident
+// evicting: a copy to the host pool is queued on the copy stream after events recorded on
+// the streams of the page's allocations; the device page is unmapped only once the copy
+// completed. restoring: a fresh device page receives the bytes; the consumer stream waits
+// on the copy; in copy mode the page is mapped at its address before the copy, in mapped
+// mode it is filled through a window address and swapped in when the copy completed.
+//
 // Invariants: every address is 512-byte aligned; allocations of a page or more are
-// page-aligned; a page is unmapped only once the event recorded at its last free has
-// completed (invariant 4); mapped pages never exceed capacity.
+// page-aligned; addresses never change (eviction included); a device page is unmapped only
+// once the events after its last use completed; mapped pages never exceed capacity; a
+// failure at any step leaves the page where its bytes were and reports a typed error.
 #pragma once
 
+#include <chrono>
+#include <iterator>
 #include <cstdint>
+#include <list>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -23,6 +39,8 @@
 #include <vector>
 
 #include "backend/backend.hpp"
+#include "backend/fault_injection.hpp"
+#include "evict/host_pool.hpp"
 #include "vmm/page_table.hpp"
 #include "vmm/range_set.hpp"
 #include "vtalloc/vtalloc.h"
@@ -46,10 +64,19 @@ class AddressSpace {
   void read(uintptr_t address, uint64_t offset, void* dst, uint64_t nbytes);
   uint64_t trim();
   void synchronize();
+  void close();
+
+  // Eviction engine (csrc/evict/residency.cpp).
+  void set_evictable(uintptr_t address, bool evictable);
+  void offload(uintptr_t address);
+  void prefetch(uintptr_t address, const StreamHandle* stream);
+  void ensure_resident(uintptr_t address, const StreamHandle* stream);
+  int residency(uintptr_t address);
+  void inject_fault(int op, int times);
+
   // Leased mode (VTA_CONFIG_LEASED): pages come from the service, not from the backend.
   void import_page(int fd, uint64_t tag);
   std::vector<uint64_t> return_pages(uint64_t max_pages);
-  void close();
 
   vta_stats_t stats();
   void reset_peak_stats();
@@ -59,17 +86,31 @@ class AddressSpace {
   int device() const { return device_; }
 
  private:
+  using Clock = std::chrono::steady_clock;
+
   struct Allocation {
     uint64_t size;       // rounded: 512-byte blocks, or whole pages
     uint64_t requested;
     StreamHandle stream;
     bool small;
+    bool evictable = false;
   };
   struct PendingFree {
     uintptr_t address;
     uint64_t size;
     bool small;
     EventHandle event;
+  };
+  enum class Residency : uint8_t { evicting, evicted, restoring };
+  // A virtual page (under live data) whose bytes are not, or not only, in a device page.
+  struct AwayPage {
+    Residency state;
+    HostPool::Slot slot;       // where the bytes are, or are going
+    int32_t device_page = -1;  // restoring: the page being filled
+    bool host_mapped = false;  // mapped mode: slot.page is mapped at the virtual page
+    bool window_mapped = false;  // mapped mode restore: device_page mapped at its window
+    EventHandle event = 0;     // completes the in-flight copy
+    Clock::time_point issued;
   };
 
   AddressSpace(std::unique_ptr<Backend> backend, const vta_config_t& config, uint64_t capacity, size_t page_bytes);
@@ -83,17 +124,46 @@ class AddressSpace {
   bool reclaim_one_page_locked();
   void grow_va_locked(size_t min_bytes);
   void release_block_locked(uintptr_t address, uint64_t size, bool small);
+  void release_large_range_locked(uintptr_t address, uint64_t size);
   void drain_pending_locked(bool wait);
   EventHandle take_event_locked();
+  void give_event_locked(EventHandle e) { idle_events_.push_back(e); }
+  std::map<uintptr_t, Allocation>::iterator find_live_locked(uintptr_t address);
   const Allocation& find_allocation_locked(uintptr_t address, uint64_t offset, uint64_t nbytes, uintptr_t* start);
-  [[noreturn]] void throw_oom_locked(uint64_t requested);
+  [[noreturn]] void throw_oom_locked(uint64_t requested, const char* why = nullptr);
   [[noreturn]] void throw_not_live_locked(uintptr_t address);
   void note_mapped_locked();
+  void copy_bytes_locked(uintptr_t va, uintptr_t host, uint64_t n, StreamHandle stream, bool to_va);
+
+  // Residency (csrc/evict/residency.cpp).
+  void init_eviction(const vta_config_t& config);
+  StreamHandle copy_stream_locked();
+  template <typename F>
+  void for_each_alloc_on_page_locked(uintptr_t va, F&& f);
+  bool page_evictable_locked(uintptr_t va);
+  void touch_page_locked(uintptr_t va);
+  void touch_range_locked(uintptr_t start, uint64_t bytes);
+  void lru_remove_locked(uintptr_t va);
+  // Evict one resident page; false (nothing changed) when the host pool is full.
+  bool evict_page_locked(uintptr_t va, bool wait);
+  bool evict_lru_locked();
+  void complete_evict_locked(uintptr_t va, AwayPage& p);
+  void restore_page_locked(uintptr_t va, StreamHandle consumer);
+  void complete_restore_locked(uintptr_t va, AwayPage& p);
+  void finish_inflight_locked(uintptr_t va, bool wait);
+  void drain_inflight_locked(bool wait);
+  void drop_away_page_locked(uintptr_t va);
+  void prefetch_locked(uintptr_t start, uint64_t bytes, StreamHandle consumer);
+  void ensure_resident_locked(uintptr_t start, uint64_t bytes, StreamHandle consumer);
+  void stash_slab_locked(uintptr_t slab);
+  void unstash_slab_locked(uintptr_t slab);
+  uintptr_t page_of(uintptr_t a) const { return a - a % page_bytes_; }
+  void release_eviction_locked();
 
   mutable std::mutex mu_;
   bool closed_ = false;
   bool leased_ = false;
-  std::unique_ptr<Backend> backend_;
+  std::unique_ptr<FaultInjectingBackend> backend_;
   int backend_kind_;
   int device_;
   uint64_t capacity_;
@@ -104,15 +174,42 @@ class AddressSpace {
 
   RangeSet free_mapped_;    // cached: free virtual ranges with pages still mapped
   RangeSet free_unmapped_;  // free virtual ranges with nothing mapped
-  RangeSet small_free_;     // free 512-byte blocks inside slabs (never crosses a slab)
+  RangeSet small_free_;     // free 512-byte blocks inside resident slabs (never crosses a slab)
   std::unordered_map<uintptr_t, uint64_t> slab_used_;  // slab base -> live bytes in it
+  std::unordered_map<uintptr_t, std::vector<std::pair<uintptr_t, uint64_t>>> slab_stash_;  // evicted slabs' free blocks
   uintptr_t spare_slab_ = 0;  // one empty slab kept for reuse (0 = none)
   std::map<uintptr_t, Allocation> live_;
   std::vector<PendingFree> pending_;
   std::vector<EventHandle> idle_events_;
   std::vector<EventHandle> all_events_;
 
+  // Eviction engine state.
+  bool mapped_mode_ = false;
+  uint64_t host_capacity_ = 0;
+  std::unique_ptr<HostPool> host_pool_;
+  StreamHandle copy_stream_ = 0;
+  bool copy_stream_made_ = false;
+  std::unordered_map<uintptr_t, AwayPage> away_;
+  uint64_t in_flight_ = 0;
+  std::list<uintptr_t> lru_;  // evictable resident pages, least recently used first
+  std::unordered_map<uintptr_t, std::list<uintptr_t>::iterator> lru_pos_;
+  uintptr_t pin_lo_ = 0, pin_hi_ = 0;  // pages of the allocation being made resident
+  uintptr_t window_ = 0;               // mapped mode: device pages' window reservation
+  size_t window_bytes_ = 0;
+  uint64_t evictable_bytes_ = 0;
+
   vta_stats_t stats_{};
 };
+
+// Calls f(address, allocation) for each live allocation overlapping [va, va + page).
+template <typename F>
+void AddressSpace::for_each_alloc_on_page_locked(uintptr_t va, F&& f) {
+  auto it = live_.lower_bound(va);
+  if (it != live_.begin()) {
+    auto prev = std::prev(it);
+    if (prev->first + prev->second.size > va) f(prev->first, prev->second);
+  }
+  for (; it != live_.end() && it->first < va + page_bytes_; ++it) f(it->first, it->second);
+}
 
 }  // namespace vta

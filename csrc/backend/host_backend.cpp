@@ -4,8 +4,10 @@
 // (mmap MAP_FIXED|MAP_SHARED of a page's memfd), and a byte limit standing in for device
 // memory. It enforces the CUDA rules listed in backend.hpp (whole-mapping unmap, access
 // only after set_access, granularity-sized operations, exact free_va) so that a policy bug
-// fails here as it would on a GPU. Copies are memcpy; streams and events are synchronous
-// (an event is complete as soon as it is recorded).
+// fails here as it would on a GPU. Copies are memcpy. Stream 0 is synchronous; a created
+// stream is a worker thread (host_streams.hpp), so copies and events on it are really
+// asynchronous and ordering bugs show. Host-located pages (PageLocation::host) are memfds
+// too, counted apart from the simulated device memory.
 // Invariant: every fd, mapping and reservation it creates is in its tables and counted in
 // global_counters() until released.
 #include <fcntl.h>
@@ -23,6 +25,7 @@
 
 #include "backend/backend.hpp"
 #include "backend/counters.hpp"
+#include "backend/host_streams.hpp"
 
 namespace vta {
 namespace {
@@ -39,6 +42,7 @@ class HostBackend final : public Backend {
   HostBackend(uint64_t capacity, size_t granularity) : capacity_(capacity), granularity_(granularity) {}
 
   ~HostBackend() override {
+    streams_.shutdown();  // no copy may run into memory released below
     // Defensive: the page table releases everything first; this only guards against leaks
     // if an owner was destroyed mid-way.
     for (auto& [va, m] : mappings_) {
@@ -97,10 +101,11 @@ class HostBackend final : public Backend {
     return Status::ok();
   }
 
-  Status create_page(size_t bytes, PageLocation, PageHandle* out) override {
+  Status create_page(size_t bytes, PageLocation where, PageHandle* out) override {
     if (bytes == 0 || bytes % granularity_) return bad("create_page: size is not a positive multiple of the granularity");
     std::lock_guard<std::mutex> lk(mu_);
-    if (used_ + bytes > capacity_)
+    bool device = where == PageLocation::device;
+    if (device && used_ + bytes > capacity_)
       return Status(VTA_ERR_OUT_OF_MEMORY, "host backend: simulated device memory exhausted");
     int fd = memfd_create("vtalloc-page", MFD_CLOEXEC);
     if (fd < 0) return os_error("memfd_create");
@@ -109,7 +114,7 @@ class HostBackend final : public Backend {
       close(fd);
       return s;
     }
-    *out = adopt_locked(fd, bytes);
+    *out = adopt_locked(fd, bytes, device);
     return Status::ok();
   }
 
@@ -177,37 +182,49 @@ class HostBackend final : public Backend {
     return Status::ok();
   }
 
-  Status copy(uintptr_t dst, uintptr_t src, size_t bytes, StreamHandle) override {
-    if (bytes) std::memmove(reinterpret_cast<void*>(dst), reinterpret_cast<const void*>(src), bytes);
-    return Status::ok();
+  Status copy(uintptr_t dst, uintptr_t src, size_t bytes, StreamHandle stream) override {
+    if (!bytes) return Status::ok();
+    auto task = [dst, src, bytes] {
+      std::memmove(reinterpret_cast<void*>(dst), reinterpret_cast<const void*>(src), bytes);
+    };
+    return streams_.enqueue(stream, task) ? Status::ok() : bad("copy: unknown stream");
   }
 
   Status stream_create(StreamHandle* out) override {
-    *out = ++next_object_;
+    *out = streams_.create_stream();
     global_counters().live_streams++;
     return Status::ok();
   }
-  Status stream_destroy(StreamHandle) override {
+  Status stream_destroy(StreamHandle stream) override {
+    if (!streams_.destroy_stream(stream)) return bad("stream_destroy: unknown stream");
     global_counters().live_streams--;
     return Status::ok();
   }
-  Status stream_synchronize(StreamHandle) override { return Status::ok(); }
+  Status stream_synchronize(StreamHandle stream) override {
+    return streams_.synchronize(stream) ? Status::ok() : bad("stream_synchronize: unknown stream");
+  }
   Status event_create(EventHandle* out) override {
-    *out = ++next_object_;
+    *out = streams_.create_event();
     global_counters().live_events++;
     return Status::ok();
   }
-  Status event_destroy(EventHandle) override {
+  Status event_destroy(EventHandle event) override {
+    if (!streams_.destroy_event(event)) return bad("event_destroy: unknown event");
     global_counters().live_events--;
     return Status::ok();
   }
-  Status event_record(EventHandle, StreamHandle) override { return Status::ok(); }
-  Status event_query(EventHandle, bool* complete) override {
-    *complete = true;
-    return Status::ok();
+  Status event_record(EventHandle event, StreamHandle stream) override {
+    return streams_.record(event, stream) ? Status::ok() : bad("event_record: unknown event or stream");
   }
-  Status event_synchronize(EventHandle) override { return Status::ok(); }
-  Status stream_wait_event(StreamHandle, EventHandle) override { return Status::ok(); }
+  Status event_query(EventHandle event, bool* complete) override {
+    return streams_.query(event, complete) ? Status::ok() : bad("event_query: unknown event");
+  }
+  Status event_synchronize(EventHandle event) override {
+    return streams_.wait_event(event) ? Status::ok() : bad("event_synchronize: unknown event");
+  }
+  Status stream_wait_event(StreamHandle stream, EventHandle event) override {
+    return streams_.stream_wait_event(stream, event) ? Status::ok() : bad("stream_wait_event: unknown event or stream");
+  }
 
   Status host_alloc_pinned(size_t bytes, void** out) override {
     // Ordinary memory through the same code path the cuda backend pins.
@@ -244,7 +261,7 @@ class HostBackend final : public Backend {
       return Status(VTA_ERR_OUT_OF_MEMORY, "host backend: simulated device memory exhausted");
     int dup_fd = fcntl_dup(fd);
     if (dup_fd < 0) return os_error("dup");
-    *out = adopt_locked(dup_fd, bytes);
+    *out = adopt_locked(dup_fd, bytes, true);
     return Status::ok();
   }
 
@@ -254,6 +271,7 @@ class HostBackend final : public Backend {
     size_t bytes;
     int mappings;
     bool released;
+    bool device;  // counts against the simulated device memory
   };
   struct Mapping {
     size_t bytes;
@@ -263,10 +281,10 @@ class HostBackend final : public Backend {
   static Status bad(const char* msg) { return Status(VTA_ERR_INVALID_ARGUMENT, std::string("host backend: ") + msg); }
   static int fcntl_dup(int fd) { return fcntl(fd, F_DUPFD_CLOEXEC, 0); }
 
-  PageHandle adopt_locked(int fd, size_t bytes) {
+  PageHandle adopt_locked(int fd, size_t bytes, bool device) {
     PageHandle h = ++next_object_;
-    pages_[h] = Page{fd, bytes, 0, false};
-    used_ += bytes;
+    pages_[h] = Page{fd, bytes, 0, false, device};
+    if (device) used_ += bytes;
     global_counters().live_pages++;
     global_counters().live_page_bytes += static_cast<int64_t>(bytes);
     return h;
@@ -275,7 +293,7 @@ class HostBackend final : public Backend {
   // A released page's memory lives until its last mapping goes, as with cuMemRelease.
   void maybe_forget_locked(std::unordered_map<PageHandle, Page>::iterator it) {
     if (!it->second.released || it->second.mappings > 0) return;
-    used_ -= it->second.bytes;
+    if (it->second.device) used_ -= it->second.bytes;
     global_counters().live_pages--;
     global_counters().live_page_bytes -= static_cast<int64_t>(it->second.bytes);
     pages_.erase(it);
@@ -298,6 +316,7 @@ class HostBackend final : public Backend {
     return false;
   }
 
+  HostStreams streams_;  // declared first: destroyed last, after its workers drained
   std::mutex mu_;
   uint64_t capacity_;
   size_t granularity_;

@@ -172,4 +172,31 @@ vta_status_t vta_allocations(vta_space_t* space, vta_alloc_info_t* out, uint64_t
   });
 }
 
+vta_status_t vta_set_evictable(vta_space_t* space, uint64_t address, int32_t evictable) {
+  return guarded([&] { open_space(space).set_evictable(address, evictable != 0); });
+}
+
+vta_status_t vta_offload(vta_space_t* space, uint64_t address) {
+  return guarded([&] { open_space(space).offload(address); });
+}
+
+vta_status_t vta_prefetch(vta_space_t* space, uint64_t address, uint64_t stream, int32_t use_stream) {
+  return guarded([&] { open_space(space).prefetch(address, use_stream ? &stream : nullptr); });
+}
+
+vta_status_t vta_ensure_resident(vta_space_t* space, uint64_t address, uint64_t stream, int32_t use_stream) {
+  return guarded([&] { open_space(space).ensure_resident(address, use_stream ? &stream : nullptr); });
+}
+
+vta_status_t vta_residency(vta_space_t* space, uint64_t address, int32_t* out) {
+  return guarded([&] {
+    need(out, "output");
+    *out = open_space(space).residency(address);
+  });
+}
+
+vta_status_t vta_debug_inject_fault(vta_space_t* space, int32_t op, int32_t times) {
+  return guarded([&] { open_space(space).inject_fault(op, times); });
+}
+
 }  // extern "C"

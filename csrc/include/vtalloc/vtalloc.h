@@ -51,7 +51,16 @@ typedef struct vta_config {
   uint64_t host_granularity_bytes; /* host backend only: simulated granularity; 0 = 2 MiB */
   uint64_t host_capacity_bytes;  /* pinned host pool for evicted pages; 0 = default */
   uint64_t reservation_bytes;    /* VA reserved per reservation; 0 = max(2 x capacity, 64 pages) */
+  uint32_t evict_mode;           /* VTA_EVICT_* */
+  uint32_t reserved1;
 } vta_config_t;
+
+/* Where an evicted page's bytes go. AUTO: MAPPED where the backend supports host-located
+ * pages (CUDA >= 12.2 HOST_NUMA; always on host), else COPY. */
+enum { VTA_EVICT_AUTO = 0, VTA_EVICT_COPY = 1, VTA_EVICT_MAPPED = 2 };
+/* COPY: bytes copied to a pinned host slot; the page's address is unmapped until restored.
+ * MAPPED: bytes copied to a host-located page that is then mapped at the same address, so
+ * a stray access reads host memory instead of faulting. */
 
 typedef struct vta_stats {
   uint32_t struct_size;
@@ -79,6 +88,24 @@ typedef struct vta_stats {
   uint64_t num_map_calls;
   uint64_t num_unmap_calls;
   uint64_t pending_free_bytes;    /* freed, waiting for their stream's event */
+  /* eviction engine */
+  uint64_t evict_mode;            /* VTA_EVICT_COPY or VTA_EVICT_MAPPED (the active mode) */
+  uint64_t pages_resident;        /* device pages mapped under live allocations */
+  uint64_t pages_evicted;         /* virtual pages whose bytes are in the host pool */
+  uint64_t pages_in_flight;       /* being evicted or restored */
+  uint64_t evicted_bytes;
+  uint64_t evictable_bytes;       /* live allocations marked evictable (rounded) */
+  uint64_t evictions;             /* pages evicted (completed) */
+  uint64_t pressure_evictions;    /* of those, evicted by malloc under memory pressure */
+  uint64_t restores;              /* pages restored (completed) */
+  uint64_t bytes_evicted_total;
+  uint64_t bytes_restored_total;
+  uint64_t host_pool_capacity_bytes;
+  uint64_t host_pool_bytes;       /* pinned (or host pages created) so far */
+  uint64_t host_pool_used_bytes;
+  uint64_t restore_wait_ns;       /* time callers spent blocked waiting for restores */
+  uint64_t evict_copy_ns;         /* issue-to-completion time of eviction copies */
+  uint64_t restore_copy_ns;       /* issue-to-completion time of restore copies */
 } vta_stats_t;
 
 /* One physical page of an address space. */
@@ -88,7 +115,10 @@ typedef struct vta_page_info {
   uint32_t state;                 /* VTA_PAGE_* */
   uint32_t num_allocs;            /* live allocations overlapping it */
 } vta_page_info_t;
-enum { VTA_PAGE_FREE = 0, VTA_PAGE_CACHED = 1, VTA_PAGE_ALLOCATED = 2 };
+enum { VTA_PAGE_FREE = 0, VTA_PAGE_CACHED = 1, VTA_PAGE_ALLOCATED = 2, VTA_PAGE_EVICTED = 3, VTA_PAGE_IN_FLIGHT = 4 };
+/* vta_pages() also lists virtual pages whose bytes are evicted or in flight; those without a
+ * device page have page_id == VTA_NO_PAGE. */
+#define VTA_NO_PAGE UINT64_MAX
 
 typedef struct vta_alloc_info {
   uint64_t address;
@@ -145,6 +175,22 @@ VTA_API vta_status_t vta_stats(vta_space_t* space, vta_stats_t* out);
 VTA_API vta_status_t vta_reset_peak_stats(vta_space_t* space);
 VTA_API vta_status_t vta_pages(vta_space_t* space, vta_page_info_t* out, uint64_t capacity, uint64_t* out_count);
 VTA_API vta_status_t vta_allocations(vta_space_t* space, vta_alloc_info_t* out, uint64_t capacity, uint64_t* out_count);
+
+/* --- Eviction engine -------------------------------------------------------------------- */
+enum { VTA_RESIDENT = 0, VTA_EVICTED = 1, VTA_IN_FLIGHT = 2 };
+/* Mark an allocation evictable (memory pressure may evict its pages) or not (it is made
+ * resident first). A page shared by several allocations is evictable only if all are. */
+VTA_API vta_status_t vta_set_evictable(vta_space_t* space, uint64_t address, int32_t evictable);
+/* Start evicting every page of the allocation now (asynchronous on the copy stream). */
+VTA_API vta_status_t vta_offload(vta_space_t* space, uint64_t address);
+/* Start restoring the allocation's pages; `stream` (0 = the allocation's) waits for the copies. */
+VTA_API vta_status_t vta_prefetch(vta_space_t* space, uint64_t address, uint64_t stream, int32_t use_stream);
+/* Block until every page of the allocation is resident and mapped at its address. */
+VTA_API vta_status_t vta_ensure_resident(vta_space_t* space, uint64_t address, uint64_t stream, int32_t use_stream);
+VTA_API vta_status_t vta_residency(vta_space_t* space, uint64_t address, int32_t* out);
+/* Tests only: make the next `times` calls of a backend operation fail (0 copy, 1 map,
+ * 2 create_page, 3 set_access). */
+VTA_API vta_status_t vta_debug_inject_fault(vta_space_t* space, int32_t op, int32_t times);
 
 /* --- Leased pages (client side of the service) ------------------------------------------ */
 /* Adopt a page received as a file descriptor (the caller keeps and closes `fd`). The page

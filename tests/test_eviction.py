@@ -1,0 +1,266 @@
+"""The eviction engine on the host backend: pages go to host memory and come back exact, at
+the same address, under explicit offload and under memory pressure, in both modes."""
+
+from __future__ import annotations
+
+import ctypes
+
+import pytest
+
+from vtalloc.allocator import (
+    AddressSpace,
+    DriverError,
+    HostPoolExhaustedError,
+    InvalidArgumentError,
+    OutOfMemoryError,
+)
+from helpers.spaces import MiB, pattern
+
+MODES = ["mapped", "copy"]
+
+
+def space(mode: str, capacity=16 * MiB, host_capacity=128 * MiB, **kw) -> AddressSpace:
+    return AddressSpace(backend="host", capacity=capacity, host_capacity=host_capacity, evict_mode=mode, **kw)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_offload_and_restore_at_the_same_address(mode):
+    with space(mode) as s:
+        assert s.evict_mode == mode
+        a = s.malloc(5 * MiB)
+        s.write(a, pattern(7, 5 * MiB))
+        s.offload(a)
+        s.synchronize()
+        assert s.residency(a) == "evicted"
+        st = s.stats()
+        assert st.pages_evicted == 3 and st.evicted_bytes == 6 * MiB and st.evictions == 3
+        assert st.host_pool_used_bytes == 6 * MiB
+        assert st.pages_resident == 0
+        s.ensure_resident(a)
+        assert s.residency(a) == "resident"
+        assert s.read(a, 5 * MiB) == pattern(7, 5 * MiB)
+        st = s.stats()
+        assert st.restores == 3 and st.bytes_restored_total == 6 * MiB and st.host_pool_used_bytes == 0
+        assert st.evict_bandwidth_bytes_per_s > 0 and st.restore_bandwidth_bytes_per_s > 0
+        s.free(a)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_workload_four_times_the_capacity(mode):
+    """Evictable allocations holding 4x the capacity all read back bit-exact."""
+    with space(mode, capacity=16 * MiB, host_capacity=96 * MiB) as s:
+        sizes = [3 * MiB, 2 * MiB, 700_000, 5 * MiB + 11, 64 * 1024, 2 * MiB] * 6
+        live = []
+        for i, n in enumerate(sizes):
+            a = s.malloc(n)
+            s.write(a, pattern(i, n))
+            s.set_evictable(a)
+            live.append((a, n, i))
+        total = sum(n for n in sizes)
+        assert total >= 4 * 16 * MiB
+        st = s.stats()
+        assert st.pressure_evictions > 0 and st.mapped_bytes <= st.capacity_bytes
+        for a, n, i in live:  # every read restores what it needs, evicting others
+            assert s.read(a, n) == pattern(i, n), i
+        for a, n, i in reversed(live):
+            assert s.read(a, n) == pattern(i, n), i
+        for a, _, _ in live:
+            s.free(a)
+        st = s.stats()
+        assert st.host_pool_used_bytes == 0 and st.pages_evicted == 0
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_non_evictable_pages_are_never_evicted(mode):
+    with space(mode) as s:
+        pinned = [s.malloc(2 * MiB) for _ in range(4)]
+        for i, a in enumerate(pinned):
+            s.write(a, pattern(100 + i, 2 * MiB))
+        evictable = [s.malloc(2 * MiB) for _ in range(4)]
+        for a in evictable:
+            s.set_evictable(a)
+        extra = [s.malloc(2 * MiB) for _ in range(4)]  # must evict the evictable ones only
+        assert all(s.residency(a) == "resident" for a in pinned)
+        assert all(s.residency(a) == "evicted" for a in evictable)
+        with pytest.raises(OutOfMemoryError):
+            s.malloc(2 * MiB)  # everything resident is pinned now
+        for i, a in enumerate(pinned):
+            assert s.read(a, 2 * MiB) == pattern(100 + i, 2 * MiB)
+        for a in pinned + evictable + extra:
+            s.free(a)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_least_recently_used_goes_first(mode):
+    with space(mode, capacity=8 * MiB) as s:
+        a, b, c, d = (s.malloc(2 * MiB) for _ in range(4))
+        for x in (a, b, c, d):
+            s.set_evictable(x)
+        s.ensure_resident(a)  # touch a: b is now the least recently used
+        e = s.malloc(2 * MiB)
+        assert s.residency(b) == "evicted"
+        assert [s.residency(x) for x in (a, c, d)] == ["resident"] * 3
+        for x in (a, b, c, d, e):
+            s.free(x)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_shared_page_is_evictable_only_if_all_sharers_are(mode):
+    with space(mode, capacity=4 * MiB) as s:
+        x, y = s.malloc(1000), s.malloc(1000)  # one slab page
+        s.write(x, pattern(1, 1000))
+        s.write(y, pattern(2, 1000))
+        s.set_evictable(x)
+        with pytest.raises(InvalidArgumentError):
+            s.offload(x)
+        big = s.malloc(2 * MiB)  # fills capacity without evicting the shared page
+        with pytest.raises(OutOfMemoryError):
+            s.malloc(2 * MiB)
+        assert s.residency(x) == "resident"
+        s.set_evictable(y)
+        s.free(big)
+        s.offload(x)
+        s.synchronize()
+        assert s.residency(x) == s.residency(y) == "evicted"
+        z = s.malloc(1000)  # must not land on the evicted slab
+        assert z - z % (2 * MiB) != x - x % (2 * MiB)
+        s.write(z, pattern(3, 1000))
+        assert s.read(x, 1000) == pattern(1, 1000) and s.read(y, 1000) == pattern(2, 1000)
+        for a in (x, y, z):
+            s.free(a)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_freeing_evicted_allocations(mode):
+    with space(mode, capacity=8 * MiB) as s:
+        a = s.malloc(4 * MiB)
+        small = [s.malloc(512) for _ in range(3)]
+        for x in [a] + small:
+            s.set_evictable(x)
+        for x in [a] + small[:1]:  # the small ones share one page: offloading one moves it
+            s.offload(x)
+        assert all(s.residency(x) != "resident" for x in small)
+        s.free(a)  # possibly still in flight
+        for x in small:
+            s.free(x)
+        s.synchronize()
+        st = s.stats()
+        assert st.host_pool_used_bytes == 0 and st.pages_evicted == 0 and st.pages_in_flight == 0
+        b = s.malloc(8 * MiB)  # the whole capacity is usable again
+        s.write(b, pattern(9, 8 * MiB))
+        assert s.read(b, 8 * MiB) == pattern(9, 8 * MiB)
+        s.free(b)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_set_evictable_false_restores(mode):
+    with space(mode) as s:
+        a = s.malloc(2 * MiB)
+        s.write(a, pattern(4, 2 * MiB))
+        s.set_evictable(a)
+        s.offload(a)
+        s.set_evictable(a, False)
+        assert s.residency(a) == "resident"
+        assert s.stats().evictable_bytes == 0
+        assert s.read(a, 2 * MiB) == pattern(4, 2 * MiB)
+        s.free(a)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_prefetch_then_ensure_resident(mode):
+    with space(mode) as s:
+        addrs = [s.malloc(2 * MiB) for _ in range(3)]
+        for i, a in enumerate(addrs):
+            s.write(a, pattern(i, 2 * MiB))
+            s.offload(a)
+        for a in addrs:
+            s.prefetch(a)
+            assert s.residency(a) in ("in_flight", "resident")
+        for i, a in enumerate(addrs):
+            s.ensure_resident(a)
+            assert s.residency(a) == "resident"
+            assert s.read(a, 2 * MiB) == pattern(i, 2 * MiB)
+            s.free(a)
+
+
+def test_mapped_mode_keeps_evicted_pages_addressable():
+    with space("mapped") as s:
+        a = s.malloc(2 * MiB)
+        s.write(a, pattern(5, 2 * MiB))
+        s.offload(a)
+        s.synchronize()
+        assert s.residency(a) == "evicted" and s.stats().pages_mapped == 0
+        # A direct access (as a stray kernel would make) reads the host copy, no fault.
+        assert ctypes.string_at(a + 4096, 64) == pattern(5, 2 * MiB)[4096:4096 + 64]
+        s.free(a)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_host_pool_exhaustion_is_typed_and_loses_nothing(mode):
+    with space(mode, capacity=8 * MiB, host_capacity=4 * MiB) as s:
+        addrs = [s.malloc(2 * MiB) for _ in range(4)]
+        for i, a in enumerate(addrs):
+            s.write(a, pattern(i, 2 * MiB))
+            s.set_evictable(a)
+        s.offload(addrs[0])
+        s.offload(addrs[1])
+        with pytest.raises(HostPoolExhaustedError):
+            s.offload(addrs[2])
+        assert isinstance(HostPoolExhaustedError("x"), MemoryError)
+        assert s.residency(addrs[2]) == "resident"
+        s.synchronize()
+        extra = []
+        with pytest.raises(OutOfMemoryError):  # pressure cannot evict: the host pool is full
+            for _ in range(3):
+                extra.append(s.malloc(2 * MiB))
+        assert len(extra) == 2  # the two pages freed by the offloads, then nothing
+        with pytest.raises(OutOfMemoryError):  # no device page to restore into either
+            s.ensure_resident(addrs[0])
+        for a in extra:
+            s.free(a)
+        for i, a in enumerate(addrs):
+            assert s.read(a, 2 * MiB) == pattern(i, 2 * MiB)
+            s.free(a)
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("op", ["copy", "map", "set_access"])
+def test_injected_failures_roll_back(mode, op):
+    with space(mode) as s:
+        a = s.malloc(2 * MiB)
+        s.write(a, pattern(11, 2 * MiB))
+        if op == "copy":  # eviction fails at its copy: the page stays resident
+            s._inject_fault("copy", 1)
+            with pytest.raises(DriverError):
+                s.offload(a)
+            assert s.residency(a) == "resident"
+            assert s.stats().host_pool_used_bytes == 0
+            assert s.read(a, 2 * MiB) == pattern(11, 2 * MiB)
+        s.offload(a)
+        s.synchronize()
+        s._inject_fault(op, 1)  # restore fails: the bytes stay in the host pool
+        with pytest.raises(DriverError):
+            s.ensure_resident(a)
+        assert s.residency(a) == "evicted"
+        st = s.stats()
+        assert st.pages_in_flight == 0 and st.host_pool_used_bytes == 2 * MiB
+        s.ensure_resident(a)  # and the next try succeeds
+        assert s.read(a, 2 * MiB) == pattern(11, 2 * MiB)
+        s.free(a)
+
+
+def test_invalid_eviction_arguments():
+    with space("copy") as s:
+        a = s.malloc(4096)
+        for call in (s.offload, s.prefetch, s.ensure_resident, s.residency, s.set_evictable):
+            with pytest.raises(InvalidArgumentError):
+                call(a + 512)
+            with pytest.raises(InvalidArgumentError):
+                call(12345)
+        with pytest.raises(InvalidArgumentError):
+            s.prefetch(a, stream=-1)
+        s.free(a)
+        with pytest.raises(InvalidArgumentError):
+            s.offload(a)
+    with pytest.raises(InvalidArgumentError):
+        AddressSpace(backend="host", evict_mode="swap")
