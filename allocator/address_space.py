@@ -100,6 +100,11 @@ class AddressSpace:
         if self._handle is None or self._closed:
             return
         self._closed = True
+        if getattr(self, "_live_tensors", 0):
+            from .tensors import defer_close
+
+            if defer_close(self):  # tensors over its pages live: the last one's finalizer closes it
+                return
         _native.check(self._lib.vta_space_close(self._handle))
 
     def __enter__(self) -> "AddressSpace":
@@ -275,6 +280,16 @@ class AddressSpace:
             page_id = None if r.page_id == _native.NO_PAGE else r.page_id
             out.append(PageRecord(page_id, r.address or None, PAGE_STATES[r.state], on_page))
         return out
+
+    # -- torch ----------------------------------------------------------------------------
+    def tensor(self, shape: Any, dtype: Any = None) -> Any:
+        """A torch CPU tensor (uninitialized, float32 unless ``dtype``) whose storage is a new
+        allocation of this host-backend space: no copy, freed back when its last view dies.
+        Closing the space while such tensors live keeps their pages mapped until they die.
+        See allocator/tensors.py."""
+        from .tensors import space_tensor
+
+        return space_tensor(self, shape, dtype)
 
     def _fetch(self, fn: Any, struct: type) -> list[Any]:
         count = ctypes.c_uint64()

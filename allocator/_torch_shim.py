@@ -1,0 +1,210 @@
+"""ctypes face of the PyTorch shim (csrc/include/vtalloc/torch_shim.h). Never imports torch.
+
+Owns: the ctypes mirror of the shim's structs and prototypes (declared on the library that
+``_native.load()`` returns, so it is the very copy PyTorch's CUDAPluggableAllocator loads),
+and small typed wrappers: configure, per-device stats and failures, trim, release.
+Invariants: the structs below match the header field for field; no wrapper ever calls
+``vta_torch_alloc`` (it may throw a C++ exception by design, which ctypes cannot carry) except
+``alloc_for_test`` which refuses unless the policy is return-NULL.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import dataclasses
+import threading
+
+from . import _native
+from .config import Config
+from .errors import InvalidArgumentError, error_for_status
+from .stats import Stats
+
+__all__ = [
+    "MAX_DEVICES", "FAIL_RETURN_NULL", "FAIL_THROW", "Failures", "configure", "current_config",
+    "devices", "device_stats", "reset_peak_stats", "trim", "failures", "release", "exception_kind",
+    "exception_selftest", "alloc_for_test", "free_for_test",
+]
+
+MAX_DEVICES = 64
+FAIL_RETURN_NULL, FAIL_THROW = 0, 1
+EXC_C10_OOM, EXC_STD_BAD_ALLOC = 1, 2
+
+u32, i32, u64 = ctypes.c_uint32, ctypes.c_int32, ctypes.c_uint64
+
+
+class VtaTorchConfig(ctypes.Structure):
+    _fields_ = [("struct_size", u32), ("on_failure", u32), ("space", _native.VtaConfig)]
+
+
+class VtaTorchFailures(ctypes.Structure):
+    _fields_ = [("struct_size", u32), ("reserved0", u32)] + [
+        (name, u64)
+        for name in (
+            "alloc_failures", "ooms", "capture_refusals", "free_failures", "deferred_frees",
+            "last_oom_requested_bytes", "last_oom_capacity_bytes", "last_oom_mapped_bytes",
+        )
+    ]
+
+
+@dataclasses.dataclass(frozen=True)
+class Failures:
+    """What the shim could not do on one device, and the last message it kept."""
+
+    alloc_failures: int           # requests not served, any reason
+    ooms: int                     # of which: out of memory
+    capture_refusals: int         # of which: refused during CUDA graph capture
+    free_failures: int            # frees that failed (never raised: torch frees in destructors)
+    deferred_frees: int           # frees parked while their stream captured a graph
+    last_oom_requested_bytes: int
+    last_oom_capacity_bytes: int
+    last_oom_mapped_bytes: int
+    last_message: str
+
+
+_P = ctypes.POINTER
+_PROTOTYPES = {
+    "vta_torch_last_error": (ctypes.c_char_p, []),
+    "vta_torch_configure": (i32, [_P(VtaTorchConfig)]),
+    "vta_torch_get_config": (i32, [_P(VtaTorchConfig), _P(i32)]),
+    "vta_torch_alloc": (ctypes.c_void_p, [ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p]),
+    "vta_torch_free": (None, [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p]),
+    "vta_torch_devices": (i32, [_P(u64)]),
+    "vta_torch_stats": (i32, [i32, _P(_native.VtaStats)]),
+    "vta_torch_reset_peak_stats": (i32, [i32]),
+    "vta_torch_trim": (i32, [i32, _P(u64)]),
+    "vta_torch_failures": (i32, [i32, _P(VtaTorchFailures), ctypes.c_char_p, u64]),
+    "vta_torch_release": (i32, []),
+    "vta_torch_exception_kind": (i32, []),
+    "vta_torch_exception_selftest": (i32, [ctypes.c_char_p, ctypes.c_char_p, u64, ctypes.c_char_p, u64]),
+}
+
+_lib: ctypes.CDLL | None = None
+_lock = threading.Lock()
+
+
+def lib() -> ctypes.CDLL:
+    global _lib
+    if _lib is None:
+        with _lock:
+            if _lib is None:
+                loaded = _native.load()
+                for name, (restype, argtypes) in _PROTOTYPES.items():
+                    fn = getattr(loaded, name)
+                    fn.restype = restype
+                    fn.argtypes = argtypes
+                _lib = loaded
+    return _lib
+
+
+def check(status: int) -> None:
+    """Raise the vtalloc exception for a non-zero status of a shim function on this thread."""
+    if status == 0:
+        return
+    message = (lib().vta_torch_last_error() or b"").decode("utf-8", "replace")
+    raise error_for_status(status, message)
+
+
+def _space_struct(config: Config) -> _native.VtaConfig:
+    c = _native.VtaConfig()
+    c.struct_size = ctypes.sizeof(c)
+    c.backend = _native.BACKEND_CODES[config.backend]
+    c.device = 0  # the shim serves every device; the ordinal comes with each request
+    c.capacity_bytes = config.capacity or 0
+    c.page_bytes = config.page_size or 0
+    c.small_threshold_bytes = config.small_threshold or 0
+    c.host_granularity_bytes = config.host_granularity or 0
+    c.host_capacity_bytes = config.host_capacity or 0
+    c.reservation_bytes = config.reservation_size or 0
+    return c
+
+
+def configure(config: Config, on_failure: int) -> None:
+    """Set the options of the per-device spaces (InvalidArgumentError once others are in use)."""
+    if on_failure not in (FAIL_RETURN_NULL, FAIL_THROW):
+        raise InvalidArgumentError(f"unknown failure policy {on_failure!r}")
+    c = VtaTorchConfig()
+    c.struct_size = ctypes.sizeof(c)
+    c.on_failure = on_failure
+    c.space = _space_struct(config)
+    check(lib().vta_torch_configure(ctypes.byref(c)))
+
+
+def current_config() -> tuple[bool, int, dict[str, int]]:
+    """(configured, on_failure policy, the space options as raw fields)."""
+    c = VtaTorchConfig()
+    flag = i32()
+    check(lib().vta_torch_get_config(ctypes.byref(c), ctypes.byref(flag)))
+    space = {name: getattr(c.space, name) for name, _ in _native.VtaConfig._fields_}
+    return bool(flag.value), c.on_failure, space
+
+
+def devices() -> list[int]:
+    """Device ordinals that have an address space."""
+    mask = u64()
+    check(lib().vta_torch_devices(ctypes.byref(mask)))
+    return [d for d in range(MAX_DEVICES) if mask.value >> d & 1]
+
+
+def device_stats(device: int) -> Stats:
+    _check_device(device)
+    raw = _native.VtaStats()
+    check(lib().vta_torch_stats(device, ctypes.byref(raw)))
+    return Stats(**{f: getattr(raw, f) for f in Stats.__dataclass_fields__})
+
+
+def reset_peak_stats(device: int | None = None) -> None:
+    if device is not None:
+        _check_device(device)
+    check(lib().vta_torch_reset_peak_stats(-1 if device is None else device))
+
+
+def trim(device: int | None = None) -> int:
+    if device is not None:
+        _check_device(device)
+    out = u64()
+    check(lib().vta_torch_trim(-1 if device is None else device, ctypes.byref(out)))
+    return out.value
+
+
+def failures(device: int) -> Failures:
+    _check_device(device)
+    raw = VtaTorchFailures()
+    buf = ctypes.create_string_buffer(4096)
+    check(lib().vta_torch_failures(device, ctypes.byref(raw), buf, ctypes.sizeof(buf)))
+    counts = {name: getattr(raw, name) for name, _ in VtaTorchFailures._fields_ if name not in ("struct_size", "reserved0")}
+    return Failures(**counts, last_message=buf.value.decode("utf-8", "replace"))
+
+
+def release() -> None:
+    """Close every per-device space and forget the options (InvalidArgumentError while any is live)."""
+    check(lib().vta_torch_release())
+
+
+def exception_kind() -> str:
+    """'c10' when an out-of-memory would reach Python as torch.OutOfMemoryError, else 'std'."""
+    return "c10" if lib().vta_torch_exception_kind() == EXC_C10_OOM else "std"
+
+
+def exception_selftest(message: str) -> tuple[str, str]:
+    """Throw and catch, inside the library, the exception an out-of-memory would throw: (type, what)."""
+    type_buf = ctypes.create_string_buffer(256)
+    what_buf = ctypes.create_string_buffer(1 << 16)
+    check(lib().vta_torch_exception_selftest(message.encode(), type_buf, 256, what_buf, ctypes.sizeof(what_buf)))
+    return type_buf.value.decode(), what_buf.value.decode("utf-8", "replace")
+
+
+def alloc_for_test(size: int, device: int = 0, stream: int = 0) -> int:
+    """Call vta_torch_alloc from Python: only under the return-NULL policy (a throw would abort)."""
+    configured, policy, _ = current_config()
+    if not configured or policy != FAIL_RETURN_NULL:
+        raise InvalidArgumentError("alloc_for_test needs the shim configured with the return-NULL policy")
+    return lib().vta_torch_alloc(size, device, stream or None) or 0
+
+
+def free_for_test(ptr: int, size: int, device: int = 0, stream: int = 0) -> None:
+    lib().vta_torch_free(ptr or None, size, device, stream or None)
+
+
+def _check_device(device: int) -> None:
+    if isinstance(device, bool) or not isinstance(device, int) or not 0 <= device < MAX_DEVICES:
+        raise InvalidArgumentError(f"device must be an ordinal in 0..{MAX_DEVICES - 1}, got {device!r}")

@@ -1,0 +1,381 @@
+"""vtalloc as PyTorch's CUDA allocator: ``enable()`` for the whole process, ``mempool()`` for scopes.
+
+Owns: the process's choice of how torch uses vtalloc (one of: not at all, the global allocator
+through ``torch.cuda.memory.change_current_allocator``, or the allocator of
+``torch.cuda.MemPool`` objects), the options in force, the CUDAPluggableAllocator object
+(kept alive for the life of the process: torch's MemPool holds a raw pointer to it), and the
+statistics in PyTorch's vocabulary. torch is imported inside functions only, so
+``import vtalloc.allocator`` never imports it.
+
+Invariants: one vtalloc configuration per process (the shim has one address space per device);
+``enable()`` and ``mempool()`` exclude each other (enable() replaces the caching allocator that
+MemPools live in); a call that cannot do what it says raises a typed error and changes nothing.
+How failures reach the user, and what works with which torch feature, is in docs/torch.md.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+from typing import Any
+
+from . import _native, _torch_shim
+from .config import Config, format_size
+from .errors import BackendUnavailableError, InvalidArgumentError, VtallocError
+from .probe import backend_available
+from .stats import Stats
+
+__all__ = [
+    "enable", "is_enabled", "mode", "mempool", "resolve_config",
+    "stats", "memory_stats", "memory_allocated", "max_memory_allocated", "memory_reserved",
+    "reset_peak_memory_stats", "memory_summary", "empty_cache", "failures", "oom_exception",
+    "AllocatorConflictError", "UnsupportedError",
+]
+
+
+class AllocatorConflictError(VtallocError, RuntimeError):
+    """torch's allocator is already set up in a way this call cannot change (nothing was changed)."""
+
+
+class UnsupportedError(VtallocError, NotImplementedError):
+    """A torch feature that cannot work with vtalloc as torch's allocator; the message says why."""
+
+
+@dataclasses.dataclass
+class _State:
+    mode: str | None = None            # None, "global" (enable) or "mempool"
+    config: Config | None = None
+    allocator: Any = None              # torch.cuda.memory.CUDAPluggableAllocator, never released
+    original_record_stream: Any = None
+
+
+_state = _State()
+_lock = threading.RLock()
+
+
+def _torch() -> Any:
+    import torch  # deferred on purpose: importing vtalloc.allocator must not import torch
+
+    return torch
+
+
+def resolve_config(**config: Any) -> Config:
+    """The options for torch's allocator: ``VTALLOC_*`` variables, then keyword arguments (which win).
+
+    The torch allocator serves every CUDA device (one address space each), so ``device`` is
+    not an option here and ``VTALLOC_DEVICE`` is ignored; the backend is always cuda.
+    """
+    if "device" in config:
+        raise InvalidArgumentError(
+            "device is not an option of the torch allocator: it serves every CUDA device, one address space each"
+        )
+    cfg = Config.from_env(**config)
+    if cfg.backend == "host":
+        raise InvalidArgumentError(
+            "torch's CUDA allocator needs the cuda backend (host memory cannot back CUDA tensors); "
+            "for CPU tensors over a host space use AddressSpace(backend='host').tensor(...)"
+        )
+    return cfg.replace(backend="cuda", device=0)
+
+
+def _require_cuda(torch: Any) -> None:
+    if not torch.cuda.is_available():
+        build = "a CPU-only build" if torch.version.cuda is None else f"built for CUDA {torch.version.cuda}"
+        raise BackendUnavailableError(
+            f"no CUDA device for PyTorch here: torch {torch.__version__} ({build}) reports torch.cuda.is_available() "
+            "== False; vtalloc's torch allocator needs a CUDA GPU"
+        )
+    ok, why = backend_available("cuda")
+    if not ok:
+        raise BackendUnavailableError(f"vtalloc's cuda backend cannot run here: {why}")
+
+
+def _pluggable(torch: Any) -> Any:
+    return torch.cuda.memory.CUDAPluggableAllocator(_native.library_path(), "vta_torch_alloc", "vta_torch_free")
+
+
+def _describe(cfg: Config) -> str:
+    fields = {f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg) if f.name not in ("backend", "device")}
+    return ", ".join(f"{k}={format_size(v) if isinstance(v, int) else v}" for k, v in fields.items() if v is not None) or "defaults"
+
+
+def enable(**config: Any) -> Config:
+    """Make vtalloc PyTorch's CUDA allocator for this process; returns the options in force.
+
+    Options are those of :class:`~vtalloc.allocator.Config` except ``backend``/``device``
+    (``capacity``, ``page_size``, ...), per device, from keyword arguments or ``VTALLOC_*``
+    variables. Call it before CUDA is first used (before the first CUDA tensor). Calling it
+    again with the same options does nothing; with other options it raises.
+    """
+    cfg = resolve_config(**config)
+    with _lock:
+        if _state.mode == "global":
+            if cfg == _state.config:
+                return cfg
+            raise AllocatorConflictError(
+                f"vtalloc is already torch's allocator with options ({_describe(_state.config)}); "
+                f"it cannot switch to ({_describe(cfg)}) in a running process"
+            )
+        if _state.mode == "mempool":
+            raise AllocatorConflictError(
+                "mempool() is in use in this process: enable() would replace the caching allocator its MemPools live "
+                "in. Use either enable() or mempool() in one process"
+            )
+        torch = _torch()
+        _require_cuda(torch)
+        if torch.cuda.is_initialized():
+            raise AllocatorConflictError(
+                "CUDA is already initialized in this process, so PyTorch's allocator is fixed: call "
+                "vtalloc.allocator.torch.enable() before the first CUDA tensor (or any call that initializes CUDA)"
+            )
+        if torch.backends.cudnn.benchmark:
+            raise AllocatorConflictError(
+                "torch.backends.cudnn.benchmark is True, which needs the allocator's cacheInfo that PyTorch's pluggable "
+                "allocator does not provide: set it to False before enable()"
+            )
+        _torch_shim.configure(cfg, _torch_shim.FAIL_THROW)
+        allocator = _pluggable(torch)
+        try:
+            torch.cuda.memory.change_current_allocator(allocator)
+        except RuntimeError as e:
+            raise AllocatorConflictError(
+                "PyTorch's CUDA allocator is already initialized (CUDA memory was allocated): call "
+                f"vtalloc.allocator.torch.enable() before the first CUDA tensor. torch said: {e}"
+            ) from None
+        _state.mode, _state.config, _state.allocator = "global", cfg, allocator
+        _guard_record_stream(torch)
+    return cfg
+
+
+def is_enabled() -> bool:
+    """True once enable() made vtalloc torch's allocator in this process."""
+    return _state.mode == "global"
+
+
+def mode() -> str | None:
+    """How torch uses vtalloc in this process: None, "global" (enable) or "mempool"."""
+    return _state.mode
+
+
+def mempool(**config: Any) -> Any:
+    """A new ``torch.cuda.MemPool`` whose segments come from vtalloc, for ``torch.cuda.use_mem_pool(pool)``.
+
+    PyTorch's caching allocator still splits and caches blocks inside the pool; vtalloc serves
+    the segments (and gets them back on OOM or when the pool dies). Options as for enable();
+    every pool of the process shares them.
+    """
+    cfg = resolve_config(**config)
+    with _lock:
+        if _state.mode == "global":
+            raise AllocatorConflictError(
+                "enable() made vtalloc torch's global allocator, which replaced the caching allocator MemPools need; "
+                "use either enable() or mempool() in one process"
+            )
+        if _state.mode == "mempool" and cfg != _state.config:
+            raise AllocatorConflictError(
+                f"vtalloc pools in this process use options ({_describe(_state.config)}); a pool with "
+                f"({_describe(cfg)}) cannot be made: one vtalloc configuration per process"
+            )
+        torch = _torch()
+        _require_cuda(torch)
+        if not hasattr(torch.cuda, "MemPool"):
+            raise BackendUnavailableError(f"torch.cuda.MemPool needs PyTorch 2.5 or newer (this is {torch.__version__})")
+        if _state.mode is None:
+            _torch_shim.configure(cfg, _torch_shim.FAIL_RETURN_NULL)
+            _state.allocator = _pluggable(torch)
+            _state.mode, _state.config = "mempool", cfg
+        return torch.cuda.MemPool(_state.allocator.allocator())
+
+
+# -- record_stream ---------------------------------------------------------------------------
+
+def _record_stream_unsupported(tensor: Any, stream: Any) -> None:
+    if getattr(tensor, "is_cuda", False):
+        raise UnsupportedError(
+            "Tensor.record_stream() does nothing under PyTorch's pluggable allocator (it has no Python hook), so with "
+            "vtalloc as the global allocator the memory could be reused while the other stream still uses it. "
+            "Instead, make the allocating stream wait before the tensor is freed: "
+            "torch.cuda.current_stream().wait_stream(stream), then drop the tensor"
+        )
+    return _state.original_record_stream(tensor, stream)
+
+
+def _guard_record_stream(torch: Any) -> None:
+    if _state.original_record_stream is None:
+        _state.original_record_stream = torch.Tensor.record_stream
+        torch.Tensor.record_stream = _record_stream_unsupported
+
+
+# -- statistics ------------------------------------------------------------------------------
+
+def _check_device(device: int | None) -> None:
+    if device is None:
+        return
+    if isinstance(device, bool) or not isinstance(device, int) or not 0 <= device < _torch_shim.MAX_DEVICES:
+        raise InvalidArgumentError(f"device must be None (every device) or an ordinal in 0..63, got {device!r}")
+
+
+def _device_list(device: int | None) -> list[int]:
+    _check_device(device)
+    return _torch_shim.devices() if device is None else [device]
+
+
+_NOT_SUMMED = ("page_bytes", "small_threshold_bytes")
+
+
+def _sum(per_device: list[Stats]) -> Stats:
+    values = {}
+    for f in dataclasses.fields(Stats):
+        column = [getattr(s, f.name) for s in per_device]
+        values[f.name] = (max(column) if column else 0) if f.name in _NOT_SUMMED else sum(column)
+    return Stats(**values)
+
+
+def stats(device: int | None = None) -> Stats:
+    """vtalloc's Stats of the torch allocator: one device, or summed over every device it serves.
+
+    Summed peaks are the sum of each device's peak. page_bytes and small_threshold_bytes are
+    per-device settings: the largest is reported. All zero before the first allocation.
+    """
+    return _sum([_torch_shim.device_stats(d) for d in _device_list(device)])
+
+
+def memory_stats(device: int | None = None) -> dict[str, int]:
+    """Statistics under torch.cuda.memory_stats() key names where the meaning is the same.
+
+    - ``allocated_bytes.all.{current,peak}``: live allocations as the allocator rounded them
+      (512 B blocks, or whole pages from ``small_threshold`` up): vtalloc's active bytes;
+    - ``requested_bytes.all.{current,peak}``: live allocations as requested;
+    - ``active_bytes.all.current``: allocated plus freed memory still waiting for its stream;
+    - ``reserved_bytes.all.current``: physical pages held (mapped or not);
+    - ``allocation.all.{current,allocated,freed}``, ``num_ooms``, ``num_device_alloc`` /
+      ``num_device_free`` (page map / unmap calls).
+    Keys that start with ``vtalloc.`` have no PyTorch counterpart. ``device=None``: summed over
+    devices (peaks: the sum of per-device peaks).
+    """
+    devs = _device_list(device)
+    per_device = [_torch_shim.device_stats(d) for d in devs]
+    s = _sum(per_device)
+    fails = [_torch_shim.failures(d) for d in devs]
+    return dict(sorted({
+        "allocated_bytes.all.current": s.active_bytes,
+        "allocated_bytes.all.peak": s.peak_active_bytes,
+        "requested_bytes.all.current": s.allocated_bytes,
+        "requested_bytes.all.peak": s.peak_allocated_bytes,
+        "active_bytes.all.current": s.active_bytes + s.pending_free_bytes,
+        "reserved_bytes.all.current": sum(p.pages_total * p.page_bytes for p in per_device),
+        "allocation.all.current": s.num_live_allocs,
+        "allocation.all.allocated": s.num_allocs,
+        "allocation.all.freed": s.num_frees,
+        "num_ooms": s.num_ooms,
+        "num_device_alloc": s.num_map_calls,
+        "num_device_free": s.num_unmap_calls,
+        "vtalloc.capacity_bytes": s.capacity_bytes,
+        "vtalloc.page_bytes": s.page_bytes,
+        "vtalloc.mapped_bytes.current": s.mapped_bytes,
+        "vtalloc.mapped_bytes.peak": s.peak_mapped_bytes,
+        "vtalloc.cached_bytes.current": s.cached_bytes,
+        "vtalloc.pending_free_bytes.current": s.pending_free_bytes,
+        "vtalloc.reserved_va_bytes.current": s.reserved_va_bytes,
+        "vtalloc.pages_total": s.pages_total,
+        "vtalloc.pages_mapped": s.pages_mapped,
+        "vtalloc.pages_free": s.pages_free,
+        "vtalloc.num_page_reclaims": s.num_page_reclaims,
+        "vtalloc.alloc_failures": sum(f.alloc_failures for f in fails),
+        "vtalloc.capture_refusals": sum(f.capture_refusals for f in fails),
+        "vtalloc.free_failures": sum(f.free_failures for f in fails),
+        "vtalloc.deferred_frees": sum(f.deferred_frees for f in fails),
+        "vtalloc.devices": sum(1 for p in per_device if p.capacity_bytes),
+    }.items()))
+
+
+def memory_allocated(device: int | None = None) -> int:
+    return memory_stats(device)["allocated_bytes.all.current"]
+
+
+def max_memory_allocated(device: int | None = None) -> int:
+    return memory_stats(device)["allocated_bytes.all.peak"]
+
+
+def memory_reserved(device: int | None = None) -> int:
+    return memory_stats(device)["reserved_bytes.all.current"]
+
+
+def reset_peak_memory_stats(device: int | None = None) -> None:
+    """Peaks (allocated, requested, mapped) restart from the current values."""
+    _check_device(device)
+    _torch_shim.reset_peak_stats(device)
+
+
+def empty_cache(device: int | None = None) -> int:
+    """Unmap cached pages and give unused pages back to the driver; returns the bytes released.
+
+    ``torch.cuda.empty_cache()`` does nothing under a pluggable allocator: call this instead.
+    """
+    _check_device(device)
+    return _torch_shim.trim(device)
+
+
+def failures(device: int = 0) -> _torch_shim.Failures:
+    """What the allocator could not do on ``device``: counts and the last message (OOM numbers included)."""
+    _check_device(device)
+    return _torch_shim.failures(device)
+
+
+def oom_exception() -> str:
+    """Which Python exception an out-of-memory under enable() becomes in this process.
+
+    "torch.OutOfMemoryError" when vtalloc could bind to the libc10 torch loaded, else
+    "RuntimeError" (the fallback, with the same message).
+    """
+    _torch()  # bind against the libc10 of the torch this process uses
+    return "torch.OutOfMemoryError" if _torch_shim.exception_kind() == "c10" else "RuntimeError"
+
+
+def memory_summary(device: int | None = None) -> str:
+    """A human-readable table of the torch allocator's memory, per device and in total."""
+    devs = _device_list(device)
+    header = f"vtalloc torch allocator ({_state.mode or 'not enabled'}" + (
+        f"; {_describe(_state.config)})" if _state.config else ")")
+    if not devs:
+        return header + "\nno device has allocated through vtalloc yet\n"
+    rows = [("metric", *[f"cuda:{d}" for d in devs])]
+    if len(devs) > 1:
+        rows[0] = (*rows[0], "total")
+    per = [memory_stats(d) for d in devs]
+    total = memory_stats(None) if len(devs) > 1 else None
+    metrics = [
+        ("allocated (rounded)", "allocated_bytes.all.current", True),
+        ("allocated, peak", "allocated_bytes.all.peak", True),
+        ("requested", "requested_bytes.all.current", True),
+        ("reserved (pages held)", "reserved_bytes.all.current", True),
+        ("mapped", "vtalloc.mapped_bytes.current", True),
+        ("mapped, peak", "vtalloc.mapped_bytes.peak", True),
+        ("cached (mapped, free)", "vtalloc.cached_bytes.current", True),
+        ("waiting for streams", "vtalloc.pending_free_bytes.current", True),
+        ("capacity", "vtalloc.capacity_bytes", True),
+        ("page size", "vtalloc.page_bytes", True),
+        ("live allocations", "allocation.all.current", False),
+        ("allocations / frees", None, False),
+        ("page reclaims", "vtalloc.num_page_reclaims", False),
+        ("OOMs", "num_ooms", False),
+        ("alloc failures", "vtalloc.alloc_failures", False),
+        ("free failures", "vtalloc.free_failures", False),
+    ]
+    for label, key, is_bytes in metrics:
+        cells = []
+        for m in per + ([total] if total else []):
+            if key is None:
+                cells.append(f"{m['allocation.all.allocated']} / {m['allocation.all.freed']}")
+            else:
+                cells.append(format_size(m[key]) if is_bytes else str(m[key]))
+        if total and label == "page size":
+            cells[-1] = ""
+        rows.append((label, *cells))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    lines = [header]
+    for i, r in enumerate(rows):
+        lines.append("  ".join(c.ljust(widths[j]) if j == 0 else c.rjust(widths[j]) for j, c in enumerate(r)))
+        if i == 0:
+            lines.append("  ".join("-" * w for w in widths))
+    return "\n".join(lines) + "\n"

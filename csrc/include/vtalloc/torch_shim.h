@@ -1,0 +1,99 @@
+/* vtalloc's PyTorch shim: the allocate/free pair that torch.cuda.memory.CUDAPluggableAllocator
+ * calls, and the C functions vtalloc.allocator.torch uses to configure and inspect it.
+ *
+ * Owns: one address space per device ordinal (at most VTA_TORCH_MAX_DEVICES), each created on
+ * the first allocation for that device with the options given to vta_torch_configure().
+ * Invariants:
+ *  - vta_torch_alloc / vta_torch_free never call Python and never take the GIL; the fast path
+ *    is one atomic load plus the address space's own lock.
+ *  - Every function here except vta_torch_alloc returns a status (or nothing) and never lets a
+ *    C++ exception out; on failure vta_torch_last_error() holds a message for this thread.
+ *  - vta_torch_alloc is called by PyTorch's C++ (never by C or ctypes). When it cannot serve a
+ *    request of more than 0 bytes it records the failure (vta_torch_failures) and then, by the
+ *    configured policy, either returns NULL (VTA_TORCH_FAIL_RETURN_NULL: what torch's caching
+ *    allocator expects from a MemPool allocator; it turns NULL into its own OOM handling) or
+ *    throws (VTA_TORCH_FAIL_THROW: what torch needs from its *global* allocator, which never
+ *    checks the pointer: a NULL there becomes a tensor at address 0 and a fatal illegal-address
+ *    fault). The thrown exception is c10::OutOfMemoryError, resolved at run time from the
+ *    libc10 already loaded in the process, so Python sees torch.OutOfMemoryError with
+ *    vtalloc's numbers; without libc10 it is a std::bad_alloc (Python: RuntimeError).
+ *    Unconfigured, the shim uses the default options and VTA_TORCH_FAIL_THROW.
+ *  - vta_torch_free never throws and never fails loudly: torch calls it from destructors. A
+ *    failure is counted and kept as the device's last failure.
+ *  - The per-device spaces are never destroyed at process exit (torch frees tensors during
+ *    its own static destruction); vta_torch_release() closes them when nothing is live.
+ */
+#ifndef VTALLOC_TORCH_SHIM_H
+#define VTALLOC_TORCH_SHIM_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "vtalloc/vtalloc.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define VTA_TORCH_MAX_DEVICES 64
+
+enum { VTA_TORCH_FAIL_RETURN_NULL = 0, VTA_TORCH_FAIL_THROW = 1 };
+/* What a VTA_TORCH_FAIL_THROW out-of-memory throws in this process right now. */
+enum { VTA_TORCH_EXC_C10_OOM = 1, VTA_TORCH_EXC_STD_BAD_ALLOC = 2 };
+
+typedef struct vta_torch_config {
+  uint32_t struct_size;          /* sizeof(vta_torch_config_t) */
+  uint32_t on_failure;           /* VTA_TORCH_FAIL_* */
+  vta_config_t space;            /* options of every per-device space; space.device is ignored */
+} vta_torch_config_t;
+
+typedef struct vta_torch_failures {
+  uint32_t struct_size;
+  uint32_t reserved0;
+  uint64_t alloc_failures;       /* requests vta_torch_alloc could not serve (any reason) */
+  uint64_t ooms;                 /* of which: out of memory */
+  uint64_t capture_refusals;     /* of which: refused during CUDA graph capture */
+  uint64_t free_failures;        /* frees that failed (pointer unknown, driver error) */
+  uint64_t deferred_frees;       /* frees parked because their stream was capturing a graph */
+  uint64_t last_oom_requested_bytes;
+  uint64_t last_oom_capacity_bytes;
+  uint64_t last_oom_mapped_bytes;
+} vta_torch_failures_t;
+
+VTA_API const char* vta_torch_last_error(void);
+
+/* Set the options of the per-device spaces. Allowed while no space exists, or again with the
+ * very same options (a no-op); otherwise VTA_ERR_INVALID_ARGUMENT. */
+VTA_API vta_status_t vta_torch_configure(const vta_torch_config_t* config);
+/* The options in force; *configured = 0 when vta_torch_configure was never called. */
+VTA_API vta_status_t vta_torch_get_config(vta_torch_config_t* out, int32_t* configured);
+
+/* PyTorch's CUDAPluggableAllocator signatures (cudaStream_t is a pointer). */
+VTA_API void* vta_torch_alloc(size_t size, int device, void* stream);
+VTA_API void vta_torch_free(void* ptr, size_t size, int device, void* stream);
+
+/* Bit i set when device i has a space. */
+VTA_API vta_status_t vta_torch_devices(uint64_t* mask);
+/* Stats of one device's space; all zero (struct_size set) when the device has none. */
+VTA_API vta_status_t vta_torch_stats(int32_t device, vta_stats_t* out);
+/* device -1: every device with a space. */
+VTA_API vta_status_t vta_torch_reset_peak_stats(int32_t device);
+VTA_API vta_status_t vta_torch_trim(int32_t device, uint64_t* out_released_bytes);
+/* Counters and the last failure message of one device (message may be NULL). */
+VTA_API vta_status_t vta_torch_failures(int32_t device, vta_torch_failures_t* out, char* message,
+                                        uint64_t message_capacity);
+/* Close every space and forget the configuration. VTA_ERR_INVALID_ARGUMENT (nothing changed)
+ * while any allocation is live. Not for use while PyTorch may still allocate. */
+VTA_API vta_status_t vta_torch_release(void);
+
+/* VTA_TORCH_EXC_*: which exception an out-of-memory would throw now. */
+VTA_API int32_t vta_torch_exception_kind(void);
+/* Build and throw that exception with `message`, catch it here, and report its dynamic type
+ * name and what(): a check that the run-time binding to libc10 works in this process. */
+VTA_API vta_status_t vta_torch_exception_selftest(const char* message, char* type_name, uint64_t type_capacity,
+                                                  char* what, uint64_t what_capacity);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* VTALLOC_TORCH_SHIM_H */

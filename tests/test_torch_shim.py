@@ -1,0 +1,189 @@
+"""The PyTorch shim's C functions, driven through ctypes on the host backend (no GPU needed).
+
+vta_torch_alloc is called here only under the return-NULL policy: under the throw policy it
+throws a C++ exception, which only a C++ caller (PyTorch) can catch. What that exception
+becomes in Python is checked by test_exception_* below.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+
+import pytest
+
+from vtalloc.allocator import Config, InvalidArgumentError
+from vtalloc.allocator import _torch_shim as shim
+
+MiB = 1 << 20
+
+
+@pytest.fixture
+def host_shim():
+    """The shim configured on the host backend (16 MiB a device), released after the test."""
+    shim.configure(Config(backend="host", capacity=16 * MiB), shim.FAIL_RETURN_NULL)
+    yield shim
+    shim.release()
+
+
+def test_spaces_are_created_per_device_on_first_use(host_shim):
+    assert shim.devices() == []
+    a = shim.alloc_for_test(4096, device=0)
+    b = shim.alloc_for_test(3 * MiB, device=3)
+    assert a and b
+    assert shim.devices() == [0, 3]
+    s0, s3 = shim.device_stats(0), shim.device_stats(3)
+    assert (s0.num_live_allocs, s0.allocated_bytes, s0.active_bytes) == (1, 4096, 4096)
+    assert (s3.num_live_allocs, s3.allocated_bytes, s3.active_bytes) == (1, 3 * MiB, 4 * MiB)
+    assert shim.device_stats(1).capacity_bytes == 0  # no space, all zero
+    # The pointers are real host memory of the space.
+    ctypes.memmove(b, b"vtalloc" * 10, 70)
+    assert ctypes.string_at(b, 70) == b"vtalloc" * 10
+    shim.free_for_test(a, 4096, device=0)
+    shim.free_for_test(b, 3 * MiB, device=3)
+    assert shim.device_stats(0).num_live_allocs == 0 and shim.device_stats(3).num_live_allocs == 0
+
+
+def test_zero_bytes_is_null_and_not_a_failure(host_shim):
+    assert shim.alloc_for_test(0) == 0
+    assert shim.failures(0).alloc_failures == 0
+    shim.free_for_test(0, 0)  # torch never does this, but it must be harmless
+    assert shim.failures(0).free_failures == 0
+
+
+def test_out_of_memory_returns_null_and_keeps_the_numbers(host_shim):
+    keep = shim.alloc_for_test(2 * MiB)
+    assert shim.alloc_for_test(64 * MiB) == 0
+    f = shim.failures(0)
+    assert (f.alloc_failures, f.ooms) == (1, 1)
+    assert f.last_oom_requested_bytes == 64 * MiB
+    assert f.last_oom_capacity_bytes == 16 * MiB
+    assert f.last_oom_mapped_bytes == 2 * MiB
+    assert "CUDA out of memory (vtalloc, device 0)" in f.last_message
+    assert "64.00 MiB" in f.last_message and "capacity 16.00 MiB" in f.last_message
+    assert shim.device_stats(0).num_ooms == 1
+    again = shim.alloc_for_test(4 * MiB)  # the space is still usable
+    assert again
+    shim.free_for_test(again, 4 * MiB)
+    shim.free_for_test(keep, 2 * MiB)
+
+
+def test_holes_are_served_as_one_allocation(host_shim):
+    pages = [shim.alloc_for_test(2 * MiB) for _ in range(8)]
+    assert all(pages)
+    for p in pages[::2]:
+        shim.free_for_test(p, 2 * MiB)
+    big = shim.alloc_for_test(8 * MiB)  # no 8 MiB free range existed: pages were remapped
+    assert big
+    assert shim.device_stats(0).num_page_reclaims > 0
+    for p in pages[1::2] + [big]:
+        shim.free_for_test(p, 0)
+
+
+def test_bad_frees_are_counted_never_raised(host_shim):
+    live = shim.alloc_for_test(4096)
+    shim.free_for_test(0xDEAD000, 16)  # not ours
+    shim.free_for_test(live + 512, 16)  # interior pointer
+    shim.free_for_test(live, 4096, device=5)  # a device with no space
+    assert shim.failures(0).free_failures == 2
+    assert "interior pointer" in shim.failures(0).last_message  # the last of the two
+    assert shim.failures(5).free_failures == 1
+    assert "no vtalloc address space serves device 5" in shim.failures(5).last_message
+    assert shim.device_stats(0).num_live_allocs == 1  # nothing was lost
+    shim.free_for_test(live, 4096)
+
+
+def test_device_out_of_range_is_refused(host_shim):
+    assert shim.alloc_for_test(16, device=64) == 0
+    assert shim.alloc_for_test(16, device=-1) == 0
+    assert shim.devices() == []
+    with pytest.raises(InvalidArgumentError):
+        shim.device_stats(64)
+    with pytest.raises(InvalidArgumentError):
+        shim.failures(-1)
+
+
+def test_options_are_fixed_once_a_space_exists(host_shim):
+    p = shim.alloc_for_test(4096)
+    shim.configure(Config(backend="host", capacity=16 * MiB), shim.FAIL_RETURN_NULL)  # same: a no-op
+    with pytest.raises(InvalidArgumentError, match="already serving"):
+        shim.configure(Config(backend="host", capacity=32 * MiB), shim.FAIL_RETURN_NULL)
+    with pytest.raises(InvalidArgumentError, match="already serving"):
+        shim.configure(Config(backend="host", capacity=16 * MiB), shim.FAIL_THROW)
+    configured, policy, space = shim.current_config()
+    assert configured and policy == shim.FAIL_RETURN_NULL and space["capacity_bytes"] == 16 * MiB
+    shim.free_for_test(p, 4096)
+
+
+def test_release_refuses_while_anything_is_live():
+    shim.configure(Config(backend="host", capacity=16 * MiB), shim.FAIL_RETURN_NULL)
+    p = shim.alloc_for_test(4096)
+    with pytest.raises(InvalidArgumentError, match="1 live allocation"):
+        shim.release()
+    assert shim.devices() == [0]  # nothing changed
+    shim.free_for_test(p, 4096)
+    shim.release()
+    assert shim.devices() == []
+    configured, policy, _ = shim.current_config()
+    assert not configured and policy == shim.FAIL_THROW  # back to the defaults
+
+
+def test_peaks_reset_and_trim_gives_pages_back(host_shim):
+    p = shim.alloc_for_test(6 * MiB)
+    shim.free_for_test(p, 6 * MiB)
+    s = shim.device_stats(0)
+    assert s.peak_allocated_bytes == 6 * MiB and s.allocated_bytes == 0
+    shim.reset_peak_stats()
+    assert shim.device_stats(0).peak_allocated_bytes == 0
+    assert shim.trim() == 6 * MiB
+    assert shim.device_stats(0).pages_total == 0
+
+
+def test_alloc_for_test_refuses_the_throw_policy():
+    shim.configure(Config(backend="host", capacity=16 * MiB), shim.FAIL_THROW)
+    try:
+        with pytest.raises(InvalidArgumentError, match="return-NULL"):
+            shim.alloc_for_test(16)
+    finally:
+        shim.release()
+
+
+def test_unknown_policy_is_refused():
+    with pytest.raises(InvalidArgumentError):
+        shim.configure(Config(backend="host"), 7)
+    assert not shim.current_config()[0]
+
+
+def test_exception_is_torch_out_of_memory_once_torch_is_loaded():
+    import torch  # noqa: F401  (loads libc10, which the shim binds to)
+
+    assert shim.exception_kind() == "c10"
+    type_name, what = shim.exception_selftest("vtalloc says: 123 bytes")
+    assert type_name == "N3c1016OutOfMemoryErrorE"  # c10::OutOfMemoryError, what torch maps to torch.OutOfMemoryError
+    assert what.startswith("vtalloc says: 123 bytes")
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not os.environ.get("VTALLOC_SLOW_TESTS"), reason="compiles a torch C++ extension (~20 s); set VTALLOC_SLOW_TESTS=1")
+def test_exception_reaches_python_as_torch_out_of_memory_error():
+    """A C++ caller (as PyTorch's allocator is) gets the shim's exception; torch's translation makes it
+    torch.OutOfMemoryError carrying vtalloc's numbers."""
+    import torch
+    import torch.utils.cpp_extension as cpp
+
+    source = r"""
+    #include <torch/extension.h>
+    typedef void* (*AllocFn)(size_t, int, void*);
+    int64_t call_alloc(int64_t fn, int64_t size) { return (int64_t)((AllocFn)fn)((size_t)size, 0, nullptr); }
+    """
+    ext = cpp.load_inline("vtalloc_shim_caller", cpp_sources=source, functions=["call_alloc"])
+    fn = ctypes.cast(shim.lib().vta_torch_alloc, ctypes.c_void_p).value
+    shim.configure(Config(backend="host", capacity=8 * MiB), shim.FAIL_THROW)
+    try:
+        p = ext.call_alloc(fn, 4096)
+        assert p
+        with pytest.raises(torch.OutOfMemoryError, match=r"vtalloc.*64\.00 MiB.*capacity 8\.00 MiB"):
+            ext.call_alloc(fn, 64 * MiB)
+        shim.free_for_test(p, 4096)
+    finally:
+        shim.release()
