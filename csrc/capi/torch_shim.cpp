@@ -126,7 +126,7 @@ vta_torch_config_t normalized(const vta_torch_config_t& in) {
   c.space = in.space;
   c.space.struct_size = sizeof c.space;
   c.space.device = 0;
-  c.space.reserved0 = 0;
+  c.space.flags = 0;  // torch spaces create their own pages (never leased)
   // Torch hands these pointers to CUDA kernels: "auto" must never fall back to host memory.
   if (c.space.backend == VTA_BACKEND_AUTO) c.space.backend = VTA_BACKEND_CUDA;
   if (c.space.backend != VTA_BACKEND_CUDA && c.space.backend != VTA_BACKEND_HOST)
