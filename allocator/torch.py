@@ -23,6 +23,7 @@ from . import _native, _torch_shim
 from .config import Config, format_size
 from .errors import BackendUnavailableError, InvalidArgumentError, VtallocError
 from .probe import backend_available
+from .paged_activations import PagedActivations, PagedStats, paged_activations
 from .stats import Stats
 
 __all__ = [
@@ -30,6 +31,7 @@ __all__ = [
     "stats", "memory_stats", "memory_allocated", "max_memory_allocated", "memory_reserved",
     "reset_peak_memory_stats", "memory_summary", "empty_cache", "failures", "oom_exception",
     "AllocatorConflictError", "UnsupportedError",
+    "paged_activations", "PagedActivations", "PagedStats", "offload", "prefetch",
 ]
 
 
@@ -379,3 +381,27 @@ def memory_summary(device: int | None = None) -> str:
         if i == 0:
             lines.append("  ".join("-" * w for w in widths))
     return "\n".join(lines) + "\n"
+
+
+def _storage_of(tensor: Any, space: Any) -> int:
+    """The allocation behind a tensor of ``space`` (its storage's start)."""
+    torch = _torch()
+    if not isinstance(tensor, torch.Tensor):
+        raise InvalidArgumentError(f"expected a torch.Tensor, got {type(tensor).__name__}")
+    if space is None:
+        raise InvalidArgumentError(
+            "give the AddressSpace the tensor lives in (tensor forms work for tensors made by space.tensor())"
+        )
+    return tensor.untyped_storage().data_ptr()
+
+
+def offload(tensor: Any, space: Any = None) -> None:
+    """Start evicting the pages of ``tensor`` (made by ``space.tensor()``) to host memory, in place:
+    same storage, same address. Call :func:`prefetch` or use it (reads) to bring it back."""
+    space.offload(_storage_of(tensor, space))
+
+
+def prefetch(tensor: Any, space: Any = None, wait: bool = False) -> None:
+    """Start restoring ``tensor``'s pages (``wait=True``: block until resident)."""
+    address = _storage_of(tensor, space)
+    space.ensure_resident(address) if wait else space.prefetch(address)

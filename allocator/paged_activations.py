@@ -1,0 +1,292 @@
+"""Paged training activations: saved tensors evicted behind, prefetched ahead, on a schedule.
+
+Owns: the ``saved_tensors_hooks`` context (:class:`PagedActivations`) that hands every tensor
+autograd saves to a *pager*, and the scheduler that learns the order of the first iteration
+and then, within a byte budget, evicts behind during forward and prefetches ahead during
+backward, so the copies run on the address space's copy stream while compute goes on.
+
+- Iteration 0 records the order in which saved tensors are packed (forward) and unpacked
+  (backward). Later iterations follow it: in forward, once the resident saved bytes exceed the
+  budget the oldest ones are offloaded (they are used last in backward); in backward, each
+  unpack waits for its tensor and then prefetches the next ones of the recorded order while
+  they fit in the budget.
+- If an iteration packs a different sequence of tensors (count, shapes, dtypes) or unpacks in
+  another order, the schedule is dropped for that iteration: every unpack restores on demand,
+  the miss is counted in :class:`PagedStats`, and the new order is recorded for the next one.
+
+Pagers: :class:`HostPager` (CPU training over a host-backend space: a saved CPU tensor is
+copied into the space on pack, as ``save_on_cpu`` copies to host, and the rest of the
+machinery is the same). Tensors that are parameters (leaves requiring grad), smaller than
+``min_bytes``, or not on the pager's device are saved as they are.
+
+Invariants: a value unpacked is bit-identical to the value packed; a tensor is never
+offloaded while autograd holds its unpacked value (unpack makes it resident and it is no
+longer counted); every allocation a pager made is freed when autograd drops the saved tensor.
+Usage: enter the context around the forward pass of each iteration; run backward after.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+import time
+import weakref
+from typing import Any, Protocol
+
+from .config import parse_size
+from .errors import InvalidArgumentError, OutOfMemoryError
+
+__all__ = ["PagedActivations", "PagedStats", "HostPager", "paged_activations"]
+
+
+@dataclasses.dataclass(frozen=True)
+class PagedStats:
+    iterations: int            # forward passes run under the context
+    scheduled_iterations: int  # of those, started on a recorded schedule
+    fallback_iterations: int   # of those, left it: the order changed, restored on demand, re-recorded
+    packed: int                # saved tensors handed to the pager
+    packed_bytes: int
+    passed_through: int        # saved tensors left as they are (parameters, tiny, other device)
+    offloads: int              # evictions started behind the forward pass
+    prefetches: int            # restores started ahead of the backward pass
+    on_demand: int             # unpacks that found their tensor not resident and had to restore it
+    unpack_wait_s: float       # time unpacks spent waiting for bytes
+    budget_bytes: int
+
+
+class Pager(Protocol):
+    """Where saved tensors live. Handles are opaque to the scheduler."""
+
+    def accepts(self, tensor: Any) -> bool: ...
+    def pack(self, tensor: Any) -> tuple[Any, int]: ...          # -> (handle, bytes)
+    def offload(self, handle: Any) -> None: ...
+    def prefetch(self, handle: Any) -> None: ...
+    def is_resident(self, handle: Any) -> bool: ...
+    def unpack(self, handle: Any) -> Any: ...                   # waits; -> tensor
+
+
+class HostPager:
+    """Saved CPU tensors copied into a host-backend :class:`AddressSpace` and paged there."""
+
+    def __init__(self, space: Any, min_bytes: int = 1024) -> None:
+        if space.backend != "host":
+            raise InvalidArgumentError("HostPager needs a host-backend AddressSpace (CPU tensors)")
+        self.space = space
+        self.min_bytes = min_bytes
+
+    def accepts(self, tensor: Any) -> bool:
+        return tensor.device.type == "cpu" and tensor.numel() * tensor.element_size() >= self.min_bytes
+
+    def pack(self, tensor: Any) -> tuple[Any, int]:
+        copy = self.space.tensor(tuple(tensor.shape), tensor.dtype)
+        copy.copy_(tensor.detach())
+        address = copy.untyped_storage().data_ptr()
+        self.space.set_evictable(address)
+        return (copy, address), copy.numel() * copy.element_size()
+
+    def offload(self, handle: Any) -> None:
+        self.space.offload(handle[1])
+
+    def prefetch(self, handle: Any) -> None:
+        self.space.prefetch(handle[1])
+
+    def is_resident(self, handle: Any) -> bool:
+        return self.space.residency(handle[1]) == "resident"
+
+    def unpack(self, handle: Any) -> Any:
+        self.space.ensure_resident(handle[1])
+        return handle[0]
+
+
+class _Saved:
+    """What autograd stores for one packed tensor."""
+
+    __slots__ = ("handle", "nbytes", "index", "iteration", "state", "__weakref__")
+
+    def __init__(self, handle: Any, nbytes: int, index: int, iteration: int) -> None:
+        self.handle = handle
+        self.nbytes = nbytes
+        self.index = index          # position in its iteration's pack order
+        self.iteration = iteration
+        self.state = "resident"     # resident | offloaded | prefetched | consumed
+
+
+class PagedActivations:
+    """Context manager around one forward pass; reuse the same object every iteration."""
+
+    def __init__(self, pager: Pager, budget: int | str | None = None, *, capacity_hint: int | None = None) -> None:
+        if budget is None:
+            if capacity_hint is None:
+                raise InvalidArgumentError("give a budget (bytes of saved activations kept resident)")
+            budget = max(capacity_hint // 2, 1)
+        self.budget = parse_size(budget, name="budget")
+        self.pager = pager
+        self._lock = threading.RLock()
+        self._hooks: Any = None
+        self._iteration = -1
+        self._schedule_packs: list[tuple] | None = None   # signature of each pack, recorded
+        self._schedule_unpacks: list[int] | None = None   # pack indices in unpack order, recorded
+        self._rec_packs: list[tuple] = []
+        self._rec_unpacks: list[int] = []
+        self._saved: list[weakref.ref] = []               # this iteration's packed tensors (autograd owns them)
+        self._following = False                           # this iteration follows the schedule
+        self._unpack_pos = 0
+        self._resident_bytes = 0                          # packed, not consumed, resident or prefetched
+        self._counts = dict(iterations=0, scheduled_iterations=0, fallback_iterations=0, packed=0, packed_bytes=0,
+                            passed_through=0, offloads=0, prefetches=0, on_demand=0)
+        self._wait_s = 0.0
+
+    # -- context ---------------------------------------------------------------------------
+    def __enter__(self) -> "PagedActivations":
+        import torch
+
+        with self._lock:
+            self._finish_recording()
+            self._iteration += 1
+            self._counts["iterations"] += 1
+            self._saved = []
+            self._rec_packs, self._rec_unpacks = [], []
+            self._following = self._schedule_packs is not None
+            if self._following:
+                self._counts["scheduled_iterations"] += 1
+            self._unpack_pos = 0
+            self._resident_bytes = 0
+        self._hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack)
+        self._hooks.__enter__()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._hooks.__exit__(*exc)
+        self._hooks = None
+        with self._lock:
+            if self._following and self._schedule_packs is not None and len(self._rec_packs) != len(self._schedule_packs):
+                self._fall_back()
+
+    def stats(self) -> PagedStats:
+        with self._lock:
+            return PagedStats(**self._counts, unpack_wait_s=self._wait_s, budget_bytes=self.budget)
+
+    # -- schedule bookkeeping ----------------------------------------------------------------
+    def _finish_recording(self) -> None:
+        """At the start of an iteration: adopt the previous one's order if it was recorded."""
+        if self._iteration < 0:
+            return
+        if not self._following:  # recorded (first iteration, or after a change): becomes the schedule
+            self._schedule_packs = list(self._rec_packs)
+            self._schedule_unpacks = list(self._rec_unpacks)
+
+    def _fall_back(self) -> None:
+        if self._following:
+            self._following = False
+            self._counts["fallback_iterations"] += 1
+
+    # -- hooks -----------------------------------------------------------------------------
+    @staticmethod
+    def _is_parameter(tensor: Any) -> bool:
+        base = tensor._base if tensor._base is not None else tensor
+        return base.is_leaf and base.requires_grad  # a parameter, or a view of one (Linear saves weight.t())
+
+    def _pack(self, tensor: Any) -> Any:
+        if self._is_parameter(tensor) or not self.pager.accepts(tensor):
+            with self._lock:
+                self._counts["passed_through"] += 1
+            return tensor
+        signature = (tuple(tensor.shape), tensor.dtype)
+        handle, nbytes = self.pager.pack(tensor)
+        with self._lock:
+            saved = _Saved(handle, nbytes, len(self._saved), self._iteration)
+            self._saved.append(weakref.ref(saved))
+            self._rec_packs.append(signature)
+            self._counts["packed"] += 1
+            self._counts["packed_bytes"] += nbytes
+            if self._following:
+                sched = self._schedule_packs
+                if saved.index >= len(sched) or sched[saved.index] != signature:
+                    self._fall_back()
+            self._resident_bytes += nbytes
+            self._evict_behind()
+        return saved
+
+    def _evict_behind(self) -> None:
+        # Oldest first: the first tensors saved are the last ones backward needs.
+        for ref in self._saved[:-1]:
+            if self._resident_bytes <= self.budget:
+                break
+            s = ref()
+            if s is None or s.state != "resident":
+                continue
+            try:
+                self.pager.offload(s.handle)
+            except MemoryError:
+                break  # host pool full: keep it resident, pressure eviction remains as a backstop
+            except InvalidArgumentError:
+                continue  # shares a page with something that cannot move
+            s.state = "offloaded"
+            self._resident_bytes -= s.nbytes
+            self._counts["offloads"] += 1
+
+    def _unpack(self, saved: Any) -> Any:
+        if not isinstance(saved, _Saved):
+            return saved  # passed through at pack time
+        with self._lock:
+            if saved.iteration == self._iteration:
+                self._rec_unpacks.append(saved.index)
+                if self._following:
+                    expect = self._schedule_unpacks
+                    pos = self._unpack_pos
+                    if pos >= len(expect) or expect[pos] != saved.index:
+                        self._fall_back()
+                    self._unpack_pos += 1
+            was_resident = self.pager.is_resident(saved.handle) if saved.state != "consumed" else True
+            if not was_resident and saved.state == "offloaded":
+                self._counts["on_demand"] += 1
+        t0 = time.perf_counter()
+        tensor = self.pager.unpack(saved.handle)
+        waited = time.perf_counter() - t0
+        with self._lock:
+            self._wait_s += waited
+            if saved.state in ("resident", "prefetched"):
+                self._resident_bytes -= saved.nbytes
+            saved.state = "consumed"
+            if self._following and saved.iteration == self._iteration:
+                self._prefetch_ahead()
+        return tensor
+
+    def _prefetch_ahead(self) -> None:
+        order = self._schedule_unpacks or []
+        for pos in range(self._unpack_pos, len(order)):
+            idx = order[pos]
+            if idx >= len(self._saved):
+                break
+            s = self._saved[idx]()
+            if s is not None and s.state == "offloaded":
+                if self._resident_bytes + s.nbytes > self.budget:
+                    break
+                try:
+                    self.pager.prefetch(s.handle)
+                except OutOfMemoryError:
+                    break  # no room now; its unpack will restore on demand
+                s.state = "prefetched"
+                self._resident_bytes += s.nbytes
+                self._counts["prefetches"] += 1
+
+
+def paged_activations(space: Any = None, budget: int | str | None = None, *, min_bytes: int = 1024) -> PagedActivations:
+    """Page the activations autograd saves through ``space`` within ``budget`` resident bytes.
+
+    On CPU, pass a host-backend :class:`AddressSpace`: saved CPU tensors are copied into it on
+    pack and paged there. ``budget`` defaults to half the space's capacity. Use one object for
+    every iteration (it learns the order in the first)::
+
+        pager = paged_activations(space, budget="64MiB")
+        for x, y in data:
+            with pager:
+                loss = loss_fn(model(x), y)
+            loss.backward()
+    """
+    if space is None:
+        raise InvalidArgumentError(
+            "paged_activations() needs an address space: on CPU pass a host-backend AddressSpace; paging the "
+            "CUDA activations of torch's own allocator in place is not available in this version (docs/eviction.md)"
+        )
+    return PagedActivations(HostPager(space, min_bytes=min_bytes), budget, capacity_hint=space.capacity_bytes)
