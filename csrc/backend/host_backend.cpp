@@ -179,6 +179,12 @@ class HostBackend final : public Backend {
     }
     if (cur != end) return bad("set_access: range ends inside a mapping");
     if (mprotect(reinterpret_cast<void*>(va), bytes, PROT_READ | PROT_WRITE) != 0) return os_error("mprotect");
+    // Fill the page tables now, as a driver mapping is ready for use at once: one pass is far
+    // cheaper than a fault per 4 KiB on first touch. Kernels before 5.14 lack it: then faults.
+#ifndef MADV_POPULATE_WRITE
+#define MADV_POPULATE_WRITE 23
+#endif
+    (void)madvise(reinterpret_cast<void*>(va), bytes, MADV_POPULATE_WRITE);
     return Status::ok();
   }
 
