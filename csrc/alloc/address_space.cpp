@@ -6,6 +6,7 @@
 #include <string>
 
 #include "backend/counters.hpp"
+#include "vmm/page_geometry.hpp"
 
 namespace vta {
 namespace {
@@ -27,26 +28,9 @@ std::string mib(uint64_t bytes) {
 }  // namespace
 
 std::unique_ptr<AddressSpace> AddressSpace::create(const vta_config_t& config) {
-  if (config.struct_size < sizeof(vta_config_t)) fail(VTA_ERR_INVALID_ARGUMENT, "vta_config_t: struct_size too small");
-  BackendOptions opts;
-  opts.kind = config.backend;
-  opts.device = config.device;
-  opts.host_device_bytes = config.capacity_bytes;
-  opts.host_granularity_bytes = config.host_granularity_bytes;
   if (config.flags & ~VTA_CONFIG_LEASED) fail(VTA_ERR_INVALID_ARGUMENT, "unknown vta_config_t flags");
-  std::unique_ptr<Backend> backend;
-  check(make_backend(opts, &backend));
-
-  size_t gran = backend->granularity();
-  size_t page = config.page_bytes ? config.page_bytes : gran;
-  if (page % gran != 0)
-    fail(VTA_ERR_INVALID_ARGUMENT, "page size " + std::to_string(page) + " is not a multiple of the " +
-                                       backend->name() + " granularity " + std::to_string(gran));
-  uint64_t capacity = config.capacity_bytes ? config.capacity_bytes : backend->default_capacity();
-  capacity = capacity / page * page;
-  if (capacity < page)
-    fail(VTA_ERR_INVALID_ARGUMENT, "capacity must hold at least one page of " + std::to_string(page) + " bytes");
-  return std::unique_ptr<AddressSpace>(new AddressSpace(std::move(backend), config, capacity, page));
+  PageGeometry g = make_page_geometry(config);
+  return std::unique_ptr<AddressSpace>(new AddressSpace(std::move(g.backend), config, g.capacity_bytes, g.page_bytes));
 }
 
 AddressSpace::AddressSpace(std::unique_ptr<Backend> backend, const vta_config_t& config, uint64_t capacity,

@@ -1,5 +1,6 @@
 // PagePool implementation; see page_pool.hpp.
 #include "vmm/page_pool.hpp"
+#include "vmm/page_geometry.hpp"
 
 #include <unistd.h>
 
@@ -8,23 +9,8 @@
 namespace vta {
 
 std::unique_ptr<PagePool> PagePool::create(const vta_config_t& config) {
-  if (config.struct_size < sizeof(vta_config_t)) fail(VTA_ERR_INVALID_ARGUMENT, "vta_config_t: struct_size too small");
-  BackendOptions opts;
-  opts.kind = config.backend;
-  opts.device = config.device;
-  opts.host_device_bytes = config.capacity_bytes;
-  opts.host_granularity_bytes = config.host_granularity_bytes;
-  std::unique_ptr<Backend> backend;
-  check(make_backend(opts, &backend));
-  size_t gran = backend->granularity();
-  size_t page = config.page_bytes ? config.page_bytes : gran;
-  if (page % gran != 0)
-    fail(VTA_ERR_INVALID_ARGUMENT, "page size " + std::to_string(page) + " is not a multiple of the granularity " +
-                                       std::to_string(gran));
-  uint64_t capacity = config.capacity_bytes ? config.capacity_bytes : backend->default_capacity();
-  capacity = capacity / page * page;
-  if (capacity < page) fail(VTA_ERR_INVALID_ARGUMENT, "pool capacity must hold at least one page");
-  return std::unique_ptr<PagePool>(new PagePool(std::move(backend), page, capacity));
+  PageGeometry g = make_page_geometry(config);
+  return std::unique_ptr<PagePool>(new PagePool(std::move(g.backend), g.page_bytes, g.capacity_bytes));
 }
 
 PagePool::PagePool(std::unique_ptr<Backend> backend, size_t page_bytes, uint64_t capacity)

@@ -1,0 +1,44 @@
+// PageGeometry: the backend, page size and capacity a vta_config_t asks for, validated.
+//
+// Owns: the one place a config becomes a backend plus a page size (a multiple of the
+// backend's granularity, default the granularity itself) and a capacity (a whole number of
+// pages, at least one; default the backend's). Used by AddressSpace and PagePool alike.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "backend/backend.hpp"
+#include "vtalloc/vtalloc.h"
+
+namespace vta {
+
+struct PageGeometry {
+  std::unique_ptr<Backend> backend;
+  size_t page_bytes;
+  uint64_t capacity_bytes;
+};
+
+inline PageGeometry make_page_geometry(const vta_config_t& config) {
+  if (config.struct_size < sizeof(vta_config_t)) fail(VTA_ERR_INVALID_ARGUMENT, "vta_config_t: struct_size too small");
+  BackendOptions opts;
+  opts.kind = config.backend;
+  opts.device = config.device;
+  opts.host_device_bytes = config.capacity_bytes;
+  opts.host_granularity_bytes = config.host_granularity_bytes;
+  PageGeometry g;
+  check(make_backend(opts, &g.backend));
+  size_t gran = g.backend->granularity();
+  g.page_bytes = config.page_bytes ? config.page_bytes : gran;
+  if (g.page_bytes % gran != 0)
+    fail(VTA_ERR_INVALID_ARGUMENT, "page size " + std::to_string(g.page_bytes) + " is not a multiple of the " +
+                                       g.backend->name() + " granularity " + std::to_string(gran));
+  uint64_t capacity = config.capacity_bytes ? config.capacity_bytes : g.backend->default_capacity();
+  g.capacity_bytes = capacity / g.page_bytes * g.page_bytes;
+  if (g.capacity_bytes < g.page_bytes)
+    fail(VTA_ERR_INVALID_ARGUMENT, "capacity must hold at least one page of " + std::to_string(g.page_bytes) + " bytes");
+  return g;
+}
+
+}  // namespace vta
