@@ -194,8 +194,8 @@ def _record_stream_unsupported(tensor: Any, stream: Any) -> None:
         raise UnsupportedError(
             "Tensor.record_stream() does nothing under PyTorch's pluggable allocator (it has no Python hook), so with "
             "vtalloc as the global allocator the memory could be reused while the other stream still uses it. "
-            "Instead, make the allocating stream wait before the tensor is freed: "
-            "torch.cuda.current_stream().wait_stream(stream), then drop the tensor"
+            "Instead, before dropping the tensor, make the stream that allocated it wait for this one: "
+            "alloc_stream.wait_stream(stream) (usually torch.cuda.current_stream().wait_stream(stream))"
         )
     return _state.original_record_stream(tensor, stream)
 
