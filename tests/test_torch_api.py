@@ -7,6 +7,7 @@ the allocator, not assumed.
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -30,7 +31,7 @@ PYTORCH_KEYS = {
 
 @pytest.fixture
 def clean_env(monkeypatch):
-    for name in list(__import__("os").environ):
+    for name in list(os.environ):
         if name.startswith("VTALLOC_"):
             monkeypatch.delenv(name)
     return monkeypatch
