@@ -136,14 +136,18 @@ def enable(**config: Any) -> Config:
                 "allocator does not provide: set it to False before enable()"
             )
         _torch_shim.configure(cfg, _torch_shim.FAIL_THROW)
-        allocator = _pluggable(torch)
         try:
+            allocator = _pluggable(torch)
             torch.cuda.memory.change_current_allocator(allocator)
         except RuntimeError as e:
+            _torch_shim.release()  # no space exists yet: back to the defaults, nothing changed
             raise AllocatorConflictError(
                 "PyTorch's CUDA allocator is already initialized (CUDA memory was allocated): call "
                 f"vtalloc.allocator.torch.enable() before the first CUDA tensor. torch said: {e}"
             ) from None
+        except BaseException:
+            _torch_shim.release()
+            raise
         _state.mode, _state.config, _state.allocator = "global", cfg, allocator
         _guard_record_stream(torch)
     return cfg
@@ -184,7 +188,11 @@ def mempool(**config: Any) -> Any:
             raise BackendUnavailableError(f"torch.cuda.MemPool needs PyTorch 2.5 or newer (this is {torch.__version__})")
         if _state.mode is None:
             _torch_shim.configure(cfg, _torch_shim.FAIL_RETURN_NULL)
-            _state.allocator = _pluggable(torch)
+            try:
+                _state.allocator = _pluggable(torch)
+            except BaseException:
+                _torch_shim.release()  # no space exists yet: back to the defaults
+                raise
             _state.mode, _state.config = "mempool", cfg
         return torch.cuda.MemPool(_state.allocator.allocator())
 
@@ -196,8 +204,8 @@ def _record_stream_unsupported(tensor: Any, stream: Any) -> None:
         raise UnsupportedError(
             "Tensor.record_stream() does nothing under PyTorch's pluggable allocator (it has no Python hook), so with "
             "vtalloc as the global allocator the memory could be reused while the other stream still uses it. "
-            "Instead, make the allocating stream wait before the tensor is freed: "
-            "torch.cuda.current_stream().wait_stream(stream), then drop the tensor"
+            "Instead, before dropping the tensor, make the stream that allocated it wait for this one: "
+            "alloc_stream.wait_stream(stream) (usually torch.cuda.current_stream().wait_stream(stream))"
         )
     return _state.original_record_stream(tensor, stream)
 

@@ -58,18 +58,34 @@ def info(json_out: bool = typer.Option(False, "--json", help="Print JSON (schema
 @app.command()
 def demo(
     backend: str = typer.Option("auto", help="auto (cuda if usable, else host), host or cuda."),
-    capacity: str = typer.Option("64MiB", help="Capacity of the demo address space."),
-    device: int = typer.Option(0, help="CUDA device ordinal."),
+    capacity: str = typer.Option(
+        "64MiB", help="Capacity of the demo address space (and of the host space the CPU training uses)."
+    ),
+    device: int = typer.Option(0, help="CUDA device ordinal (defragmentation part)."),
+    train: bool = typer.Option(
+        True, "--train/--no-train",
+        help="Also train a small MLP with vtalloc: on a GPU as torch's allocator (default capacity), "
+        "else on CPU tensors over a host space.",
+    ),
+    steps: int = typer.Option(10, min=1, max=10_000, help="Training steps."),
     json_out: bool = typer.Option(False, "--json", help="Print JSON (schema vtalloc.demo/v1)."),
 ) -> None:
-    """Show defragmentation by page remapping: a checkerboard of holes served as one allocation."""
+    """Show defragmentation by page remapping, then train a small model with vtalloc's memory."""
     from .demo import describe, run_defrag_demo
 
     report = run_defrag_demo(backend=backend, capacity=capacity, device=device)
+    trained = None
+    if train:
+        from .train_demo import run_train_demo
+
+        trained = run_train_demo(backend=backend, steps=steps, capacity=capacity)
     if json_out:
         from dataclasses import asdict
 
-        print(json.dumps({"schema": "vtalloc.demo/v1", "defrag": asdict(report)}))
+        doc = {"schema": "vtalloc.demo/v1", "defrag": asdict(report)}
+        if trained is not None:
+            doc["train"] = asdict(trained)
+        print(json.dumps(doc))
     else:
         console.rule("[bold]vtalloc demo: defragmentation by remapping pages")
         for line in describe(report):
@@ -80,8 +96,21 @@ def demo(
             fmt = format_size if key.endswith("bytes") else str
             t.add_row(key, fmt(b), fmt(a))
         console.print(t)
+        if trained is not None:
+            from .train_demo import PAGE_STAT_KEYS, describe_train
+
+            console.rule("[bold]vtalloc demo: training with vtalloc's memory")
+            for line in describe_train(trained):
+                console.print(line)
+            t = Table("page stat", "after training")
+            for key in PAGE_STAT_KEYS:
+                v = trained.stats[key]
+                t.add_row(key, format_size(v) if key.endswith("bytes") else str(v))
+            console.print(t)
     if not report.survivors_intact:
         fail("surviving allocations were corrupted")
+    if trained is not None and not trained.identical_to_reference:
+        fail(f"training with vtalloc diverged from {trained.reference}")
 
 
 def main(argv: Optional[list[str]] = None) -> None:

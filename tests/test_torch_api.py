@@ -7,6 +7,7 @@ the allocator, not assumed.
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -30,7 +31,7 @@ PYTORCH_KEYS = {
 
 @pytest.fixture
 def clean_env(monkeypatch):
-    for name in list(__import__("os").environ):
+    for name in list(os.environ):
         if name.startswith("VTALLOC_"):
             monkeypatch.delenv(name)
     return monkeypatch
@@ -207,3 +208,15 @@ def test_vtalloc_errors_stay_distinct_from_torch_oom():
     # torch.OutOfMemoryError. Both carry the numbers; neither is mistaken for the other.
     assert issubclass(OutOfMemoryError, MemoryError)
     assert not issubclass(OutOfMemoryError, torch.OutOfMemoryError)
+
+
+@no_cuda
+def test_benchmark_exits_cleanly_without_cuda(tmp_path):
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parent.parent / "benchmarks" / "bench_torch_alloc.py"
+    out = tmp_path / "result-{date}.json"
+    proc = subprocess.run([sys.executable, str(script), "--out", str(out)], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert "no CUDA device here" in proc.stdout and "nothing was measured" in proc.stdout
+    assert list(tmp_path.iterdir()) == []  # no numbers written

@@ -187,3 +187,36 @@ def test_exception_reaches_python_as_torch_out_of_memory_error():
         shim.free_for_test(p, 4096)
     finally:
         shim.release()
+
+
+def test_threads_race_to_create_spaces_and_allocate(host_shim):
+    import threading
+
+    errors: list[str] = []
+    barrier = threading.Barrier(8)
+
+    def work(seed: int) -> None:
+        barrier.wait()  # every thread starts while no space exists yet
+        for i in range(200):
+            device = (seed + i) % 4
+            size = 512 * (1 + (seed * 7 + i) % 16)
+            p = shim.alloc_for_test(size, device=device)  # ctypes releases the GIL: real concurrency
+            if not p:
+                errors.append(shim.failures(device).last_message)
+                continue
+            ctypes.memset(p, seed, size)
+            if ctypes.string_at(p, size) != bytes([seed]) * size:
+                errors.append(f"thread {seed}: bytes changed under it")
+            shim.free_for_test(p, size, device=device)
+
+    threads = [threading.Thread(target=work, args=(s,)) for s in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    assert shim.devices() == [0, 1, 2, 3]
+    stats = [shim.device_stats(d) for d in range(4)]
+    assert sum(s.num_allocs for s in stats) == 8 * 200
+    assert all(s.num_live_allocs == 0 for s in stats)
+    assert all(shim.failures(d).free_failures == 0 for d in range(4))
