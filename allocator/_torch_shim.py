@@ -105,16 +105,8 @@ def check(status: int) -> None:
 
 
 def _space_struct(config: Config) -> _native.VtaConfig:
-    c = _native.VtaConfig()
-    c.struct_size = ctypes.sizeof(c)
-    c.backend = _native.BACKEND_CODES[config.backend]
+    c = _native.make_config(config)
     c.device = 0  # the shim serves every device; the ordinal comes with each request
-    c.capacity_bytes = config.capacity or 0
-    c.page_bytes = config.page_size or 0
-    c.small_threshold_bytes = config.small_threshold or 0
-    c.host_granularity_bytes = config.host_granularity or 0
-    c.host_capacity_bytes = config.host_capacity or 0
-    c.reservation_bytes = config.reservation_size or 0
     return c
 
 
