@@ -83,7 +83,7 @@ uintptr_t AddressSpace::malloc(uint64_t nbytes, StreamHandle stream) {
   drain_inflight_locked(false);
   uintptr_t address = 0;
   bool ok = try_malloc_locked(rounded, small, &address);
-  if (!ok && !pending_.empty()) {
+  if (!ok && pending_count_) {
     // Frees still in flight on their streams hold memory: wait for them, then retry.
     drain_pending_locked(true);
     ok = try_malloc_locked(rounded, small, &address);
@@ -222,7 +222,8 @@ void AddressSpace::free(uintptr_t address) {
   stats_.active_bytes -= a.size;
   stats_.num_frees++;
   stats_.num_live_allocs--;
-  pending_.push_back(PendingFree{address, a.size, a.small, event});
+  pending_[a.stream].push_back(PendingFree{address, a.size, a.small, event});
+  ++pending_count_;
   stats_.pending_free_bytes += a.size;
   drain_pending_locked(false);
 }
@@ -240,24 +241,27 @@ EventHandle AddressSpace::take_event_locked() {
 }
 
 void AddressSpace::drain_pending_locked(bool wait) {
-  Status first_error;
-  size_t keep = 0;
-  for (size_t i = 0; i < pending_.size(); ++i) {
-    PendingFree p = pending_[i];
-    bool done = false;
-    Status s = wait ? backend_->event_synchronize(p.event) : backend_->event_query(p.event, &done);
-    if (wait && s.is_ok()) done = true;
-    if (!s.is_ok() && first_error.is_ok()) first_error = s;
-    if (!done) {
-      pending_[keep++] = p;
-      continue;
+  if (!pending_count_) return;
+  for (auto it = pending_.begin(); it != pending_.end();) {
+    auto& queue = it->second;
+    while (!queue.empty()) {
+      PendingFree p = queue.front();
+      bool done = false;
+      if (wait) {
+        check(backend_->event_synchronize(p.event));
+        done = true;
+      } else {
+        check(backend_->event_query(p.event, &done));
+      }
+      if (!done) break;  // later frees on this stream were recorded after it
+      queue.pop_front();
+      --pending_count_;
+      stats_.pending_free_bytes -= p.size;
+      give_event_locked(p.event);
+      release_block_locked(p.address, p.size, p.small);
     }
-    release_block_locked(p.address, p.size, p.small);
-    idle_events_.push_back(p.event);
-    stats_.pending_free_bytes -= p.size;
+    it = queue.empty() ? pending_.erase(it) : std::next(it);
   }
-  pending_.resize(keep);
-  check(first_error);
 }
 
 void AddressSpace::release_large_range_locked(uintptr_t address, uint64_t size) {
@@ -485,6 +489,7 @@ void AddressSpace::close() {
   all_events_.clear();
   idle_events_.clear();
   pending_.clear();
+  pending_count_ = 0;
   live_.clear();
   try {
     pages_.release_all();
@@ -568,9 +573,9 @@ std::vector<vta_page_info_t> AddressSpace::pages() {
       info.num_allocs = count_allocs(va);
     } else {
       info.num_allocs = count_allocs(va);
-      bool pending = std::any_of(pending_.begin(), pending_.end(), [&](const PendingFree& p) {
-        return p.address < va + page_bytes_ && p.address + p.size > va;
-      });
+      bool pending = false;
+      for (auto& [stream, queue] : pending_)
+        for (const PendingFree& p : queue) pending = pending || (p.address < va + page_bytes_ && p.address + p.size > va);
       auto slab = slab_used_.find(va);
       bool live_slab = slab != slab_used_.end() && slab->second > 0;
       info.state = (info.num_allocs > 0 || pending || live_slab) ? VTA_PAGE_ALLOCATED : VTA_PAGE_CACHED;

@@ -29,6 +29,7 @@
 #pragma once
 
 #include <chrono>
+#include <deque>
 #include <iterator>
 #include <cstdint>
 #include <list>
@@ -179,7 +180,10 @@ class AddressSpace {
   std::unordered_map<uintptr_t, std::vector<std::pair<uintptr_t, uint64_t>>> slab_stash_;  // evicted slabs' free blocks
   uintptr_t spare_slab_ = 0;  // one empty slab kept for reuse (0 = none)
   std::map<uintptr_t, Allocation> live_;
-  std::vector<PendingFree> pending_;
+  // Frees waiting for their stream, one FIFO per stream: events recorded on one stream
+  // complete in order, so a drain stops at the first incomplete event of each stream.
+  std::unordered_map<StreamHandle, std::deque<PendingFree>> pending_;
+  uint64_t pending_count_ = 0;
   std::vector<EventHandle> idle_events_;
   std::vector<EventHandle> all_events_;
 

@@ -196,7 +196,7 @@ void AddressSpace::restore_page_locked(uintptr_t va, StreamHandle consumer) {
   if (q.state != Residency::evicted) return;  // already restoring
   int32_t id = -1;
   if (!obtain_page_locked(&id)) {
-    if (!pending_.empty()) {
+    if (pending_count_) {
       drain_pending_locked(true);
       if (!obtain_page_locked(&id)) id = -1;
     }
