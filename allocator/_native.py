@@ -191,6 +191,15 @@ def check(status: int) -> None:
     raise error_for_status(status, message, oom)
 
 
+def stats_from_struct(raw: VtaStats):
+    """The typed :class:`~vtalloc.allocator.stats.Stats` of a native vta_stats_t."""
+    from .stats import Stats
+
+    values = {f: getattr(raw, f) for f in Stats.__dataclass_fields__}
+    values["evict_mode"] = EVICT_MODE_NAMES[raw.evict_mode]
+    return Stats(**values)
+
+
 def backend_conformance(backend: str, device: int = 0) -> tuple[int, str]:
     """Run the driver-seam contract checks on a fresh backend: (failed checks, report)."""
     lib = load()

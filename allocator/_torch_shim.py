@@ -76,7 +76,11 @@ _PROTOTYPES = {
     "vta_torch_release": (i32, []),
     "vta_torch_exception_kind": (i32, []),
     "vta_torch_exception_selftest": (i32, [ctypes.c_char_p, ctypes.c_char_p, u64, ctypes.c_char_p, u64]),
+    "vta_torch_residency_op": (i32, [i32, i32, u64, u64, i32, _P(i32)]),
 }
+
+# Residency operations on the allocation behind a tensor's storage (vta_torch_residency_op).
+OP_SET_EVICTABLE, OP_CLEAR_EVICTABLE, OP_OFFLOAD, OP_PREFETCH, OP_ENSURE_RESIDENT, OP_RESIDENCY = range(6)
 
 _lib: ctypes.CDLL | None = None
 _lock = threading.Lock()
@@ -141,7 +145,7 @@ def device_stats(device: int) -> Stats:
     _check_device(device)
     raw = _native.VtaStats()
     check(lib().vta_torch_stats(device, ctypes.byref(raw)))
-    return Stats(**{f: getattr(raw, f) for f in Stats.__dataclass_fields__})
+    return _native.stats_from_struct(raw)
 
 
 def reset_peak_stats(device: int | None = None) -> None:
@@ -195,6 +199,15 @@ def alloc_for_test(size: int, device: int = 0, stream: int = 0) -> int:
 
 def free_for_test(ptr: int, size: int, device: int = 0, stream: int = 0) -> None:
     lib().vta_torch_free(ptr or None, size, device, stream or None)
+
+
+def residency_op(device: int, op: int, address: int, stream: int | None = None) -> str | None:
+    """Run one eviction-engine call on the shim's space of ``device``; OP_RESIDENCY returns the state."""
+    _check_device(device)
+    out = ctypes.c_int32()
+    check(lib().vta_torch_residency_op(device, op, address, 0 if stream is None else stream,
+                                       0 if stream is None else 1, ctypes.byref(out)))
+    return _native.RESIDENCY_NAMES[out.value] if op == OP_RESIDENCY else None
 
 
 def _check_device(device: int) -> None:

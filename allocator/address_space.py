@@ -250,9 +250,7 @@ class AddressSpace:
     def stats(self) -> Stats:
         raw = _native.VtaStats()
         _native.check(self._lib.vta_stats(self._h(), ctypes.byref(raw)))
-        values = {f: getattr(raw, f) for f in Stats.__dataclass_fields__}
-        values["evict_mode"] = _native.EVICT_MODE_NAMES[raw.evict_mode]
-        return Stats(**values)
+        return _native.stats_from_struct(raw)
 
     def reset_peak_stats(self) -> None:
         _native.check(self._lib.vta_reset_peak_stats(self._h()))

@@ -16,8 +16,10 @@ backward, so the copies run on the address space's copy stream while compute goe
 
 Pagers: :class:`HostPager` (CPU training over a host-backend space: a saved CPU tensor is
 copied into the space on pack, as ``save_on_cpu`` copies to host, and the rest of the
-machinery is the same). Tensors that are parameters (leaves requiring grad), smaller than
-``min_bytes``, or not on the pager's device are saved as they are.
+machinery is the same) and :class:`DevicePager` (CUDA training with vtalloc as torch's
+allocator: the saved tensor's own allocation is paged in place: no copy, no new tensor, same
+address). Tensors that are parameters (or views of one), smaller than ``min_bytes``, or not
+on the pager's device are saved as they are.
 
 Invariants: a value unpacked is bit-identical to the value packed; a tensor is never
 offloaded while autograd holds its unpacked value (unpack makes it resident and it is no
@@ -36,7 +38,7 @@ from typing import Any, Protocol
 from .config import parse_size
 from .errors import InvalidArgumentError, OutOfMemoryError
 
-__all__ = ["PagedActivations", "PagedStats", "HostPager", "paged_activations"]
+__all__ = ["PagedActivations", "PagedStats", "HostPager", "DevicePager", "paged_activations"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -95,6 +97,71 @@ class HostPager:
 
     def unpack(self, handle: Any) -> Any:
         self.space.ensure_resident(handle[1])
+        return handle[0]
+
+
+class DevicePager:
+    """Saved CUDA tensors paged in place in the spaces serving torch's allocator (``enable()``).
+
+    Only in the "mapped" eviction mode: forward code may still hold a saved tensor (a
+    residual connection, say) after it was offloaded, and in mapped mode such a read goes to
+    the host copy, where in "copy" mode the unmapped address would fault the CUDA context.
+    """
+
+    def __init__(self, min_bytes: int = 1024) -> None:
+        from . import _torch_shim, torch as vt
+
+        if vt.mode() != "global":
+            raise InvalidArgumentError(
+                "paged_activations() without a space pages torch's own CUDA tensors: call "
+                "vtalloc.allocator.torch.enable() first (MemPool allocations are sub-allocated by torch and "
+                "cannot be paged per tensor), or pass a host-backend AddressSpace for CPU training"
+            )
+        self._shim = _torch_shim
+        self.min_bytes = min_bytes
+        self._checked: set[int] = set()
+
+    def _check_mode(self, device: int) -> None:
+        if device in self._checked:
+            return
+        from .torch import UnsupportedError
+
+        mode = self._shim.device_stats(device).evict_mode
+        if mode != "mapped":
+            raise UnsupportedError(
+                f"paging torch's CUDA activations in place needs evict_mode 'mapped' (host-located pages, "
+                f"CUDA >= 12.2); device {device} runs '{mode}', where a tensor still read by the forward pass "
+                "after being offloaded would fault. Use enable(evict_mode='mapped') on a driver that supports it"
+            )
+        self._checked.add(device)
+
+    def accepts(self, tensor: Any) -> bool:
+        return tensor.device.type == "cuda" and tensor.numel() * tensor.element_size() >= self.min_bytes
+
+    def pack(self, tensor: Any) -> tuple[Any, int]:
+        device = tensor.device.index or 0
+        self._check_mode(device)
+        storage = tensor.untyped_storage()
+        address = storage.data_ptr()
+        self._shim.residency_op(device, self._shim.OP_SET_EVICTABLE, address)
+        return (tensor, address, device), storage.nbytes()
+
+    def _stream(self, device: int) -> int:
+        import torch
+
+        return torch.cuda.current_stream(device).cuda_stream
+
+    def offload(self, handle: Any) -> None:
+        self._shim.residency_op(handle[2], self._shim.OP_OFFLOAD, handle[1])
+
+    def prefetch(self, handle: Any) -> None:
+        self._shim.residency_op(handle[2], self._shim.OP_PREFETCH, handle[1], self._stream(handle[2]))
+
+    def is_resident(self, handle: Any) -> bool:
+        return self._shim.residency_op(handle[2], self._shim.OP_RESIDENCY, handle[1]) == "resident"
+
+    def unpack(self, handle: Any) -> Any:
+        self._shim.residency_op(handle[2], self._shim.OP_ENSURE_RESIDENT, handle[1], self._stream(handle[2]))
         return handle[0]
 
 
@@ -272,11 +339,13 @@ class PagedActivations:
 
 
 def paged_activations(space: Any = None, budget: int | str | None = None, *, min_bytes: int = 1024) -> PagedActivations:
-    """Page the activations autograd saves through ``space`` within ``budget`` resident bytes.
+    """Page the activations autograd saves within ``budget`` resident bytes.
 
-    On CPU, pass a host-backend :class:`AddressSpace`: saved CPU tensors are copied into it on
-    pack and paged there. ``budget`` defaults to half the space's capacity. Use one object for
-    every iteration (it learns the order in the first)::
+    ``space=None`` pages torch's own CUDA tensors in place (vtalloc must be torch's allocator
+    through ``enable(evict_mode="mapped")``); on CPU, pass a host-backend
+    :class:`AddressSpace`: saved CPU tensors are copied into it on pack and paged there.
+    ``budget`` defaults to half the capacity. Use one object for every iteration (it learns
+    the order in the first)::
 
         pager = paged_activations(space, budget="64MiB")
         for x, y in data:
@@ -285,8 +354,10 @@ def paged_activations(space: Any = None, budget: int | str | None = None, *, min
             loss.backward()
     """
     if space is None:
-        raise InvalidArgumentError(
-            "paged_activations() needs an address space: on CPU pass a host-backend AddressSpace; paging the "
-            "CUDA activations of torch's own allocator in place is not available in this version (docs/eviction.md)"
-        )
+        pager = DevicePager(min_bytes=min_bytes)
+        from . import _torch_shim
+
+        devices = _torch_shim.devices()
+        hint = _torch_shim.device_stats(devices[0]).capacity_bytes if devices else None
+        return PagedActivations(pager, budget, capacity_hint=hint)
     return PagedActivations(HostPager(space, min_bytes=min_bytes), budget, capacity_hint=space.capacity_bytes)

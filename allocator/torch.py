@@ -234,10 +234,15 @@ _NOT_SUMMED = ("page_bytes", "small_threshold_bytes")
 
 
 def _sum(per_device: list[Stats]) -> Stats:
-    values = {}
+    values: dict[str, Any] = {}
     for f in dataclasses.fields(Stats):
         column = [getattr(s, f.name) for s in per_device]
-        values[f.name] = (max(column) if column else 0) if f.name in _NOT_SUMMED else sum(column)
+        if column and isinstance(column[0], str):  # a label (evict_mode): one value, or "mixed"
+            values[f.name] = column[0] if len(set(column)) == 1 else "mixed"
+        else:
+            values[f.name] = (max(column) if column else 0) if f.name in _NOT_SUMMED else sum(column)
+    if not per_device:
+        values["evict_mode"] = "none"
     return Stats(**values)
 
 

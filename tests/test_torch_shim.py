@@ -220,3 +220,30 @@ def test_threads_race_to_create_spaces_and_allocate(host_shim):
     assert sum(s.num_allocs for s in stats) == 8 * 200
     assert all(s.num_live_allocs == 0 for s in stats)
     assert all(shim.failures(d).free_failures == 0 for d in range(4))
+
+
+def test_residency_calls_on_the_shims_spaces(host_shim):
+    """The eviction engine behind torch's allocator, driven by address (paged_activations on CUDA)."""
+    a = shim.alloc_for_test(4 * MiB)
+    with pytest.raises(InvalidArgumentError):  # the space of device 1 does not exist yet
+        shim.residency_op(1, shim.OP_OFFLOAD, a)
+    assert shim.residency_op(0, shim.OP_RESIDENCY, a) == "resident"
+    shim.residency_op(0, shim.OP_SET_EVICTABLE, a)
+    shim.residency_op(0, shim.OP_OFFLOAD, a)
+    assert shim.residency_op(0, shim.OP_RESIDENCY, a) in ("evicted", "in_flight")
+    shim.residency_op(0, shim.OP_ENSURE_RESIDENT, a)
+    assert shim.residency_op(0, shim.OP_RESIDENCY, a) == "resident"
+    st = shim.device_stats(0)
+    assert st.evictions == 2 and st.restores == 2 and st.evict_mode in ("mapped", "copy")
+    with pytest.raises(InvalidArgumentError):
+        shim.residency_op(0, shim.OP_OFFLOAD, a + 512)  # not the start of an allocation
+    with pytest.raises(InvalidArgumentError):
+        shim.residency_op(0, 99, a)
+    shim.free_for_test(a, 4 * MiB)
+
+
+def test_paged_activations_without_a_space_needs_enable():
+    from vtalloc.allocator.torch import paged_activations
+
+    with pytest.raises(InvalidArgumentError):
+        paged_activations()

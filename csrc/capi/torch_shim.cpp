@@ -474,6 +474,31 @@ vta_status_t vta_torch_trim(int32_t device, uint64_t* out_released) {
   });
 }
 
+// Residency of the allocations behind torch's tensors (paged_activations on CUDA). The
+// space must exist already: these calls never create one.
+vta_status_t vta_torch_residency_op(int32_t device, int32_t op, uint64_t address, uint64_t stream,
+                                    int32_t use_stream, int32_t* out) {
+  return guarded([&] {
+    check_device(device);
+    AddressSpace* space = shim().slots[device].space.load(std::memory_order_acquire);
+    if (!space) vta::fail(VTA_ERR_INVALID_ARGUMENT, "no vtalloc address space serves this device yet");
+    ContextGuard guard(space->backend_kind() == VTA_BACKEND_CUDA);
+    const uint64_t* consumer = use_stream ? &stream : nullptr;
+    switch (op) {
+      case VTA_TORCH_OP_SET_EVICTABLE: space->set_evictable(address, true); break;
+      case VTA_TORCH_OP_CLEAR_EVICTABLE: space->set_evictable(address, false); break;
+      case VTA_TORCH_OP_OFFLOAD: space->offload(address); break;
+      case VTA_TORCH_OP_PREFETCH: space->prefetch(address, consumer); break;
+      case VTA_TORCH_OP_ENSURE_RESIDENT: space->ensure_resident(address, consumer); break;
+      case VTA_TORCH_OP_RESIDENCY:
+        if (!out) vta::fail(VTA_ERR_INVALID_ARGUMENT, "null output");
+        *out = space->residency(address);
+        break;
+      default: vta::fail(VTA_ERR_INVALID_ARGUMENT, "unknown residency operation " + std::to_string(op));
+    }
+  });
+}
+
 vta_status_t vta_torch_failures(int32_t device, vta_torch_failures_t* out, char* message, uint64_t message_capacity) {
   return guarded([&] {
     if (!out) vta::fail(VTA_ERR_INVALID_ARGUMENT, "null output");

@@ -80,6 +80,15 @@ VTA_API vta_status_t vta_torch_stats(int32_t device, vta_stats_t* out);
 VTA_API vta_status_t vta_torch_reset_peak_stats(int32_t device);
 VTA_API vta_status_t vta_torch_trim(int32_t device, uint64_t* out_released_bytes);
 /* Counters and the last failure message of one device (message may be NULL). */
+/* Residency of the allocation at `address` (a tensor's storage under enable()) on `device`:
+ * the eviction engine's calls (vtalloc.h) for the shim's spaces. `stream`/`use_stream` as in
+ * vta_prefetch; `out` receives VTA_RESIDENT/EVICTED/IN_FLIGHT for VTA_TORCH_OP_RESIDENCY. */
+enum {
+  VTA_TORCH_OP_SET_EVICTABLE = 0, VTA_TORCH_OP_CLEAR_EVICTABLE = 1, VTA_TORCH_OP_OFFLOAD = 2,
+  VTA_TORCH_OP_PREFETCH = 3, VTA_TORCH_OP_ENSURE_RESIDENT = 4, VTA_TORCH_OP_RESIDENCY = 5
+};
+VTA_API vta_status_t vta_torch_residency_op(int32_t device, int32_t op, uint64_t address, uint64_t stream,
+                                            int32_t use_stream, int32_t* out);
 VTA_API vta_status_t vta_torch_failures(int32_t device, vta_torch_failures_t* out, char* message,
                                         uint64_t message_capacity);
 /* Close every space and forget the configuration. VTA_ERR_INVALID_ARGUMENT (nothing changed)
