@@ -25,36 +25,21 @@ import ctypes
 import datetime as _dt
 import json
 import os
-import platform
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
+from provenance import git_info, machine_info
 from vtalloc.allocator import AddressSpace, backend_available
 
 MiB = 1 << 20
 REPO = Path(__file__).resolve().parent.parent
 
 
-def machine() -> dict[str, Any]:
-    cpu = "unknown"
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    try:
-        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout.strip()
-        dirty = bool(subprocess.run(["git", "status", "--porcelain"], cwd=REPO, capture_output=True, text=True).stdout.strip())
-    except OSError:
-        commit, dirty = "unknown", None
-    return {"cpu": cpu, "cores": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform(),
-            "date": _dt.date.today().isoformat(), "git_commit": commit, "git_dirty": dirty,
+def provenance() -> dict[str, Any]:
+    return {"machine": machine_info(), "git": git_info(), "date": _dt.date.today().isoformat(),
             "command": " ".join([Path(sys.argv[0]).as_posix()] + sys.argv[1:])}
 
 
@@ -178,7 +163,6 @@ def training(steps: int, width: int, depth: int, batch: int, capacity: int, budg
             "offloads": ps.offloads, "prefetches": ps.prefetches, "on_demand": ps.on_demand,
             "unpack_wait_s": ps.unpack_wait_s,
         }
-        del pager
     losses, t_soc = run(lambda: torch.autograd.graph.save_on_cpu(pin_memory=False))
     results["save_on_cpu"] = {"median_step_s": median_s(t_soc[1:]), "losses_equal_plain": losses == base_losses}
     for k in ("paged_activations", "save_on_cpu"):
@@ -202,7 +186,7 @@ def main() -> None:
             sys.exit(0)
     size = 32 * MiB if args.quick else args.size
     repeats = 3 if args.quick else args.repeats
-    record: dict[str, Any] = {"benchmark": "evict", "backend": args.backend, "machine": machine(), "notes": args.note}
+    record: dict[str, Any] = {"benchmark": "evict", "backend": args.backend, "provenance": provenance(), "notes": args.note}
     record["bandwidth"] = bandwidth(args.backend, size, repeats)
     if args.backend == "host":
         record["training"] = training(steps=4 if args.quick else 8, width=512, depth=8, batch=1024 if not args.quick else 256,

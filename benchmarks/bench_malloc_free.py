@@ -26,7 +26,6 @@ import ctypes
 import datetime as _dt
 import json
 import os
-import platform
 import shlex
 import shutil
 import statistics
@@ -39,6 +38,7 @@ from pathlib import Path
 from time import perf_counter_ns
 from typing import Any, Callable
 
+from provenance import git_info, machine_info
 from vtalloc.allocator import AddressSpace, _native, backend_available
 
 KiB, MiB = 1 << 10, 1 << 20
@@ -297,49 +297,7 @@ def run_native(exe: str, backend: str, capacity: int, mode: str, size: int, thre
     return entry
 
 
-# -- machine and provenance ------------------------------------------------------------------
-def machine_info() -> dict[str, Any]:
-    cpu = "unknown"
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    mem = None
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemTotal:"):
-                mem = int(line.split()[1]) * 1024
-                break
-    except OSError:
-        pass
-    return {
-        "cpu_model": cpu,
-        "logical_cores": os.cpu_count(),
-        "usable_cores": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
-        "memory_bytes": mem,
-        "platform": platform.platform(),
-        "python": f"{platform.python_implementation()} {platform.python_version()}",
-        "gil_enabled": getattr(sys, "_is_gil_enabled", lambda: True)(),
-        "load_average_at_start": [round(x, 2) for x in os.getloadavg()],
-    }
-
-
-def git_info() -> dict[str, Any]:
-    def git(*args: str) -> str | None:
-        try:
-            p = subprocess.run(["git", "-C", str(REPO), *args], capture_output=True, text=True, timeout=10)
-        except (OSError, subprocess.TimeoutExpired):
-            return None
-        return p.stdout.strip() if p.returncode == 0 else None
-
-    status = git("status", "--porcelain", "--untracked-files=no")
-    return {"commit": git("rev-parse", "HEAD"), "branch": git("rev-parse", "--abbrev-ref", "HEAD"),
-            "tracked_changes": None if status is None else bool(status)}
-
-
+# -- provenance: machine_info() and git_info() come from provenance.py -------------------------
 def vtalloc_info() -> dict[str, Any]:
     try:
         from importlib.metadata import version

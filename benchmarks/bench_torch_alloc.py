@@ -30,7 +30,6 @@ import argparse
 import datetime as _dt
 import json
 import os
-import platform
 import shlex
 import statistics
 import subprocess
@@ -38,6 +37,8 @@ import sys
 import time
 from pathlib import Path
 from typing import Any
+
+from provenance import machine_info
 
 KiB, MiB = 1 << 10, 1 << 20
 SIZES = [512, 64 * KiB, 1 * MiB, 4 * MiB, 32 * MiB, 256 * MiB]
@@ -199,15 +200,6 @@ def ratios(results: dict[str, dict[str, Any]]) -> dict[str, Any]:
             "train_step": round(r["train_step"]["median_ms"] / base["train_step"]["median_ms"], 3),
         }
     return out
-
-
-def machine_info() -> dict[str, Any]:
-    return {
-        "platform": platform.platform(),
-        "python": platform.python_version(),
-        "logical_cores": os.cpu_count(),
-        "load_average_at_start": [round(x, 2) for x in os.getloadavg()],
-    }
 
 
 def print_table(results: dict[str, dict[str, Any]]) -> None:
