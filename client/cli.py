@@ -93,7 +93,7 @@ def demo(
         t = Table("stat", "before the big allocation", "after")
         for key in ("mapped_bytes", "active_bytes", "cached_bytes", "pages_mapped", "num_page_reclaims"):
             b, a = report.stats_before[key], report.stats_after[key]
-            fmt = format_size if key.endswith("bytes") else str
+            fmt = format_size if "bytes" in key else str
             t.add_row(key, fmt(b), fmt(a))
         console.print(t)
         if trained is not None:

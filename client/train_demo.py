@@ -4,9 +4,11 @@ Owns: the demo model and loop, and where it runs. On a GPU (vtalloc's cuda backe
 torch sees CUDA) the training runs in fresh interpreters, once with PyTorch's native allocator
 and once under ``vtalloc.allocator.torch.enable()``, because the allocator can be chosen only
 once per process and the CLI's process must stay free of it; the losses are compared. Without
-a GPU it runs here on CPU tensors over a host-backend address space: parameters, the input and
-every activation autograd saves for backward live in the space's pages, and the same training
-on plain CPU tensors is the reference. Either way the report carries vtalloc's page stats.
+a GPU it runs here on CPU tensors over a host-backend address space: parameters and the input
+live in the space's pages, and every activation autograd saves for backward is paged through
+it by ``paged_activations`` within a small budget (evicted to host memory behind the forward
+pass, prefetched ahead of the backward pass); the same training on plain CPU tensors is the
+reference. Either way the report carries vtalloc's page stats.
 Invariant: nothing is left allocated when a run returns.
 """
 
@@ -27,8 +29,9 @@ __all__ = ["TrainReport", "run_train_demo", "describe_train", "report_dict", "PA
 WIDTH, HIDDEN, CLASSES, BATCH, LR = 512, 1024, 10, 256, 0.05
 PAGE_STAT_KEYS = (
     "pages_total", "pages_mapped", "mapped_bytes", "peak_mapped_bytes", "active_bytes", "peak_active_bytes",
-    "num_allocs", "num_frees", "num_page_reclaims",
+    "num_allocs", "num_frees", "num_page_reclaims", "evictions", "restores", "bytes_evicted_total",
 )
+ACTIVATION_BUDGET = 2 << 20  # bytes of saved activations kept resident on CPU: the rest is evicted
 
 
 @dataclass(frozen=True)
@@ -41,6 +44,7 @@ class TrainReport:
     identical_to_reference: bool
     stats: dict[str, int]         # vtalloc Stats after the last step, the model still alive
     saved_activation_bytes: int   # host run: bytes of activations placed in the space (0 on GPU)
+    paging: dict[str, Any] | None = None  # host run: paged_activations' stats
 
 
 def _model(torch: Any) -> Any:
@@ -82,25 +86,21 @@ def _train_on_host(capacity: int | str, steps: int) -> TrainReport:
     x = torch.randn(BATCH, WIDTH)
     y = torch.randint(0, CLASSES, (BATCH,))
     losses, reference_losses = [], []
-    saved = {"bytes": 0}
+    from vtalloc.allocator.torch import paged_activations
+
     with AddressSpace(backend="host", capacity=capacity) as space:
         paged = _model(torch)
         paged.load_state_dict(plain.state_dict())
         _place_parameters(space, paged, torch)
         xs = space.tensor(x.shape)
         xs.copy_(x)
-
-        def pack(t: Any) -> Any:  # every tensor autograd saves for backward goes to the space
-            placed = space.tensor(t.shape, dtype=t.dtype)
-            placed.copy_(t)
-            saved["bytes"] += placed.numel() * placed.element_size()
-            return placed
+        pager = paged_activations(space, budget=ACTIVATION_BUDGET)
 
         identical = True
         for _ in range(steps):
             ref = _loss(torch, plain(x), y)
             ref.backward()
-            with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            with pager:  # saved activations go to the space, evicted behind and prefetched ahead
                 loss = _loss(torch, paged(xs), y)
             loss.backward()
             identical &= torch.equal(ref, loss) and all(
@@ -111,13 +111,15 @@ def _train_on_host(capacity: int | str, steps: int) -> TrainReport:
             _sgd(torch, plain)
             _sgd(torch, paged)
         stats = space.stats().as_dict()
-        del paged, xs, loss
+        paging = asdict(pager.stats())
+        del paged, xs, loss, pager
     return TrainReport(
         device="cpu",
         placement="parameters, input and saved activations in a host-backend address space",
+        paging=paging,
         steps=steps, losses=losses, reference="the same training on plain CPU tensors",
         identical_to_reference=identical and losses == reference_losses,
-        stats={k: stats[k] for k in PAGE_STAT_KEYS}, saved_activation_bytes=saved["bytes"],
+        stats={k: stats[k] for k in PAGE_STAT_KEYS}, saved_activation_bytes=paging["packed_bytes"],
     )
 
 
@@ -206,6 +208,14 @@ def describe_train(report: TrainReport) -> list[str]:
     ]
     if report.saved_activation_bytes:
         lines.append(f"{format_size(report.saved_activation_bytes)} of activations were saved for backward in the space")
+    if report.paging:
+        p = report.paging
+        lines.append(
+            f"paged_activations kept at most {format_size(p['budget_bytes'])} of them resident: {p['offloads']} offloads"
+            f" behind the forward pass, {p['prefetches']} prefetches ahead of backward, {p['on_demand']} on-demand"
+            f" restores; {s['evictions']} pages evicted and {s['restores']} restored"
+            f" ({format_size(s['bytes_evicted_total'])} moved to host memory and back, same addresses)"
+        )
     lines.append(
         f"after the last step: {s['pages_mapped']} of {s['pages_total']} pages mapped ({format_size(s['mapped_bytes'])},"
         f" peak {format_size(s['peak_mapped_bytes'])}), {s['num_allocs']} allocations and {s['num_frees']} frees served"
