@@ -105,7 +105,7 @@ def demo(
             t = Table("page stat", "after training")
             for key in PAGE_STAT_KEYS:
                 v = trained.stats[key]
-                t.add_row(key, format_size(v) if key.endswith("bytes") else str(v))
+                t.add_row(key, format_size(v) if "bytes" in key else str(v))
             console.print(t)
     if not report.survivors_intact:
         fail("surviving allocations were corrupted")
