@@ -12,15 +12,9 @@ class PageState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     PAGE_STATE_UNSPECIFIED: _ClassVar[PageState]
     PAGE_STATE_DELIVERING: _ClassVar[PageState]
     PAGE_STATE_LEASED: _ClassVar[PageState]
-    PAGE_STATE_ALLOCATED: _ClassVar[PageState]
-    PAGE_STATE_CACHED: _ClassVar[PageState]
-    PAGE_STATE_UNMAPPED: _ClassVar[PageState]
 PAGE_STATE_UNSPECIFIED: PageState
 PAGE_STATE_DELIVERING: PageState
 PAGE_STATE_LEASED: PageState
-PAGE_STATE_ALLOCATED: PageState
-PAGE_STATE_CACHED: PageState
-PAGE_STATE_UNMAPPED: PageState
 
 class Quota(_message.Message):
     __slots__ = ("principal", "min_bytes", "max_bytes")
@@ -97,36 +91,34 @@ class ReturnReply(_message.Message):
     def __init__(self, returned: _Optional[int] = ...) -> None: ...
 
 class ClientReport(_message.Message):
-    __slots__ = ("allocated_bytes", "active_bytes", "mapped_bytes", "cached_bytes", "pages_total", "pages_mapped", "pages_free", "evicted_bytes", "evicted_pages", "evictions_total", "restores_total", "ooms_total", "page_ids", "page_states")
+    __slots__ = ("allocated_bytes", "active_bytes", "mapped_bytes", "cached_bytes", "pages_total", "pages_allocated", "pages_cached", "pages_free", "evicted_bytes", "evicted_pages", "evictions_total", "restores_total", "ooms_total")
     ALLOCATED_BYTES_FIELD_NUMBER: _ClassVar[int]
     ACTIVE_BYTES_FIELD_NUMBER: _ClassVar[int]
     MAPPED_BYTES_FIELD_NUMBER: _ClassVar[int]
     CACHED_BYTES_FIELD_NUMBER: _ClassVar[int]
     PAGES_TOTAL_FIELD_NUMBER: _ClassVar[int]
-    PAGES_MAPPED_FIELD_NUMBER: _ClassVar[int]
+    PAGES_ALLOCATED_FIELD_NUMBER: _ClassVar[int]
+    PAGES_CACHED_FIELD_NUMBER: _ClassVar[int]
     PAGES_FREE_FIELD_NUMBER: _ClassVar[int]
     EVICTED_BYTES_FIELD_NUMBER: _ClassVar[int]
     EVICTED_PAGES_FIELD_NUMBER: _ClassVar[int]
     EVICTIONS_TOTAL_FIELD_NUMBER: _ClassVar[int]
     RESTORES_TOTAL_FIELD_NUMBER: _ClassVar[int]
     OOMS_TOTAL_FIELD_NUMBER: _ClassVar[int]
-    PAGE_IDS_FIELD_NUMBER: _ClassVar[int]
-    PAGE_STATES_FIELD_NUMBER: _ClassVar[int]
     allocated_bytes: int
     active_bytes: int
     mapped_bytes: int
     cached_bytes: int
     pages_total: int
-    pages_mapped: int
+    pages_allocated: int
+    pages_cached: int
     pages_free: int
     evicted_bytes: int
     evicted_pages: int
     evictions_total: int
     restores_total: int
     ooms_total: int
-    page_ids: _containers.RepeatedScalarFieldContainer[int]
-    page_states: bytes
-    def __init__(self, allocated_bytes: _Optional[int] = ..., active_bytes: _Optional[int] = ..., mapped_bytes: _Optional[int] = ..., cached_bytes: _Optional[int] = ..., pages_total: _Optional[int] = ..., pages_mapped: _Optional[int] = ..., pages_free: _Optional[int] = ..., evicted_bytes: _Optional[int] = ..., evicted_pages: _Optional[int] = ..., evictions_total: _Optional[int] = ..., restores_total: _Optional[int] = ..., ooms_total: _Optional[int] = ..., page_ids: _Optional[_Iterable[int]] = ..., page_states: _Optional[bytes] = ...) -> None: ...
+    def __init__(self, allocated_bytes: _Optional[int] = ..., active_bytes: _Optional[int] = ..., mapped_bytes: _Optional[int] = ..., cached_bytes: _Optional[int] = ..., pages_total: _Optional[int] = ..., pages_allocated: _Optional[int] = ..., pages_cached: _Optional[int] = ..., pages_free: _Optional[int] = ..., evicted_bytes: _Optional[int] = ..., evicted_pages: _Optional[int] = ..., evictions_total: _Optional[int] = ..., restores_total: _Optional[int] = ..., ooms_total: _Optional[int] = ...) -> None: ...
 
 class ReportRequest(_message.Message):
     __slots__ = ("report",)
@@ -329,16 +321,18 @@ class PageEntry(_message.Message):
     def __init__(self, page_id: _Optional[int] = ..., session_id: _Optional[str] = ..., state: _Optional[_Union[PageState, str]] = ...) -> None: ...
 
 class SessionPages(_message.Message):
-    __slots__ = ("session_id", "principal", "pid", "evicted_pages")
+    __slots__ = ("session_id", "principal", "pid", "reported", "report")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     PRINCIPAL_FIELD_NUMBER: _ClassVar[int]
     PID_FIELD_NUMBER: _ClassVar[int]
-    EVICTED_PAGES_FIELD_NUMBER: _ClassVar[int]
+    REPORTED_FIELD_NUMBER: _ClassVar[int]
+    REPORT_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     principal: str
     pid: int
-    evicted_pages: int
-    def __init__(self, session_id: _Optional[str] = ..., principal: _Optional[str] = ..., pid: _Optional[int] = ..., evicted_pages: _Optional[int] = ...) -> None: ...
+    reported: bool
+    report: ClientReport
+    def __init__(self, session_id: _Optional[str] = ..., principal: _Optional[str] = ..., pid: _Optional[int] = ..., reported: _Optional[bool] = ..., report: _Optional[_Union[ClientReport, _Mapping]] = ...) -> None: ...
 
 class PageMap(_message.Message):
     __slots__ = ("device", "pages", "sessions", "hidden_pages")

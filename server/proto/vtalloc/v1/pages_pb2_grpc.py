@@ -98,7 +98,7 @@ class PagesServicer:
         raise NotImplementedError('Method not implemented!')
 
     def Report(self, request, context):
-        """The client's own view of its pages (allocated/cached/unmapped, evicted), for stats.
+        """The client's own view of its pages (how many allocated/cached/unmapped, evicted), for stats.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
