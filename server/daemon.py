@@ -102,8 +102,11 @@ class DaemonConfig:
         return side_channel_path(self.socket_path)
 
 
-def _prepare_directory(path: Path, group: str | None) -> None:
-    """Create the socket directory 0750 (group-owned by ``group``); refuse one open to others."""
+def _prepare_directory(path: Path, group: str | None) -> int:
+    """Create the socket directory 0750 (group-owned by ``group``); refuse one open to others.
+
+    Returns the group's id (-1 for none), which the sockets get too (connecting needs write
+    permission on the socket file)."""
     gid = -1
     if group is not None:
         try:
@@ -127,6 +130,7 @@ def _prepare_directory(path: Path, group: str | None) -> None:
     if gid != -1:
         os.chown(path, -1, gid)
     os.chmod(path, 0o750)
+    return gid
 
 
 class _Lock:
@@ -165,7 +169,7 @@ async def serve(config: DaemonConfig, *, on_ready: Callable[[dict], None] | None
     """Run the daemon until ``stop`` is set (or SIGTERM/SIGINT)."""
     loop = asyncio.get_running_loop()
     sock_path = Path(config.socket_path)
-    _prepare_directory(sock_path.parent, config.group)
+    gid = _prepare_directory(sock_path.parent, config.group)
     lock = _Lock(config.socket_path + ".lock")
     pool = listener = metrics = None
     server = None
@@ -203,6 +207,7 @@ async def serve(config: DaemonConfig, *, on_ready: Callable[[dict], None] | None
         listener.listen(128)
         await server.start()
         for path in (config.socket_path, config.side_channel_path):
+            os.chown(path, -1, gid)
             os.chmod(path, 0o660)
         side_task = loop.create_task(node.serve_side_channel(listener))
         for name in ("", *SERVICE_NAMES):
