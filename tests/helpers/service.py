@@ -137,12 +137,11 @@ class ClientProc:
 
     def __init__(self, *, user: int | None = None, group: int | None = None, env: dict[str, str] | None = None,
                  cwd: str = "/") -> None:
-        kw: dict[str, Any] = {}
-        if user is not None:
-            kw.update(user=user, group=group if group is not None else user, extra_groups=[])
-        self.proc = subprocess.Popen([sys.executable, str(CLIENT_SCRIPT)], stdin=subprocess.PIPE,
-                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=cwd,
-                                     start_new_session=True, env=child_env(**(env or {})), **kw)
+        cmd = [sys.executable, str(CLIENT_SCRIPT)]
+        if user is not None:  # the child drops to this uid itself, after its imports
+            cmd += ["--drop-to", f"{user}:{group if group is not None else user}"]
+        self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                     text=True, cwd=cwd, start_new_session=True, env=child_env(**(env or {})))
         self.pid = self.proc.pid
 
     def send(self, op: str, **args: Any) -> None:

@@ -5,8 +5,9 @@ Each command gets one JSON answer on stdout: ``{"ok": true, ...}`` or ``{"ok": f
 (AddressSpace(service=...)), plus a raw session for protocol-level steps a well-behaved
 client never takes (leasing without reading the descriptors, calling RPCs by hand).
 
-Commands: open, malloc, check, free, lease, give_back, trim, stats, session_id, fork_try_lease, close,
-raw_open, raw_lease, rpc, exit (see ``handle``).
+Commands: open, malloc, check, free, lease, give_back, trim, stats, session_id, fork_try_lease, spawn_socket_holder, churn, close,
+raw_open, raw_lease, rpc, exit (see ``handle``). With ``--drop-to UID:GID`` it first becomes
+that user (it must start as root).
 """
 
 from __future__ import annotations
@@ -92,6 +93,27 @@ class Client:
                 name = f.read()
             os.waitpid(pid, 0)
             return {"child_error": name}
+        if op == "churn":  # many lease/return round trips, each checked for data integrity
+            import random
+
+            rng = random.Random(a["seed"])
+            leased = returned = bad = 0
+            page = self.space.page_bytes
+            for i in range(a["rounds"]):
+                k = rng.randint(1, 3)
+                leased += self.space.lease(k)
+                n = k * page - rng.randint(0, 4096)
+                addr = self.space.malloc(n)
+                self.space.write(addr, pattern(a["seed"] * 100_000 + i, n))
+                bad += self.space.read(addr, n) != pattern(a["seed"] * 100_000 + i, n)
+                self.space.free(addr)
+                returned += self.space.give_back(self.space.stats().pages_total)
+            return {"leased": leased, "returned": returned, "corrupt": bad, "held": self.space.stats().pages_total}
+        if op == "spawn_socket_holder":  # another process holding our side channel open
+            import subprocess
+
+            holder = subprocess.Popen(["sleep", "60"], pass_fds=[self.space.session._sock.fileno()])
+            return {"pid": holder.pid}
         if op == "close":
             self.space.close()
             return {}
@@ -118,7 +140,28 @@ class Client:
         raise ValueError(f"unknown op {op!r}")
 
 
+def drop_privileges(spec: str) -> None:
+    """``--drop-to UID:GID``: import everything first (the interpreter and the standard library may
+    be unreadable to that uid), then become it for good, as a client of another user would be."""
+    import subprocess  # noqa: F401 - preloaded for the commands that use them
+    import threading  # noqa: F401
+
+    from google.protobuf import json_format  # noqa: F401
+
+    import vtalloc.client.service_space  # noqa: F401
+    import vtalloc.client.session  # noqa: F401
+    from vtalloc.server.proto.vtalloc.v1 import admin_pb2, pages_pb2  # noqa: F401
+
+    uid, gid = (int(x) for x in spec.split(":"))
+    os.setgroups([])
+    os.setgid(gid)
+    os.setuid(uid)
+    assert os.getuid() == os.geteuid() == uid
+
+
 def main() -> None:
+    if len(sys.argv) == 3 and sys.argv[1] == "--drop-to":
+        drop_privileges(sys.argv[2])
     client = Client()
     for line in sys.stdin:
         cmd = json.loads(line)
