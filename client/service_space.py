@@ -21,6 +21,7 @@ Invariants:
 from __future__ import annotations
 
 import collections
+import dataclasses
 import logging
 import os
 import threading
@@ -46,6 +47,8 @@ log = logging.getLogger("vtalloc.client")
 # (space, pages asked, give_back(n) -> pages given back) -> pages given back
 EvictHandler = Callable[[Any, int, Callable[[int], int]], int]
 _WATCH_RENEW_S = 600.0
+_CONFIG_FIELDS_HANDLED = {"backend", "device", "capacity", "page_size", "small_threshold", "host_granularity",
+                          "host_capacity", "reservation_size"}
 _MAX_LEASE_PAGES = 4096
 
 
@@ -94,7 +97,17 @@ class ServiceAddressSpace(AddressSpace):
         rpc_timeout_s: float = DEFAULT_RPC_TIMEOUT_S,
         report_interval_s: float = 1.0,
         evict_handler: EvictHandler | None = None,
+        **core_options: Any,
     ) -> None:
+        """Open a session with the daemon at ``service`` and a leased space over its pages.
+
+        The daemon decides backend, device and page size (a different explicit value is an
+        InvalidArgumentError); ``capacity`` caps this client below the node's capacity.
+        ``lease_batch_pages``: pages leased at a time when malloc runs out; ``keep_free_pages``:
+        unused pages kept after a free (default: one batch); ``evict_handler(space, pages,
+        give_back)``: what to do when the daemon asks for pages (default: evict_for_pressure).
+        Other keywords go to the core AddressSpace (e.g. the eviction engine's options).
+        """
         self._link: _Link | None = None
         if not leased:
             raise InvalidArgumentError("a service-backed address space is always leased")
@@ -102,6 +115,9 @@ class ServiceAddressSpace(AddressSpace):
             backend, device, capacity, page_size = config.backend, config.device, config.capacity, config.page_size
             small_threshold, host_capacity = config.small_threshold, config.host_capacity
             reservation_size, host_granularity = config.reservation_size, config.host_granularity
+            for f in dataclasses.fields(config):  # fields this class does not know go to the core as they are
+                if f.name not in _CONFIG_FIELDS_HANDLED and getattr(config, f.name) != f.default:
+                    core_options.setdefault(f.name, getattr(config, f.name))
         self.lease_batch_pages = _as_u64(lease_batch_pages, "lease_batch_pages", positive=True)
         if self.lease_batch_pages > _MAX_LEASE_PAGES:
             raise InvalidArgumentError(f"lease_batch_pages must be at most {_MAX_LEASE_PAGES}")
@@ -127,7 +143,7 @@ class ServiceAddressSpace(AddressSpace):
                 backend=h.backend, device=h.device, capacity=ceiling, page_size=h.page_bytes,
                 small_threshold=small_threshold, host_granularity=host_granularity,
                 host_capacity=host_capacity or h.host_capacity_bytes or None,
-                reservation_size=reservation_size, leased=True)
+                reservation_size=reservation_size, leased=True, **core_options)
         except BaseException:
             session.close()
             raise
