@@ -7,6 +7,7 @@ process (AddressSpace(service=...)) or real client processes (tests/helpers/serv
 from __future__ import annotations
 
 import json
+import socket
 import time
 import urllib.request
 
@@ -173,3 +174,15 @@ def test_ready_line_describes_the_daemon(daemon):
     assert r["event"] == "ready" and r["backend"] == "host" and r["page_bytes"] == PAGE
     assert r["control"] == daemon.address and r["capacity_bytes"] == 64 * MiB
     json.dumps(r)
+
+
+def test_systemd_is_told_when_the_daemon_is_ready_and_stopping(tmp_path):
+    path = str(tmp_path / "notify")
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sink:
+        sink.bind(path)
+        sink.settimeout(10)
+        d = Daemon(capacity="16MiB", env={"NOTIFY_SOCKET": path})
+        with d:
+            assert sink.recv(100) == b"READY=1"
+            assert d.alive()
+        assert sink.recv(100) == b"STOPPING=1"

@@ -73,7 +73,8 @@ class Daemon:
     """``vtalloc serve --backend host`` on ``<base>/run/vtalloc.sock``."""
 
     def __init__(self, base: Path | None = None, *, capacity: str = "64MiB", args: tuple[str, ...] = (),
-                 evict_deadline: float = 1.0) -> None:
+                 evict_deadline: float = 1.0, env: dict[str, str] | None = None) -> None:
+        self.env = env or {}
         self.base = base or short_dir()
         self._own_base = base is None
         self.socket = str(self.base / "run" / "vtalloc.sock")
@@ -90,7 +91,7 @@ class Daemon:
                "--capacity", self.capacity, "--evict-deadline", str(self.evict_deadline), *self.args]
         self._log = open(self.stderr_path, "w")
         self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=self._log,
-                                     text=True, start_new_session=True, env=child_env())
+                                     text=True, start_new_session=True, env=child_env(**self.env))
         try:
             self.ready = json.loads(_readline(self.proc, 30))
         except (TimeoutError, EOFError, ValueError):
