@@ -13,8 +13,9 @@ import time
 
 import pytest
 from helpers.service import NOGROUP, ClientProc, Daemon, Observer, wait_until
-from helpers.spaces import MiB
+from helpers.spaces import MiB, pattern
 
+from vtalloc.allocator import AddressSpace
 from vtalloc.client.pressure import engine_counters, evict_for_pressure
 
 PAGE = 2 * MiB
@@ -109,6 +110,50 @@ def test_forced_eviction_by_an_admin():
         assert (r.asked, r.returned, r.missed, r.killed) == (2, 0, True, True)
         assert b.proc.wait(5) == -9
         wait_until(lambda: obs.stats().device.leased_pages == 0, 5)
+
+
+needs_engine = pytest.mark.skipif(not hasattr(AddressSpace, "offload"),
+                                  reason="the eviction engine (issue 4) is not in this build")
+
+
+@needs_engine
+def test_evictable_allocations_go_to_host_memory_under_pressure_and_come_back():
+    with Daemon(capacity="32MiB", args=("--default-quota", "0:1GiB"), evict_deadline=2.0) as d, \
+            Observer(d.address) as obs, ClientProc() as b, \
+            AddressSpace(service=d.address, lease_batch_pages=1, keep_free_pages=0, report_interval_s=0.05) as a:
+        addrs = [a.malloc(PAGE) for _ in range(14)]
+        for i, x in enumerate(addrs):
+            a.write(x, pattern(i, PAGE))
+            a.set_evictable(x)
+        b.ok("open", address=d.address, batch=1)
+        t0 = time.monotonic()
+        b.ok("malloc", nbytes=4 * PAGE, seed=2)           # the node is 2 pages short
+        assert time.monotonic() - t0 < d.evict_deadline   # answered by offloading, not waited out
+        assert a.stats().pages_total == 12 and a.stats().pages_evicted == 2
+        assert [a.residency(x) for x in addrs[:2]] == ["evicted", "evicted"]  # the oldest marked first
+        assert all(a.read(x, PAGE) == pattern(i, PAGE) for i, x in enumerate(addrs))
+        wait_until(lambda: [s for s in obs.stats().sessions
+                            if s.info.session_id == a.session.session_id][0].report.evicted_pages == 2, 5)
+        assert obs.stats().counters.evict_pages_returned_total == 2
+        a.ensure_resident(addrs[0])
+        assert a.read(addrs[0], PAGE) == pattern(0, PAGE)
+
+
+@needs_engine
+def test_killed_during_restore(tmp_path):
+    marker = tmp_path / "restoring"
+    with Daemon(capacity="32MiB") as d, Observer(d.address) as obs, ClientProc() as c:
+        sid = c.ok("open", address=d.address, batch=1)["session_id"]
+        addrs = [c.ok("malloc", nbytes=PAGE, seed=i)["addr"] for i in range(4)]
+        for x in addrs:
+            c.ok("set_evictable", addr=x)
+        c.send("restore_loop", addrs=addrs, seconds=30, marker=str(marker))
+        wait_until(marker.exists, 5)
+        time.sleep(0.2)
+        dead_at = c.kill9()
+        wait_until(lambda: sid not in obs.session_ids() and obs.stats().device.leased_pages == 0, 5, 0.005)
+        assert time.monotonic() - dead_at < 1.0
+        assert obs.stats().counters.reclaims_total == 1
 
 
 class _EngineStandIn:

@@ -5,7 +5,7 @@ Each command gets one JSON answer on stdout: ``{"ok": true, ...}`` or ``{"ok": f
 (AddressSpace(service=...)), plus a raw session for protocol-level steps a well-behaved
 client never takes (leasing without reading the descriptors, calling RPCs by hand).
 
-Commands: open, malloc, check, free, lease, give_back, trim, stats, session_id, fork_try_lease, spawn_socket_holder, churn, close,
+Commands: open, malloc, check, free, lease, give_back, trim, stats, session_id, fork_try_lease, spawn_socket_holder, churn, set_evictable, residency, restore_loop, close,
 raw_open, raw_lease, rpc, exit (see ``handle``). With ``--drop-to UID:GID`` it first becomes
 that user (it must start as root).
 """
@@ -109,6 +109,22 @@ class Client:
                 self.space.free(addr)
                 returned += self.space.give_back(self.space.stats().pages_total)
             return {"leased": leased, "returned": returned, "corrupt": bad, "held": self.space.stats().pages_total}
+        if op == "set_evictable":
+            self.space.set_evictable(a["addr"], a.get("flag", True))
+            return {}
+        if op == "residency":
+            return {"residency": self.space.residency(a["addr"])}
+        if op == "restore_loop":  # restore evicted allocations again and again, until killed or done
+            if a.get("marker"):
+                open(a["marker"], "w").close()
+            end = time.monotonic() + a["seconds"]
+            rounds = 0
+            while time.monotonic() < end:
+                for addr in a["addrs"]:
+                    self.space.ensure_resident(addr)
+                    self.space.offload(addr)
+                rounds += 1
+            return {"rounds": rounds}
         if op == "spawn_socket_holder":  # another process holding our side channel open
             import subprocess
 
