@@ -11,6 +11,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from rich import box
 from rich.table import Table
 
 from vtalloc.allocator.config import format_size
@@ -54,10 +55,11 @@ def _device(d: Any, sessions: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
-def _report(r: Any) -> dict[str, Any]:
+def _report(r: Any, page: int) -> dict[str, Any]:
     return {
         "allocated_bytes": r.allocated_bytes, "active_bytes": r.active_bytes, "mapped_bytes": r.mapped_bytes,
-        "cached_bytes": r.cached_bytes, "resident_pages": r.pages_allocated, "cached_pages": r.pages_cached,
+        "cached_bytes": r.cached_bytes, "resident_pages": r.pages_allocated, "resident_bytes": r.pages_allocated * page,
+        "cached_pages": r.pages_cached,
         "unmapped_pages": r.pages_free, "evicted_pages": r.evicted_pages, "evicted_bytes": r.evicted_bytes,
         "evictions_total": r.evictions_total, "restores_total": r.restores_total, "ooms_total": r.ooms_total,
         "fragmentation": fragmentation(r.active_bytes, r.mapped_bytes),
@@ -77,7 +79,7 @@ def _session(s: Any, page: int) -> dict[str, Any]:
         "quota_rejections": s.quota_rejections, "leases": s.leases, "pages_leased": s.pages_leased,
         "pages_returned": s.pages_returned,
     }
-    doc.update(_report(s.report))
+    doc.update(_report(s.report, page))
     return doc
 
 
@@ -105,7 +107,7 @@ def pages_doc(msg: Any) -> dict[str, Any]:
     """``vtalloc pages --json`` from a PageMap message."""
     names = {1: "delivering", 2: "leased"}
     sessions = [{"session_id": s.session_id, "principal": s.principal, "pid": s.pid, "reported": s.reported,
-                 **_report(s.report)} for s in msg.sessions]
+                 **_report(s.report, msg.device.page_bytes)} for s in msg.sessions]
     return {
         "schema": PAGES_SCHEMA,
         "devices": [_device(msg.device, sessions)],
@@ -130,6 +132,14 @@ def proc_doc(record: dict[str, Any], *, alive: bool, now: float | None = None) -
 
 
 # -- tables ------------------------------------------------------------------------------------
+def _table(title: str, *columns: str, wide: tuple[str, ...] = ()) -> Table:
+    """A compact table; ``wide`` columns (ids, names) are never truncated."""
+    t = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
+    for c in columns:
+        t.add_column(c, no_wrap=c in wide, min_width=len(c))
+    return t
+
+
 def _b(n: int | None) -> str:
     return "-" if n is None else format_size(int(n))
 
@@ -140,8 +150,8 @@ def _pct(x: float) -> str:
 
 def stats_tables(doc: dict[str, Any]) -> list[Table]:
     out = []
-    t = Table("device", "capacity", "leased", "free", "evicted", "in delivery", "fragmentation",
-              title="vtalloc node", title_justify="left")
+    t = _table("vtalloc node", "device", "capacity", "leased", "free", "evicted", "delivering", "frag",
+               wide=("device",))
     for d in doc["devices"]:
         t.add_row(f"{d['backend']}:{d['device']}", f"{d['capacity_pages']} pg / {_b(d['capacity_bytes'])}",
                   f"{d['leased_pages']} pg / {_b(d['leased_bytes'])}", f"{d['free_pages']} pg / {_b(d['free_bytes'])}",
@@ -149,22 +159,21 @@ def stats_tables(doc: dict[str, Any]) -> list[Table]:
                   _pct(d["fragmentation"]))
     out.append(t)
     hidden = f" ({doc['hidden_sessions']} of other users hidden)" if doc["hidden_sessions"] else ""
-    s = Table("session", "pid", "principal", "leased", "resident", "cached", "unmapped", "evicted", "quota min/max",
-              "frag", "evict/s", "restore/s", "evictions", "restores", "misses",
-              title=f"sessions{hidden}", title_justify="left")
+    s = _table(f"sessions{hidden} (pages; quota min/max; evictions and restores per second)", "session", "pid",
+               "principal", "leased", "resident", "cached", "evicted", "quota", "frag", "ev/s", "rs/s", "misses",
+               wide=("session", "pid", "principal", "quota"))
     for x in doc["sessions"]:
         rep = x["reported"]
         s.add_row(x["session_id"], str(x["pid"]), x["principal"], str(x["leased_pages"]),
                   str(x["resident_pages"]) if rep else "?", str(x["cached_pages"]) if rep else "?",
-                  str(x["unmapped_pages"]) if rep else "?", str(x["evicted_pages"]) if rep else "?",
-                  f"{_b(x['quota']['min_bytes'])} / {_b(x['quota']['max_bytes'])}",
+                  str(x["evicted_pages"]) if rep else "?",
+                  f"{_b(x['quota']['min_bytes'])}/{_b(x['quota']['max_bytes'])}",
                   _pct(x["fragmentation"]) if rep else "?", f"{x['evictions_per_s']:.1f}",
-                  f"{x['restores_per_s']:.1f}", str(x["evictions_total"]), str(x["restores_total"]),
-                  str(x["deadline_misses"]))
+                  f"{x['restores_per_s']:.1f}", str(x["deadline_misses"]))
     out.append(s)
     c = doc["counters"]
-    k = Table("leases", "pages leased", "returned", "quota rejections", "evict requests", "deadline misses",
-              "kills", "reclaims", "reclaimed pages", title="since the daemon started", title_justify="left")
+    k = _table("since the daemon started", "leases", "pages leased", "returned", "quota refusals",
+               "evict requests", "misses", "kills", "reclaims", "reclaimed pages")
     k.add_row(*(str(c[key]) for key in ("leases_total", "pages_leased_total", "pages_returned_total",
                                         "quota_rejections_total", "evict_requests_total", "deadline_misses_total",
                                         "kills_total", "reclaims_total", "reclaimed_pages_total")))
@@ -190,10 +199,10 @@ def _ranges(ids: list[int]) -> str:
 
 def pages_tables(doc: dict[str, Any]) -> list[Table]:
     d = doc["devices"][0]
-    t = Table("session", "principal", "pid", "pages", "delivering", "resident", "cached", "unmapped", "evicted",
-              "page ids", title=f"page map: {d['capacity_pages']} pages of {_b(d['page_bytes'])}, "
-              f"{d['free_pages']} free" + (f", {doc['hidden_pages']} of other users hidden" if doc["hidden_pages"] else ""),
-              title_justify="left")
+    t = _table(f"page map: {d['capacity_pages']} pages of {_b(d['page_bytes'])}, {d['free_pages']} free"
+               + (f", {doc['hidden_pages']} of other users hidden" if doc["hidden_pages"] else ""),
+               "session", "principal", "pid", "pages", "delivering", "resident", "cached", "unmapped", "evicted",
+               "page ids", wide=("session", "principal"))
     for s in doc["sessions"]:
         mine = [p for p in doc["pages"] if p["session_id"] == s["session_id"]]
         rep = s["reported"]
@@ -206,7 +215,7 @@ def pages_tables(doc: dict[str, Any]) -> list[Table]:
 
 
 def quota_table(doc: dict[str, Any]) -> Table:
-    t = Table("principal", "min (guaranteed)", "max (hard)", title="quotas", title_justify="left")
+    t = _table("quotas", "principal", "min (guaranteed)", "max (hard)", wide=("principal",))
     for q in doc["quotas"]:
         t.add_row(q["principal"], _b(q["min_bytes"]), _b(q["max_bytes"]))
     t.add_row("(default)", _b(doc["default"]["min_bytes"]), _b(doc["default"]["max_bytes"]))
@@ -215,8 +224,8 @@ def quota_table(doc: dict[str, Any]) -> Table:
 
 def proc_table(doc: dict[str, Any]) -> Table:
     state = "alive" if doc["alive"] else "exited"
-    t = Table("space", "backend", "capacity", "allocated", "active", "mapped", "cached", "pages", "frag", "allocs",
-              "OOMs", title=f"pid {doc['pid']} ({state}, published {doc['age_s']:.1f} s ago)", title_justify="left")
+    t = _table(f"pid {doc['pid']} ({state}, published {doc['age_s']:.1f} s ago)", "space", "backend", "capacity",
+               "allocated", "active", "mapped", "cached", "pages", "frag", "allocs", "OOMs", wide=("space",))
     for sp in doc["spaces"]:
         st = sp["stats"]
         t.add_row(sp["name"], f"{sp['backend']}:{sp['device']}" + (" (leased)" if sp.get("leased") else ""),

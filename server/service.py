@@ -46,6 +46,15 @@ def to_message(msg: Any, view: Any) -> Any:
     return msg
 
 
+def _package_version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("vtalloc")
+    except PackageNotFoundError:
+        return "unknown"
+
+
 def _session(ledger: Ledger, context: grpc.aio.ServicerContext) -> Session:
     token = None
     for key, value in context.invocation_metadata() or ():
@@ -58,6 +67,7 @@ class PagesService(pages_pb2_grpc.PagesServicer):
     def __init__(self, node: Node) -> None:
         self.node = node
         self.ledger = node.ledger
+        self._version = _package_version()
 
     async def GetSession(self, request: pages_pb2.GetSessionRequest, context) -> pages_pb2.SessionInfo:
         s = _session(self.ledger, context)
@@ -94,21 +104,13 @@ class PagesService(pages_pb2_grpc.PagesServicer):
     async def GetStats(self, request: pages_pb2.GetStatsRequest, context) -> pages_pb2.NodeStats:
         s = _session(self.ledger, context)
         msg = to_message(pages_pb2.NodeStats(), self.ledger.node_view(s, request.session_id))
-        msg.version = self.node_version()
+        msg.version = self._version
         return msg
 
     async def ListPages(self, request: pages_pb2.ListPagesRequest, context) -> pages_pb2.PageMap:
         s = _session(self.ledger, context)
         return to_message(pages_pb2.PageMap(), self.ledger.page_map(s, request.session_id))
 
-    @staticmethod
-    def node_version() -> str:
-        from importlib.metadata import PackageNotFoundError, version
-
-        try:
-            return version("vtalloc")
-        except PackageNotFoundError:
-            return "unknown"
 
 
 class AdminService(admin_pb2_grpc.AdminServicer):
