@@ -38,7 +38,7 @@ from vtalloc.allocator.errors import InvalidArgumentError, OutOfMemoryError
 from vtalloc.allocator.pool import PagePool
 
 from .errors import FailedPreconditionError, NodeShortError, ServiceUnavailableError
-from .ledger import EvictTicket, Ledger, Session
+from .ledger import SESSION_KINDS, EvictTicket, Ledger, Session
 from .quota import Quota
 from .side_channel import MAX_FDS_PER_MESSAGE, PROTOCOL_VERSION, AsyncConnection, ProtocolError, peer_credentials, peer_pidfd
 
@@ -147,7 +147,7 @@ class Node:
             if self._closing:
                 return
             kind = hello.get("kind")
-            if kind not in ("client", "observer"):
+            if kind not in SESSION_KINDS:
                 raise ProtocolError(f"unknown session kind {kind!r}")
             pidfd = peer_pidfd(sock, pid)
             session = self.ledger.open_session(pid, uid, gid, kind)
