@@ -90,8 +90,12 @@ class Daemon:
         cmd = [sys.executable, "-m", "vtalloc.client.cli", "serve", "--socket", self.socket, "--backend", "host",
                "--capacity", self.capacity, "--evict-deadline", str(self.evict_deadline), *self.args]
         self._log = open(self.stderr_path, "w")
-        self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=self._log,
-                                     text=True, start_new_session=True, env=child_env(**self.env))
+        try:
+            self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=self._log,
+                                         text=True, start_new_session=True, env=child_env(**self.env))
+        except BaseException:
+            self._log.close()
+            raise
         try:
             self.ready = json.loads(_readline(self.proc, 30))
         except (TimeoutError, EOFError, ValueError):
