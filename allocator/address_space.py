@@ -16,6 +16,7 @@ from typing import Any
 from . import _native
 from .config import Config
 from .errors import ClosedError, InvalidArgumentError
+from .publish import publish_from_env
 from .stats import PAGE_STATES, AllocationRecord, PageRecord, Stats
 
 __all__ = ["AddressSpace"]
@@ -47,6 +48,16 @@ class AddressSpace:
     b'hello'
     """
 
+    def __new__(cls, *args: Any, service: str | None = None, **kwargs: Any) -> "AddressSpace":
+        # AddressSpace(service="unix:///run/vtalloc/vtalloc.sock") leases its pages from the
+        # per-node daemon; the client layer implements that (vtalloc.client.service_space) and is
+        # imported here only, lazily, so the allocator never imports the client at import time.
+        if service is not None and cls is AddressSpace:
+            from vtalloc.client.service_space import ServiceAddressSpace
+
+            cls = ServiceAddressSpace
+        return super().__new__(cls)
+
     def __init__(
         self,
         backend: str = "auto",
@@ -61,6 +72,7 @@ class AddressSpace:
         evict_mode: str = "auto",
         config: Config | None = None,
         leased: bool = False,
+        service: str | None = None,  # handled by __new__: a service-backed space is a ServiceAddressSpace
     ) -> None:
         self._handle: int | None = None
         self._closed = True
@@ -89,6 +101,7 @@ class AddressSpace:
         self.page_bytes: int = s.page_bytes
         self.capacity_bytes: int = s.capacity_bytes
         self.evict_mode: str = s.evict_mode  # the active mode: "mapped" or "copy"
+        publish_from_env(self)  # VTALLOC_PUBLISH_STATS: stats for `vtalloc stats --pid`, off the hot path
 
     # -- lifetime -------------------------------------------------------------------------
     @property

@@ -17,6 +17,11 @@ from rich.table import Table
 
 from vtalloc.allocator import BackendUnavailableError, VtallocError, backend_available, format_size
 
+try:  # click's usage errors: from click itself, or from the copy recent typer versions vendor
+    from click import ClickException as _ClickException
+except ImportError:  # pragma: no cover - depends on the typer version
+    from typer import TyperException as _ClickException
+
 app = typer.Typer(
     name="vtalloc",
     help="A paged virtual-address GPU memory allocator for PyTorch: demo, inspect, serve.",
@@ -113,18 +118,23 @@ def demo(
         fail(f"training with vtalloc diverged from {trained.reference}")
 
 
+# The service's commands (serve, stats, top, pages, plot, quota, evict, health) live in their own module.
+from .commands_service import register as _register_service_commands  # noqa: E402
+
+_register_service_commands(app, fail=fail, console=console, err_console=err_console, is_debug=lambda: _state["debug"])
+
+
 def main(argv: Optional[list[str]] = None) -> None:
     """Console-script entry point: maps vtalloc errors to exit code 1 and a one-line message."""
     try:
-        app(args=argv, standalone_mode=False)
+        # Outside standalone mode click *returns* the code of a typer.Exit raised by a command.
+        code = app(args=argv, standalone_mode=False)
     except typer.Exit as e:
         sys.exit(e.exit_code)
     except (typer.Abort, KeyboardInterrupt):
         sys.exit(130)
     except Exception as e:  # click usage errors carry their own exit code (2)
-        import click
-
-        if isinstance(e, click.ClickException):
+        if isinstance(e, _ClickException):
             e.show()
             sys.exit(e.exit_code)
         if _state["debug"]:
@@ -135,7 +145,7 @@ def main(argv: Optional[list[str]] = None) -> None:
                 err_console.print("hint: `vtalloc info` lists the backends usable here; `--backend host` needs no GPU")
             sys.exit(1)
         raise
-    sys.exit(0)
+    sys.exit(code if isinstance(code, int) else 0)
 
 
 if __name__ == "__main__":

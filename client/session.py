@@ -1,0 +1,220 @@
+"""A session with the per-node daemon: the side-channel connection, the gRPC channel, the token.
+
+Owns: opening a session (connect the side channel, say hello, receive the session token and
+the node's geometry), calling RPCs with the token and a timeout on every call, receiving the
+page descriptors a lease pushes, and ending the session (``bye``). Every gRPC failure is
+raised as the service's typed errors (vtalloc.server.errors); a daemon that is gone gives
+ServiceUnavailableError at once, never a hang. Invariants: the session belongs to the process
+that opened it (a forked child gets ClosedError and never touches the parent's session);
+every descriptor received is either returned to the caller or closed.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import select
+import socket
+import threading
+import weakref
+from dataclasses import dataclass
+from typing import Any
+
+import grpc
+
+from vtalloc.allocator.errors import ClosedError, VtallocError
+from vtalloc.server.daemon import default_socket_path, parse_address
+from vtalloc.server.errors import PermissionDeniedError, ServiceUnavailableError, error_from_rpc
+from vtalloc.server.proto.vtalloc.v1 import admin_pb2_grpc, pages_pb2, pages_pb2_grpc
+from vtalloc.server.service import SESSION_KEY
+from vtalloc.server.side_channel import (
+    PROTOCOL_VERSION,
+    ProtocolError,
+    connect,
+    recv_message,
+    send_message,
+    side_channel_path,
+)
+
+__all__ = ["ServiceSession", "SessionHello", "DEFAULT_RPC_TIMEOUT_S"]
+
+DEFAULT_RPC_TIMEOUT_S = 5.0
+_CHANNEL_OPTIONS = [
+    ("grpc.enable_retries", 0),
+    ("grpc.initial_reconnect_backoff_ms", 100),
+    ("grpc.min_reconnect_backoff_ms", 100),
+    ("grpc.max_reconnect_backoff_ms", 1000),
+    ("grpc.max_receive_message_length", 64 << 20),
+]
+
+
+@dataclass(frozen=True)
+class SessionHello:
+    """What the daemon said when the session opened."""
+
+    session_id: str
+    pid: int
+    uid: int
+    principal: str
+    backend: str
+    device: int
+    page_bytes: int
+    capacity_bytes: int
+    host_capacity_bytes: int
+    evict_deadline_s: float
+
+
+def _unavailable(path: str, e: OSError) -> VtallocError:
+    if e.errno in (errno.EACCES, errno.EPERM):
+        return PermissionDeniedError(
+            f"cannot reach the vtalloc daemon at {path}: permission denied (the socket directory lets in "
+            "only its owner and group; ask for the group given to `vtalloc serve --group`)")
+    return ServiceUnavailableError(f"no vtalloc daemon answers at {path} ({e.strerror or e}); start one with `vtalloc serve`")
+
+
+class ServiceSession:
+    def __init__(self, address: str | None = None, *, kind: str = "client",
+                 timeout_s: float = DEFAULT_RPC_TIMEOUT_S) -> None:
+        self.address = address or "unix://" + default_socket_path()
+        self.socket_path = parse_address(self.address)
+        self.side_path = side_channel_path(self.socket_path)
+        self.timeout_s = timeout_s
+        self.kind = kind
+        self._pid = os.getpid()
+        self._closed = False
+        self._dead = False
+        self._lock = threading.Lock()
+        self._sock: socket.socket | None = None
+        self._channel: grpc.Channel | None = None
+        try:
+            self._sock = connect(self.side_path, timeout_s)
+        except OSError as e:
+            raise _unavailable(self.side_path, e) from None
+        try:
+            send_message(self._sock, {"t": "hello", "v": PROTOCOL_VERSION, "kind": kind})
+            msg, fds = recv_message(self._sock, timeout_s, max_fds=0)
+            if msg.get("t") != "session" or not isinstance(msg.get("token"), str):
+                raise ProtocolError(f"expected the session message, got {msg.get('t')!r}")
+            self._token = msg["token"]
+            self.hello = SessionHello(**{k: msg[k] for k in SessionHello.__dataclass_fields__})
+        except (OSError, EOFError, KeyError, TypeError) as e:
+            self._sock.close()
+            self._sock = None
+            raise ServiceUnavailableError(f"the vtalloc daemon at {self.side_path} did not open a session: {e}") from None
+        self._metadata = ((SESSION_KEY, self._token),)
+        self._channel = grpc.insecure_channel("unix://" + self.socket_path, options=_CHANNEL_OPTIONS)
+        self.pages = pages_pb2_grpc.PagesStub(self._channel)
+        self.admin = admin_pb2_grpc.AdminStub(self._channel)
+        self._finalizer = weakref.finalize(self, _close_quietly, self._sock, self._channel)
+        _live_sessions.add(self)
+
+    @property
+    def session_id(self) -> str:
+        return self.hello.session_id
+
+    # -- state ------------------------------------------------------------------------------
+    def _usable(self) -> None:
+        if os.getpid() != self._pid:
+            raise ClosedError("this vtalloc session belongs to the parent process; open a new one after fork")
+        if self._closed:
+            raise ClosedError("the vtalloc session is closed")
+        if self._dead:
+            raise ServiceUnavailableError("the vtalloc daemon ended this session (it stopped or restarted)")
+
+    @property
+    def alive(self) -> bool:
+        """False once the daemon closed the side channel (it stopped, restarted, or dropped us)."""
+        if self._closed or self._dead or os.getpid() != self._pid:
+            return False
+        with self._lock:
+            try:
+                readable, _, _ = select.select([self._sock], [], [], 0)
+                if readable and not self._sock.recv(1, socket.MSG_PEEK):
+                    self._dead = True
+            except OSError:
+                self._dead = True
+        return not self._dead
+
+    def mark_dead(self) -> None:
+        self._dead = True
+
+    # -- calls ------------------------------------------------------------------------------
+    def call(self, stub: Any, method: str, request: Any, timeout_s: float | None = None) -> Any:
+        """``stub.method(request)`` with the session token and a timeout; typed errors on failure."""
+        self._usable()
+        try:
+            return getattr(stub, method)(request, timeout=timeout_s or self.timeout_s, metadata=self._metadata)
+        except grpc.RpcError as e:
+            err = error_from_rpc(e, method)
+            if isinstance(err, ServiceUnavailableError) and not self.alive:
+                err = ServiceUnavailableError(f"{method}: the vtalloc daemon is gone (stopped or restarting); "
+                                              "pages already mapped keep working")
+            raise err from None
+
+    def watch(self, timeout_s: float) -> Any:
+        """The Watch stream (iterate it; ``.cancel()`` it to stop)."""
+        self._usable()
+        return self.pages.Watch(pages_pb2.WatchRequest(), timeout=timeout_s, metadata=self._metadata)
+
+    def recv_pages(self, timeout_s: float) -> tuple[dict[str, Any], list[int]]:
+        """The next ``pages`` message and its descriptors (the caller closes them)."""
+        self._usable()
+        with self._lock:
+            try:
+                msg, fds = recv_message(self._sock, timeout_s)
+            except EOFError:
+                self._dead = True
+                raise ServiceUnavailableError("the vtalloc daemon closed the session while delivering pages") from None
+            except (TimeoutError, socket.timeout):
+                raise ServiceUnavailableError(f"no pages arrived on the side channel within {timeout_s} s") from None
+        if msg.get("t") != "pages" or not isinstance(msg.get("page_ids"), list):
+            for fd in fds:
+                os.close(fd)
+            raise ProtocolError(f"expected a pages message, got {msg.get('t')!r}")
+        if len(fds) != len(msg["page_ids"]):
+            for fd in fds:
+                os.close(fd)
+            raise ProtocolError(f"{len(msg['page_ids'])} page ids came with {len(fds)} descriptors")
+        return msg, fds
+
+    def close(self) -> None:
+        """End the session: say goodbye (the daemon releases what it still counts as ours)."""
+        if self._closed:
+            return
+        self._closed = True
+        _live_sessions.discard(self)
+        if os.getpid() == self._pid and not self._dead and self._sock is not None:
+            try:
+                send_message(self._sock, {"t": "bye"})
+            except OSError:
+                pass
+        self._finalizer()
+
+    def __enter__(self) -> "ServiceSession":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _close_quietly(sock: socket.socket | None, channel: grpc.Channel | None) -> None:
+    if sock is not None:
+        sock.close()
+    if channel is not None:
+        channel.close()
+
+
+_live_sessions: "weakref.WeakSet[ServiceSession]" = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:
+    # The child shares the parent's side-channel socket; close its copy (the parent's
+    # session is unaffected) so the child can never act as the parent.
+    for s in list(_live_sessions):
+        s._closed = True
+        s._finalizer.detach()  # never close the parent's gRPC channel from the child
+        if s._sock is not None:
+            s._sock.close()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)

@@ -1,0 +1,285 @@
+"""The daemon's lifecycle: configuration, socket directory, gRPC server, side channel, metrics.
+
+Owns: :class:`DaemonConfig` (a frozen dataclass, validated here), the socket directory
+(created 0750, never loosened: an existing directory open to other users is refused), the
+single-daemon lock (``flock`` on ``<socket>.lock``, released by the kernel if we die, so a
+stale socket is safely removed), the gRPC server (health checking and reflection on) and
+an orderly stop on SIGTERM/SIGINT: health goes NOT_SERVING, clients are told on Watch,
+sessions end, pages are released (clients keep what they have mapped).
+Must not: hold a page or a session itself; logic lives in ledger.py and node.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import fcntl
+import grp
+import json
+import logging
+import os
+import signal
+import socket
+import stat
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from vtalloc.allocator.errors import InvalidArgumentError
+from vtalloc.allocator.pool import PagePool
+from vtalloc.allocator.publish import runtime_dir
+
+from .errors import ErrorInterceptor
+from .ledger import Ledger, NodeGeometry
+from .node import Node
+from .proto.vtalloc.v1 import admin_pb2_grpc, pages_pb2_grpc
+from .quota import PrincipalMap, Quota
+from .service import SERVICE_NAMES, AdminService, PagesService
+from .side_channel import side_channel_path
+
+__all__ = ["DaemonConfig", "default_socket_path", "run_daemon", "serve", "parse_address"]
+
+log = logging.getLogger("vtalloc.server")
+
+SOCKET_NAME = "vtalloc.sock"
+
+
+def default_socket_path() -> str:
+    """``$VTALLOC_SOCKET``, else ``vtalloc.sock`` in the runtime directory."""
+    return os.environ.get("VTALLOC_SOCKET") or str(runtime_dir() / SOCKET_NAME)
+
+
+def parse_address(address: str) -> str:
+    """A socket path from ``unix:///abs/path``, ``unix:relative`` or a plain path."""
+    if address.startswith("unix://"):
+        path = address[len("unix://"):]
+    elif address.startswith("unix:"):
+        path = address[len("unix:"):]
+    elif "://" in address:
+        raise InvalidArgumentError(f"service address {address!r}: only unix:// sockets are served")
+    else:
+        path = address
+    if not path:
+        raise InvalidArgumentError(f"service address {address!r} names no socket")
+    return os.path.abspath(path)
+
+
+@dataclass(frozen=True)
+class DaemonConfig:
+    socket_path: str                       # the gRPC socket; the side channel is <stem>.fd.sock beside it
+    backend: str = "auto"                  # "auto", "host" (memfd pages, no GPU) or "cuda"
+    device: int = 0                        # CUDA device ordinal (one daemon per device)
+    capacity: int | None = None            # bytes of pages the node may lease (default: the backend's)
+    page_size: int | None = None           # bytes per page (default: the backend's granularity)
+    host_capacity: int | None = None       # host bytes each client may use for evicted pages (None: client default)
+    metrics_port: int | None = None        # serve Prometheus metrics here (0: any free port; None: off)
+    metrics_addr: str = "127.0.0.1"
+    group: str | None = None               # group that may reach the sockets (directory 0750)
+    admin_uids: tuple[int, ...] = ()       # besides root and the daemon's own uid
+    default_quota: Quota | None = None     # for principals without their own (default 0 .. capacity)
+    quotas: tuple[Quota, ...] = ()
+    principals: PrincipalMap = field(default_factory=PrincipalMap)
+    evict_deadline_s: float = 2.0          # how long a client has to answer an eviction request
+    kill_on_missed_deadline: bool = True   # see node.py, Note [Missed eviction deadline]
+    max_message_bytes: int = 4 << 20       # larger requests get RESOURCE_EXHAUSTED from gRPC itself
+    max_concurrent_rpcs: int = 4096
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "socket_path", parse_address(self.socket_path))
+        if not 0.05 <= self.evict_deadline_s <= 600:
+            raise InvalidArgumentError(f"evict deadline must be 0.05 .. 600 s, got {self.evict_deadline_s}")
+        if self.metrics_port is not None and not 0 <= self.metrics_port <= 65535:
+            raise InvalidArgumentError(f"metrics port {self.metrics_port} is not a TCP port")
+        if len(self.socket_path.encode()) > 100:
+            raise InvalidArgumentError(f"socket path {self.socket_path!r} is too long for a Unix socket")
+
+    @property
+    def side_channel_path(self) -> str:
+        return side_channel_path(self.socket_path)
+
+
+def _prepare_directory(path: Path, group: str | None) -> int:
+    """Create the socket directory 0750 (group-owned by ``group``); refuse one open to others.
+
+    Returns the group's id (-1 for none), which the sockets get too (connecting needs write
+    permission on the socket file)."""
+    gid = -1
+    if group is not None:
+        try:
+            gid = grp.getgrnam(group).gr_gid
+        except KeyError:
+            raise InvalidArgumentError(f"no group {group!r}") from None
+    try:
+        path.mkdir(parents=True, mode=0o750)
+        created = True
+    except FileExistsError:
+        created = False
+    st = path.stat()
+    if not stat.S_ISDIR(st.st_mode):
+        raise InvalidArgumentError(f"{path} is not a directory")
+    if st.st_uid != os.geteuid():
+        raise InvalidArgumentError(f"{path} belongs to uid {st.st_uid}, not to this daemon's uid {os.geteuid()}")
+    if not created and st.st_mode & 0o007:
+        raise InvalidArgumentError(
+            f"{path} is open to every user (mode {stat.S_IMODE(st.st_mode):o}); put the socket in a "
+            "private directory, e.g. the default under $XDG_RUNTIME_DIR or /run/vtalloc")
+    if gid != -1:
+        os.chown(path, -1, gid)
+    os.chmod(path, 0o750)
+    return gid
+
+
+class _Lock:
+    """``flock`` on ``<socket>.lock``: one daemon per socket; the kernel drops it if we die."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(self.fd)
+            raise InvalidArgumentError(f"another vtalloc daemon already serves {path[:-len('.lock')]}") from None
+
+    def release(self) -> None:
+        os.close(self.fd)
+
+
+def _sd_notify(message: str) -> None:
+    """Tell systemd (Type=notify) our state, if it started us."""
+    target = os.environ.get("NOTIFY_SOCKET")
+    if not target:
+        return
+    if target.startswith("@"):
+        target = "\0" + target[1:]
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC) as s:
+        try:
+            s.connect(target)
+            s.sendall(message.encode())
+        except OSError as e:
+            log.warning("could not notify systemd: %s", e)
+
+
+async def serve(config: DaemonConfig, *, on_ready: Callable[[dict], None] | None = None,
+                stop: asyncio.Event | None = None) -> None:
+    """Run the daemon until ``stop`` is set (or SIGTERM/SIGINT)."""
+    loop = asyncio.get_running_loop()
+    sock_path = Path(config.socket_path)
+    gid = _prepare_directory(sock_path.parent, config.group)
+    lock = _Lock(config.socket_path + ".lock")
+    pool = listener = metrics = None
+    server = None
+    side_task = None
+    try:
+        for stale in (config.socket_path, config.side_channel_path):
+            if os.path.lexists(stale):
+                os.unlink(stale)
+        pool = PagePool(config.backend, config.device, config.capacity, config.page_size)
+        info = pool.info()
+        geometry = NodeGeometry(info.backend, info.device, info.page_bytes, info.capacity_bytes // info.page_bytes,
+                                config.host_capacity or 0, config.evict_deadline_s)
+        admins = {0, os.geteuid(), *config.admin_uids}
+        ledger = Ledger(geometry, default_quota=config.default_quota, quotas=config.quotas,
+                        principals=config.principals, admin_uids=admins)
+        node = Node(pool, ledger, kill_on_missed_deadline=config.kill_on_missed_deadline)
+
+        server = grpc.aio.server(
+            interceptors=[ErrorInterceptor()],
+            options=[("grpc.max_receive_message_length", config.max_message_bytes),
+                     ("grpc.max_send_message_length", 64 << 20)],
+            maximum_concurrent_rpcs=config.max_concurrent_rpcs)
+        pages_pb2_grpc.add_PagesServicer_to_server(PagesService(node), server)
+        admin_pb2_grpc.add_AdminServicer_to_server(AdminService(node), server)
+        health_servicer = health.aio.HealthServicer()
+        health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+        reflection.enable_server_reflection(
+            (*SERVICE_NAMES, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME),
+            server)
+        if server.add_insecure_port("unix://" + config.socket_path) == 0:
+            raise OSError(f"could not bind {config.socket_path}")
+
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC)
+        listener.bind(config.side_channel_path)
+        listener.listen(128)
+        await server.start()
+        for path in (config.socket_path, config.side_channel_path):
+            os.chown(path, -1, gid)
+            os.chmod(path, 0o660)
+        side_task = loop.create_task(node.serve_side_channel(listener))
+        for name in ("", *SERVICE_NAMES):
+            await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
+
+        metrics_url = None
+        if config.metrics_port is not None:
+            from .metrics import start_metrics_server
+
+            metrics = start_metrics_server(ledger, config.metrics_port, config.metrics_addr)
+            metrics_url = f"http://{config.metrics_addr}:{metrics[0].server_port}/metrics"
+
+        stop = stop or asyncio.Event()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            try:
+                loop.add_signal_handler(sig, stop.set)
+            except (NotImplementedError, RuntimeError):  # not the main thread (tests): stop via the event
+                pass
+        ready = {"event": "ready", "pid": os.getpid(), "control": "unix://" + config.socket_path,
+                 "side_channel": config.side_channel_path, "metrics": metrics_url, "backend": info.backend,
+                 "device": info.device, "page_bytes": info.page_bytes, "capacity_bytes": geometry.capacity_bytes}
+        log.info("ready: %s", json.dumps(ready))
+        if on_ready:
+            on_ready(ready)
+        _sd_notify("READY=1")
+
+        await stop.wait()
+
+        log.info("stopping")
+        _sd_notify("STOPPING=1")
+        await health_servicer.enter_graceful_shutdown()
+        node.announce_shutdown("the vtalloc daemon is stopping")
+        side_task.cancel()
+        await asyncio.gather(side_task, return_exceptions=True)
+        side_task = None
+        await server.stop(grace=1.0)
+        server = None
+        await node.close()
+        pool = None
+    finally:
+        if side_task is not None:
+            side_task.cancel()
+            await asyncio.gather(side_task, return_exceptions=True)
+        if server is not None:
+            await server.stop(grace=None)
+        if pool is not None:
+            pool.close()
+        if listener is not None:
+            listener.close()
+        if metrics is not None:
+            metrics[0].shutdown()
+            metrics[0].server_close()
+            metrics[1].join(timeout=2)
+        for path in (config.socket_path, config.side_channel_path):
+            try:
+                os.unlink(path)
+            except FileNotFoundError:
+                pass
+        lock.release()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            try:
+                loop.remove_signal_handler(sig)
+            except (NotImplementedError, RuntimeError):
+                pass
+
+
+def run_daemon(config: DaemonConfig, *, log_level: str = "INFO") -> None:
+    """Blocking entry point of ``vtalloc serve``: logs to stderr, prints the ready line as JSON on stdout."""
+    logging.basicConfig(level=log_level.upper(), stream=sys.stderr,
+                        format="%(asctime)s vtalloc-serve %(levelname)s %(message)s")
+
+    def on_ready(ready: dict) -> None:
+        print(json.dumps(ready), flush=True)
+
+    asyncio.run(serve(config, on_ready=on_ready))

@@ -1,0 +1,414 @@
+"""The node: the daemon's page pool, its sessions' connections, and the pressure protocol.
+
+Owns the I/O around the ledger, on the event loop: accepting side-channel connections
+(identity by SO_PEERCRED), creating pages and pushing their descriptors, releasing pages
+that come back or whose session ended, asking sessions to evict when the node runs short,
+and the decision when one does not answer in time (Note [Missed eviction deadline]).
+
+Invariants: a page is in the pool exactly while the ledger has an owner for it (pages are
+created after the ledger admits a lease and released as soon as the ledger lets go of them);
+a session ends, and its pages go back to the pool, as soon as its connection closes or its
+process exits (EOF or pidfd readable), whichever comes first. Returned pages are released,
+never handed to another session, so no bytes cross between sessions (memfd pages start
+zeroed; see docs/service.md on cuda pages).
+
+Note [Missed eviction deadline]
+-------------------------------
+A session asked to evict has ``evict_deadline_s`` to return the pages. If it misses:
+- when the waiting lease is within its principal's guaranteed minimum, the guarantee wins:
+  the daemon kills the laggard (SIGKILL through its pidfd; the daemon cannot revoke pages
+  already mapped in another process), reclaims its pages, and serves the lease;
+- otherwise (the requester is borrowing above its minimum), the lease fails with
+  RESOURCE_EXHAUSTED (NodeShortError) and the laggard keeps running.
+Every miss and every kill is counted (metrics, stats). ``vtalloc serve --no-kill`` makes
+every miss fail the lease. Pages the laggard returns late still go back to the pool.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+import socket
+from dataclasses import dataclass
+from typing import AsyncIterator, Callable
+
+from vtalloc.allocator.errors import InvalidArgumentError, OutOfMemoryError
+from vtalloc.allocator.pool import PagePool
+
+from .errors import FailedPreconditionError, NodeShortError, ServiceUnavailableError
+from .ledger import SESSION_KINDS, EvictTicket, Ledger, Session
+from .quota import Quota
+from .side_channel import MAX_FDS_PER_MESSAGE, PROTOCOL_VERSION, AsyncConnection, ProtocolError, peer_credentials, peer_pidfd
+
+__all__ = ["Node", "EvictEvent", "QuotaEvent", "ShutdownEvent", "EvictOutcome"]
+
+log = logging.getLogger("vtalloc.server")
+
+HELLO_TIMEOUT_S = 2.0
+SEND_TIMEOUT_S = 5.0
+KILL_WAIT_S = 2.0
+
+
+@dataclass(frozen=True)
+class EvictEvent:
+    request_id: int
+    pages: int
+    deadline_s: float
+
+
+@dataclass(frozen=True)
+class QuotaEvent:
+    quota: Quota
+
+
+@dataclass(frozen=True)
+class ShutdownEvent:
+    reason: str
+
+
+@dataclass(frozen=True)
+class EvictOutcome:
+    asked: int
+    returned: int
+    missed: bool
+    killed: bool
+
+
+class _Peer:
+    """One session's connection, pidfd and event queue."""
+
+    def __init__(self, session: Session, conn: AsyncConnection, pidfd: int | None) -> None:
+        self.session = session
+        self.conn = conn
+        self.pidfd = pidfd
+        self.events: asyncio.Queue[object] = asyncio.Queue()
+        self.watching = False
+
+
+class Node:
+    def __init__(self, pool: PagePool, ledger: Ledger, *, kill_on_missed_deadline: bool = True) -> None:
+        self.pool = pool
+        self.ledger = ledger
+        self.kill_on_missed_deadline = kill_on_missed_deadline
+        self._peers: dict[str, _Peer] = {}
+        self._wake: asyncio.Future[None] | None = None
+        self._tasks: set[asyncio.Task] = set()
+        self._closing = False
+
+    def _changed(self) -> None:
+        """Wake everyone waiting in _wait(): pages came back or a session ended."""
+        if self._wake is not None and not self._wake.done():
+            self._wake.set_result(None)
+        self._wake = None
+
+    async def _wait(self, predicate: Callable[[], bool], timeout_s: float) -> bool:
+        """Wait until ``predicate()`` holds, re-checking at every _changed(); False at the timeout."""
+        loop = asyncio.get_running_loop()
+        end = loop.time() + max(0.0, timeout_s)
+        while not predicate():
+            remaining = end - loop.time()
+            if remaining <= 0:
+                return False
+            if self._wake is None:
+                self._wake = loop.create_future()
+            try:
+                await asyncio.wait_for(asyncio.shield(self._wake), remaining)
+            except asyncio.TimeoutError:
+                return predicate()
+        return True
+
+    # -- connections ------------------------------------------------------------------------
+    async def serve_side_channel(self, listener: socket.socket) -> None:
+        """Accept connections until cancelled; each becomes a session after its hello."""
+        loop = asyncio.get_running_loop()
+        listener.setblocking(False)
+        while True:
+            sock, _ = await loop.sock_accept(listener)
+            task = loop.create_task(self._session_lifetime(sock))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+    async def _session_lifetime(self, sock: socket.socket) -> None:
+        loop = asyncio.get_running_loop()
+        try:
+            pid, uid, gid = peer_credentials(sock)
+        except OSError:
+            sock.close()
+            return
+        conn = AsyncConnection(sock, loop)
+        pidfd = None
+        peer: _Peer | None = None
+        try:
+            hello = await conn.recv(HELLO_TIMEOUT_S)
+            if hello.get("t") != "hello" or hello.get("v") != PROTOCOL_VERSION:
+                raise ProtocolError(f"expected hello v{PROTOCOL_VERSION}, got {hello.get('t')!r} v{hello.get('v')!r}")
+            if self._closing:
+                return
+            kind = hello.get("kind")
+            if kind not in SESSION_KINDS:
+                raise ProtocolError(f"unknown session kind {kind!r}")
+            pidfd = peer_pidfd(sock, pid)
+            session = self.ledger.open_session(pid, uid, gid, kind)
+            peer = self._peers[session.session_id] = _Peer(session, conn, pidfd)
+            info = self.ledger.session_info(session)
+            await conn.send({"t": "session", "v": PROTOCOL_VERSION, "token": session.token,
+                             "session_id": session.session_id, "pid": pid, "uid": uid,
+                             "principal": session.principal, "page_bytes": info.page_bytes,
+                             "backend": info.backend, "device": info.device,
+                             "capacity_bytes": info.capacity_bytes,
+                             "host_capacity_bytes": info.host_capacity_bytes,
+                             "evict_deadline_s": info.evict_deadline_s}, timeout_s=SEND_TIMEOUT_S)
+            if kind == "client":
+                log.info("session %s opened: pid %d uid %d (%s)", session.session_id, pid, uid, session.principal)
+            clean = await self._until_gone(peer)
+            self._end(peer, clean=clean)
+        except (ProtocolError, asyncio.TimeoutError, TimeoutError) as e:
+            self.ledger.count_protocol_error()
+            log.warning("side channel from pid %d uid %d dropped: %s", pid, uid, e)
+        except (EOFError, OSError):
+            pass
+        finally:
+            if peer is not None:
+                self._end(peer, clean=False)
+            conn.close()
+            if pidfd is not None and peer is None:
+                os.close(pidfd)
+
+    async def _until_gone(self, peer: _Peer) -> bool:
+        """Wait for the end of the session: True for a goodbye, False for EOF or process exit."""
+        loop = asyncio.get_running_loop()
+        exited = loop.create_future()
+        if peer.pidfd is not None:
+            loop.add_reader(peer.pidfd, lambda: exited.done() or exited.set_result(None))
+        reader = asyncio.ensure_future(peer.conn.recv(None))
+        try:
+            done, _ = await asyncio.wait({reader, exited}, return_when=asyncio.FIRST_COMPLETED)
+            if reader in done:
+                msg = reader.result()  # EOFError / ProtocolError propagate
+                if msg.get("t") == "bye":
+                    return True
+                raise ProtocolError(f"unexpected side-channel message {msg.get('t')!r} after hello")
+            return False
+        finally:
+            if peer.pidfd is not None:
+                loop.remove_reader(peer.pidfd)
+            reader.cancel()
+            exited.cancel()
+            try:
+                await reader
+            except BaseException:  # noqa: BLE001 - the reader's own end does not matter any more
+                pass
+
+    def _end(self, peer: _Peer, *, clean: bool) -> None:
+        s = peer.session
+        if self._peers.get(s.session_id) is not peer:
+            return
+        del self._peers[s.session_id]
+        pages = self.ledger.end_session(s, clean=clean)
+        self._release(pages)
+        peer.events.put_nowait(None)
+        peer.conn.close()
+        if peer.pidfd is not None:
+            os.close(peer.pidfd)
+            peer.pidfd = None
+        if s.kind == "client":
+            how = "closed" if clean else "gone (reclaimed)"
+            log.info("session %s %s: %d pages back to the pool", s.session_id, how, len(pages))
+
+    def _release(self, pages: list[int]) -> None:
+        for p in pages:
+            try:
+                self.pool.release_page(p)
+            except Exception:  # noqa: BLE001 - a page the pool cannot release is logged, not fatal
+                log.exception("could not release page %d", p)
+        self._changed()
+
+    # -- leases -----------------------------------------------------------------------------
+    async def lease(self, s: Session, pages: int, time_left_s: float | None) -> tuple[int, list[int]]:
+        loop = asyncio.get_running_loop()
+        budget = self.ledger.geometry.evict_deadline_s + KILL_WAIT_S
+        if time_left_s is not None:
+            budget = min(budget, max(0.0, time_left_s - 0.2))
+        deadline = loop.time() + budget
+        asked = False
+        while True:
+            short = self.ledger.admit(s, pages)
+            if not short:
+                break
+            if asked or loop.time() >= deadline:
+                self.ledger.count_node_short()
+                raise NodeShortError(
+                    f"the node is {short} pages short and other sessions did not free enough in time",
+                    requested_bytes=pages * self.ledger.geometry.page_bytes,
+                    capacity_bytes=self.ledger.geometry.capacity_bytes)
+            await self._relieve(s, pages, short, deadline)
+            asked = True
+        peer = self._peers.get(s.session_id)
+        if peer is None:
+            raise ServiceUnavailableError("the session ended")
+        return await self._deliver(peer, pages)
+
+    async def _deliver(self, peer: _Peer, pages: int) -> tuple[int, list[int]]:
+        s = peer.session
+        created: list[int] = []
+        try:
+            for _ in range(pages):
+                created.append(self.pool.create_page())
+        except OutOfMemoryError:
+            self._release(created)
+            self.ledger.count_node_short()
+            raise
+        self.ledger.add_pages(s, created)
+        lease_id = self.ledger.new_lease_id()
+        try:
+            for i in range(0, len(created), MAX_FDS_PER_MESSAGE):
+                batch = created[i:i + MAX_FDS_PER_MESSAGE]
+                fds: list[int] = []
+                try:
+                    for p in batch:
+                        fds.append(self.pool.export_page(p))
+                    await peer.conn.send({"t": "pages", "lease_id": lease_id, "page_ids": batch}, fds,
+                                         timeout_s=SEND_TIMEOUT_S)
+                finally:
+                    for fd in fds:
+                        os.close(fd)
+        except BaseException as e:
+            # Not delivered (client gone, not reading, or cancelled): descriptors already sent
+            # are closed with the client's socket; the pages come back here at once.
+            self.ledger.drop_pages(s, created)
+            self._release(created)
+            if isinstance(e, (OSError, EOFError, TimeoutError)):
+                raise ServiceUnavailableError(f"could not deliver pages to session {s.session_id}: {e}") from None
+            raise
+        self.ledger.mark_delivered(s, created)
+        return lease_id, created
+
+    def give_back(self, s: Session, page_ids: list[int], evict_request_id: int) -> int:
+        ids = self.ledger.take_back(s, page_ids, evict_request_id)
+        self._release(ids)
+        return len(ids)
+
+    # -- pressure ---------------------------------------------------------------------------
+    async def _relieve(self, requester: Session, pages: int, short: int, deadline: float) -> None:
+        """Ask others for ``short`` pages; wait for them until ``deadline``; enforce on a miss."""
+        loop = asyncio.get_running_loop()
+        victims = self.ledger.pick_victims(short, requester)
+        if sum(k for _, k in victims) < short:
+            return  # nobody can give enough back: the caller fails at once
+        asked = [self._ask(v, k, deadline - loop.time()) for v, k in victims]
+        tickets = [t for t in asked if t is not None]
+
+        def enough() -> bool:
+            return self.ledger.free_pages() >= pages
+
+        if await self._wait(enough, deadline - loop.time()):
+            for t in tickets:
+                self.ledger.close_eviction(t, judge=False)
+            return
+        missed = [t for t in tickets if self.ledger.close_eviction(t, judge=True)]
+        if not missed:
+            return
+        if not (self.kill_on_missed_deadline and self.ledger.within_guarantee(requester, pages)):
+            log.warning("%d session(s) missed an eviction deadline; lease of %d pages for %s fails",
+                        len(missed), pages, requester.principal)
+            return
+        for t in missed:
+            peer = self._peers.get(t.session_id)
+            if peer is not None:
+                self._kill(peer, f"missed an eviction deadline while {requester.principal} needed its guarantee")
+        await self._wait(enough, KILL_WAIT_S)
+
+    def _ask(self, victim: Session, pages: int, deadline_s: float) -> EvictTicket | None:
+        peer = self._peers.get(victim.session_id)
+        if peer is None:
+            return None
+        t = self.ledger.open_eviction(victim, pages)
+        peer.events.put_nowait(EvictEvent(t.request_id, pages, max(0.0, deadline_s)))
+        return t
+
+    def _kill(self, peer: _Peer, why: str) -> bool:
+        s = peer.session
+        try:
+            if peer.pidfd is not None:
+                signal.pidfd_send_signal(peer.pidfd, signal.SIGKILL)
+            else:
+                os.kill(s.pid, signal.SIGKILL)
+        except OSError as e:
+            log.error("could not kill pid %d of session %s (%s): %s", s.pid, s.session_id, why, e)
+            return False
+        self.ledger.count_kill()
+        log.warning("killed pid %d of session %s: %s", s.pid, s.session_id, why)
+        return True
+
+    async def evict_session(self, admin: Session, session_id: str, pages: int, kill_on_miss: bool) -> EvictOutcome:
+        self.ledger.require_admin(admin, "forced eviction")
+        target = self.ledger.session_for(admin, session_id)
+        if target.kind != "client":
+            raise FailedPreconditionError("an observer session holds no pages")
+        held = len(target.pages)
+        asked = pages if pages else min(held, self.ledger.excess_pages(target.principal))
+        if asked > held:
+            raise InvalidArgumentError(f"session {session_id} holds {held} pages; cannot evict {asked}")
+        if asked == 0:
+            return EvictOutcome(0, 0, False, False)
+        loop = asyncio.get_running_loop()
+        deadline_s = self.ledger.geometry.evict_deadline_s
+        t = self._ask(target, asked, deadline_s)
+        if t is None:
+            raise FailedPreconditionError(f"session {session_id} has ended")
+        end = loop.time() + deadline_s
+        await self._wait(lambda: t.returned >= t.asked or not target.live, end - loop.time())
+        returned = t.returned
+        missed = self.ledger.close_eviction(t, judge=True)
+        killed = False
+        if missed and kill_on_miss:
+            peer = self._peers.get(target.session_id)
+            killed = peer is not None and self._kill(peer, "missed a forced eviction")
+            if killed:
+                await self._wait(lambda: not target.live, KILL_WAIT_S)
+        return EvictOutcome(asked, returned, missed, killed)
+
+    # -- events -----------------------------------------------------------------------------
+    async def watch(self, s: Session) -> AsyncIterator[object]:
+        if s.kind != "client":
+            raise FailedPreconditionError("an observer session receives no events")
+        peer = self._peers.get(s.session_id)
+        if peer is None:
+            raise ServiceUnavailableError("the session ended")
+        if peer.watching:
+            raise FailedPreconditionError("this session is already watching its events")
+        peer.watching = True
+        try:
+            while True:
+                event = await peer.events.get()
+                if event is None:
+                    return
+                yield event
+                if isinstance(event, ShutdownEvent):
+                    return
+        finally:
+            peer.watching = False
+
+    def quota_changed(self, quota: Quota) -> None:
+        for peer in list(self._peers.values()):
+            if peer.session.principal == quota.principal and peer.session.kind == "client":
+                peer.events.put_nowait(QuotaEvent(quota))
+
+    # -- shutdown ---------------------------------------------------------------------------
+    def announce_shutdown(self, reason: str) -> None:
+        self._closing = True
+        for peer in self._peers.values():
+            peer.events.put_nowait(ShutdownEvent(reason))
+
+    async def close(self) -> None:
+        """End every session (their mapped pages stay valid in the clients) and the pool."""
+        self._closing = True
+        for peer in list(self._peers.values()):
+            self._end(peer, clean=True)
+        for task in list(self._tasks):
+            task.cancel()
+        if self._tasks:
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+        self.pool.close()

@@ -1,0 +1,1 @@
+"""Generated code namespace for the ``vtalloc.*`` protobuf packages (see ../generate.py)."""

@@ -1,0 +1,1 @@
+"""Generated stubs of protobuf package ``vtalloc.v1`` (pages.proto, admin.proto); see ../../generate.py."""

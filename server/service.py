@@ -1,0 +1,145 @@
+"""gRPC servicers for vtalloc.v1.Pages and vtalloc.v1.Admin: translation only.
+
+Owns: turning requests into calls on the node and ledger, and their answers (the ledger's
+frozen views) into messages. No rule lives here: validation, ownership, quotas and pressure
+are in ledger.py and node.py, and errors become status codes in errors.py's interceptor.
+Every call is authenticated by the session token in its metadata (``x-vtalloc-session``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, AsyncIterator
+
+import grpc
+
+from .ledger import PAGE_STATES, ClientReport, Ledger, Session
+from .node import EvictEvent, Node, QuotaEvent, ShutdownEvent
+from .proto.vtalloc.v1 import admin_pb2, admin_pb2_grpc, pages_pb2, pages_pb2_grpc
+from .quota import Quota
+
+__all__ = ["PagesService", "AdminService", "SESSION_KEY", "SERVICE_NAMES", "to_message"]
+
+SESSION_KEY = "x-vtalloc-session"
+SERVICE_NAMES = (
+    pages_pb2.DESCRIPTOR.services_by_name["Pages"].full_name,
+    admin_pb2.DESCRIPTOR.services_by_name["Admin"].full_name,
+)
+_STATE_VALUES = {name: pages_pb2.PageState.Value("PAGE_STATE_" + name.upper())
+                 for name in PAGE_STATES}
+
+
+def to_message(msg: Any, view: Any) -> Any:
+    """Fill ``msg`` from a frozen view whose field names are the message's (nested, repeated)."""
+    items = view.items() if isinstance(view, dict) else ((f.name, getattr(view, f.name))
+                                                        for f in dataclasses.fields(view))
+    for name, value in items:
+        if name == "state" and isinstance(value, str):
+            setattr(msg, name, _STATE_VALUES[value])
+        elif dataclasses.is_dataclass(value) or isinstance(value, dict):
+            to_message(getattr(msg, name), value)
+        elif isinstance(value, tuple):
+            for item in value:
+                to_message(getattr(msg, name).add(), item)
+        else:
+            setattr(msg, name, value)
+    return msg
+
+
+def _package_version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("vtalloc")
+    except PackageNotFoundError:
+        return "unknown"
+
+
+def _session(ledger: Ledger, context: grpc.aio.ServicerContext) -> Session:
+    token = None
+    for key, value in context.invocation_metadata() or ():
+        if key == SESSION_KEY:
+            token = value if isinstance(value, str) else None
+    return ledger.authenticate(token)
+
+
+class PagesService(pages_pb2_grpc.PagesServicer):
+    def __init__(self, node: Node) -> None:
+        self.node = node
+        self.ledger = node.ledger
+        self._version = _package_version()
+
+    async def GetSession(self, request: pages_pb2.GetSessionRequest, context) -> pages_pb2.SessionInfo:
+        s = _session(self.ledger, context)
+        return to_message(pages_pb2.SessionInfo(), self.ledger.session_info(s))
+
+    async def Lease(self, request: pages_pb2.LeaseRequest, context) -> pages_pb2.LeaseReply:
+        s = _session(self.ledger, context)
+        lease_id, ids = await self.node.lease(s, request.pages, context.time_remaining())
+        return pages_pb2.LeaseReply(lease_id=lease_id, page_ids=ids)
+
+    async def Return(self, request: pages_pb2.ReturnRequest, context) -> pages_pb2.ReturnReply:
+        s = _session(self.ledger, context)
+        n = self.node.give_back(s, list(request.page_ids), request.evict_request_id)
+        return pages_pb2.ReturnReply(returned=n)
+
+    async def Report(self, request: pages_pb2.ReportRequest, context) -> pages_pb2.ReportReply:
+        s = _session(self.ledger, context)
+        r = request.report
+        report = ClientReport(**{f.name: getattr(r, f.name) for f in dataclasses.fields(ClientReport)})
+        self.ledger.record_report(s, report)
+        return pages_pb2.ReportReply()
+
+    async def Watch(self, request: pages_pb2.WatchRequest, context) -> AsyncIterator[pages_pb2.Event]:
+        s = _session(self.ledger, context)
+        async for event in self.node.watch(s):
+            if isinstance(event, EvictEvent):
+                yield pages_pb2.Event(evict=pages_pb2.EvictRequest(
+                    request_id=event.request_id, pages=event.pages, deadline_s=event.deadline_s))
+            elif isinstance(event, QuotaEvent):
+                yield pages_pb2.Event(quota=pages_pb2.QuotaChanged(quota=to_message(pages_pb2.Quota(), event.quota)))
+            elif isinstance(event, ShutdownEvent):
+                yield pages_pb2.Event(shutdown=pages_pb2.Shutdown(reason=event.reason))
+
+    async def GetStats(self, request: pages_pb2.GetStatsRequest, context) -> pages_pb2.NodeStats:
+        s = _session(self.ledger, context)
+        msg = to_message(pages_pb2.NodeStats(), self.ledger.node_view(s, request.session_id))
+        msg.version = self._version
+        return msg
+
+    async def ListPages(self, request: pages_pb2.ListPagesRequest, context) -> pages_pb2.PageMap:
+        s = _session(self.ledger, context)
+        return to_message(pages_pb2.PageMap(), self.ledger.page_map(s, request.session_id))
+
+
+
+class AdminService(admin_pb2_grpc.AdminServicer):
+    def __init__(self, node: Node) -> None:
+        self.node = node
+        self.ledger = node.ledger
+
+    async def GetQuota(self, request: admin_pb2.GetQuotaRequest, context) -> admin_pb2.QuotaList:
+        s = _session(self.ledger, context)
+        principal = request.principal or s.principal
+        if principal == "*":
+            self.ledger.require_admin(s, "listing every quota")
+            quotas = self.ledger.quotas()
+        else:
+            if principal != s.principal:
+                self.ledger.require_admin(s, "reading another principal's quota")
+            quotas = (self.ledger.quota_of(principal),)
+        reply = admin_pb2.QuotaList(quotas=[to_message(pages_pb2.Quota(), q) for q in quotas])
+        reply.default_quota.CopyFrom(to_message(pages_pb2.Quota(), self.ledger.default_quota))
+        return reply
+
+    async def SetQuota(self, request: admin_pb2.SetQuotaRequest, context) -> pages_pb2.Quota:
+        s = _session(self.ledger, context)
+        self.ledger.require_admin(s, "setting a quota")
+        q: Quota = self.ledger.set_quota(request.principal, request.min_bytes, request.max_bytes)
+        self.node.quota_changed(q)
+        return to_message(pages_pb2.Quota(), q)
+
+    async def EvictSession(self, request: admin_pb2.EvictSessionRequest, context) -> admin_pb2.EvictSessionReply:
+        s = _session(self.ledger, context)
+        out = await self.node.evict_session(s, request.session_id, request.pages, request.kill_on_miss)
+        return to_message(admin_pb2.EvictSessionReply(), out)

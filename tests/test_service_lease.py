@@ -1,0 +1,188 @@
+"""Leases against a real daemon: AddressSpace(service=...) grows on demand, gives back, honours quotas.
+
+Every test talks to a real ``vtalloc serve --backend host`` process; the clients are this
+process (AddressSpace(service=...)) or real client processes (tests/helpers/service_client.py).
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import time
+import urllib.request
+
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
+from helpers.service import ClientProc, Daemon, Observer, wait_until
+from helpers.spaces import MiB, pattern
+
+from vtalloc.allocator import AddressSpace, OutOfMemoryError
+from vtalloc.client.service_space import ServiceAddressSpace
+from vtalloc.server.errors import QuotaExceededError, ServiceUnavailableError
+
+PAGE = 2 * MiB
+
+
+@pytest.fixture(scope="module")
+def daemon():
+    with Daemon(capacity="64MiB", args=("--metrics-port", "0")) as d:
+        yield d
+
+
+def session_view(obs: Observer, session_id: str):
+    return next(s for s in obs.stats().sessions if s.info.session_id == session_id)
+
+
+def test_a_service_space_is_an_address_space_that_leases_on_demand_and_gives_back(daemon):
+    with Observer(daemon.address) as obs, \
+            AddressSpace(service=daemon.address, lease_batch_pages=2, keep_free_pages=0) as space:
+        assert isinstance(space, ServiceAddressSpace) and isinstance(space, AddressSpace)
+        assert space.backend == "host" and space.page_bytes == PAGE and space.leased
+        assert space.stats().pages_total == 0  # nothing leased before it is needed
+        big = space.malloc(5 * MiB)            # 3 pages: leased on demand
+        small = space.malloc(1000)
+        space.write(big, pattern(1, 5 * MiB))
+        space.write(small, pattern(2, 1000))
+        held = space.stats().pages_total
+        assert held >= 4
+        assert session_view(obs, space.session.session_id).info.leased_pages == held
+        space.free(big)                         # above the spare margin: pages go back at once
+        assert space.read(small, 1000) == pattern(2, 1000)
+        after_free = space.stats().pages_total
+        assert after_free < held
+        assert session_view(obs, space.session.session_id).info.leased_pages == after_free
+        assert space.trim() >= 0
+        assert space.stats().pages_total == 1   # only the page under the live small allocation
+        assert session_view(obs, space.session.session_id).info.leased_pages == 1
+        sid = space.session.session_id
+    with Observer(daemon.address) as obs_after:
+        stats = obs_after.stats()
+    assert sid not in {s.info.session_id for s in stats.sessions}
+    assert stats.device.free_pages == stats.device.capacity_pages
+    assert stats.counters.reclaims_total == 0  # a clean close is not a crash
+
+
+def test_a_lease_past_the_quota_maximum_fails_at_once_with_nothing_lost():
+    with Daemon(capacity="64MiB", args=("--default-quota", "0:8MiB")) as d, \
+            AddressSpace(service=d.address, lease_batch_pages=1) as space:
+        keep = space.malloc(3 * PAGE)
+        space.write(keep, pattern(3, 3 * PAGE))
+        held = space.stats().pages_total
+        t0 = time.monotonic()
+        with pytest.raises(QuotaExceededError) as e:
+            space.malloc(2 * PAGE)
+        assert time.monotonic() - t0 < 1.0
+        assert isinstance(e.value, OutOfMemoryError) and isinstance(e.value, MemoryError)
+        assert space.stats().pages_total == held
+        assert space.read(keep, 3 * PAGE) == pattern(3, 3 * PAGE)
+        space.malloc(PAGE)  # what fits the quota still works
+        with Observer(d.address) as obs:
+            s = obs.stats()
+            assert s.counters.quota_rejections_total >= 1
+            assert s.principals[0].quota.max_bytes == 8 * MiB
+
+
+def test_the_client_ceiling_caps_the_lease(daemon):
+    with AddressSpace(service=daemon.address, capacity="4MiB") as space:
+        assert space.capacity_bytes == 4 * MiB
+        with pytest.raises(OutOfMemoryError):
+            space.malloc(6 * MiB)
+        a = space.malloc(4 * MiB)
+        space.free(a)
+
+
+def test_mismatched_options_are_refused_before_anything_is_leased(daemon):
+    from vtalloc.allocator import InvalidArgumentError
+
+    for kw in ({"backend": "cuda"}, {"page_size": "4MiB"}, {"device": 3}, {"lease_batch_pages": 0},
+               {"leased": False}):
+        with pytest.raises(InvalidArgumentError):
+            AddressSpace(service=daemon.address, **kw)
+
+
+def test_no_daemon_is_a_clear_error_not_a_hang(tmp_path):
+    t0 = time.monotonic()
+    with pytest.raises(ServiceUnavailableError):
+        AddressSpace(service=f"unix://{tmp_path}/none.sock")
+    assert time.monotonic() - t0 < 2.0
+
+
+def test_two_client_processes_show_up_live_in_stats(daemon):
+    with ClientProc() as a, ClientProc() as b, Observer(daemon.address) as obs:
+        sa = a.ok("open", address=daemon.address)["session_id"]
+        sb = b.ok("open", address=daemon.address)["session_id"]
+        a.ok("malloc", nbytes=3 * PAGE, seed=1)
+        b.ok("malloc", nbytes=5 * PAGE, seed=2)
+
+        def reported():
+            s = {x.info.session_id: x for x in obs.stats().sessions}
+            return sa in s and sb in s and s[sa].reported and s[sb].reported and \
+                s[sa].report.pages_allocated == 3 and s[sb].report.pages_allocated == 5 and s
+
+        s = wait_until(reported, 5)
+        assert s[sa].info.pid == a.pid and s[sb].info.pid == b.pid
+        assert s[sa].info.leased_pages >= 3 and s[sb].info.leased_pages >= 5
+        assert obs.stats().device.leased_pages == s[sa].info.leased_pages + s[sb].info.leased_pages
+
+
+def test_prometheus_metrics_use_base_units_and_total_counters(daemon):
+    with AddressSpace(service=daemon.address, lease_batch_pages=1) as space:
+        space.malloc(2 * PAGE)
+        held = space.stats().pages_total
+        text = urllib.request.urlopen(daemon.ready["metrics"], timeout=5).read().decode()
+    values = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            name, value = line.rsplit(" ", 1)
+            values[name] = float(value)
+    assert values['vtalloc_pages{state="leased"}'] == held
+    assert values["vtalloc_capacity_bytes"] == 64 * MiB and values["vtalloc_page_bytes"] == PAGE
+    assert values['vtalloc_principal_resident_bytes{principal="uid:0"}'] == held * PAGE
+    for counter in ("vtalloc_reclaims_total", "vtalloc_evictions_total", "vtalloc_restores_total",
+                    "vtalloc_quota_rejections_total", "vtalloc_evict_requests_total", "vtalloc_leased_pages_total"):
+        assert counter in values
+    assert values["vtalloc_leased_pages_total"] >= held
+    assert "# TYPE vtalloc_reclaims_total counter" in text or "# TYPE vtalloc_reclaims counter" in text
+
+
+def test_health_checking_and_reflection_are_on(daemon):
+    with grpc.insecure_channel(daemon.address) as channel:
+        health = health_pb2_grpc.HealthStub(channel)
+        for name in ("", "vtalloc.v1.Pages", "vtalloc.v1.Admin"):
+            r = health.Check(health_pb2.HealthCheckRequest(service=name), timeout=5)
+            assert r.status == health_pb2.HealthCheckResponse.SERVING
+        refl = reflection_pb2_grpc.ServerReflectionStub(channel)
+        answers = refl.ServerReflectionInfo(iter([reflection_pb2.ServerReflectionRequest(list_services="")]),
+                                            timeout=5)
+        names = {s.name for a in answers for s in a.list_services_response.service}
+    assert {"vtalloc.v1.Pages", "vtalloc.v1.Admin", "grpc.health.v1.Health"} <= names
+
+
+def test_a_forked_child_cannot_use_its_parents_session(daemon):
+    with ClientProc() as c:
+        c.ok("open", address=daemon.address)
+        c.ok("malloc", nbytes=PAGE, seed=4)
+        r = c.ok("fork_try_lease")
+        assert r["child_error"] == "ClosedError"
+        assert c.ok("lease", pages=1)["leased"] == 1  # the parent's session still works
+
+
+def test_ready_line_describes_the_daemon(daemon):
+    r = daemon.ready
+    assert r["event"] == "ready" and r["backend"] == "host" and r["page_bytes"] == PAGE
+    assert r["control"] == daemon.address and r["capacity_bytes"] == 64 * MiB
+    json.dumps(r)
+
+
+def test_systemd_is_told_when_the_daemon_is_ready_and_stopping(tmp_path):
+    path = str(tmp_path / "notify")
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sink:
+        sink.bind(path)
+        sink.settimeout(10)
+        d = Daemon(capacity="16MiB", env={"NOTIFY_SOCKET": path})
+        with d:
+            assert sink.recv(100) == b"READY=1"
+            assert d.alive()
+        assert sink.recv(100) == b"STOPPING=1"
