@@ -116,27 +116,19 @@ def reference_copy(backend: str, size: int, repeats: int) -> dict[str, Any]:
 
 
 # -- training --------------------------------------------------------------------------------
-def training(steps: int, width: int, depth: int, batch: int, capacity: int, budget: int) -> dict[str, Any]:
+def training(steps: int, width: int, depth: int, batch: int, capacity: int, budget: int, threads: int) -> dict[str, Any]:
+    """Plain vs paged_activations vs save_on_cpu, interleaved step by step (round robin after an
+    untimed warm-up round, which is also paged_activations' recording iteration) so the three
+    see the same machine conditions; medians of the timed rounds."""
     import torch
 
     from vtalloc.allocator.torch import paged_activations
 
+    torch.set_num_threads(threads)
     torch.manual_seed(0)
     model = torch.nn.Sequential(*[torch.nn.Sequential(torch.nn.Linear(width, width), torch.nn.GELU()) for _ in range(depth)],
                                 torch.nn.Linear(width, 1))
     x, y = torch.randn(batch, width), torch.randn(batch, 1)
-
-    def run(ctx_for_step) -> tuple[list[float], list[float]]:
-        losses, times = [], []
-        for _ in range(steps):
-            model.zero_grad(set_to_none=True)
-            t0 = time.perf_counter()
-            with ctx_for_step():
-                loss = torch.nn.functional.mse_loss(model(x), y)
-            loss.backward()
-            times.append(time.perf_counter() - t0)
-            losses.append(loss.item())
-        return losses, times
 
     saved = 0
 
@@ -148,25 +140,43 @@ def training(steps: int, width: int, depth: int, batch: int, capacity: int, budg
     with torch.autograd.graph.saved_tensors_hooks(count, lambda t: t):
         torch.nn.functional.mse_loss(model(x), y).backward()
 
+    def step(ctx) -> tuple[float, float]:
+        model.zero_grad(set_to_none=True)
+        t0 = time.perf_counter()
+        with ctx:
+            loss = torch.nn.functional.mse_loss(model(x), y)
+        loss.backward()
+        return time.perf_counter() - t0, loss.item()
+
     results: dict[str, Any] = {"saved_activation_bytes_per_step": saved, "capacity_bytes": capacity, "budget_bytes": budget,
-                               "steps": steps, "model": f"MLP width {width} depth {depth} batch {batch}"}
-    base_losses, t_plain = run(contextlib.nullcontext)
-    results["plain"] = {"median_step_s": median_s(t_plain[1:])}
+                               "timed_rounds": steps, "torch_threads": threads,
+                               "model": f"MLP width {width} depth {depth} batch {batch}"}
     with AddressSpace(backend="host", capacity=capacity, host_capacity=8 * saved) as space:
         pager = paged_activations(space, budget=budget)
-        losses, t_paged = run(lambda: pager)
-        st, ps = space.stats(), pager.stats()
-        results["paged_activations"] = {
-            "median_step_s": median_s(t_paged[2:]),  # after the recording iteration
-            "losses_equal_plain": losses == base_losses,
-            "evictions": st.evictions, "restores": st.restores, "peak_mapped_bytes": st.peak_mapped_bytes,
-            "offloads": ps.offloads, "prefetches": ps.prefetches, "on_demand": ps.on_demand,
-            "unpack_wait_s": ps.unpack_wait_s,
+        configs = {
+            "plain": contextlib.nullcontext,
+            "paged_activations": lambda: pager,
+            "save_on_cpu": lambda: torch.autograd.graph.save_on_cpu(pin_memory=False),
         }
-    losses, t_soc = run(lambda: torch.autograd.graph.save_on_cpu(pin_memory=False))
-    results["save_on_cpu"] = {"median_step_s": median_s(t_soc[1:]), "losses_equal_plain": losses == base_losses}
-    for k in ("paged_activations", "save_on_cpu"):
-        results[k]["slowdown_vs_plain"] = round(results[k]["median_step_s"] / results["plain"]["median_step_s"], 3)
+        times: dict[str, list[float]] = {k: [] for k in configs}
+        losses: dict[str, list[float]] = {k: [] for k in configs}
+        for rnd in range(steps + 1):
+            for name, make in configs.items():
+                t, loss = step(make())
+                if rnd:  # round 0 warms up (and is paged_activations' recording iteration)
+                    times[name].append(t)
+                    losses[name].append(loss)
+        st, ps = space.stats(), pager.stats()
+    for name in configs:
+        results[name] = {"median_step_s": median_s(times[name]), "step_s": times[name]}
+        if name != "plain":
+            results[name]["losses_equal_plain"] = losses[name] == losses["plain"]
+            results[name]["slowdown_vs_plain"] = round(median_s(times[name]) / median_s(times["plain"]), 3)
+    results["paged_activations"].update({
+        "evictions": st.evictions, "restores": st.restores, "peak_mapped_bytes": st.peak_mapped_bytes,
+        "offloads": ps.offloads, "prefetches": ps.prefetches, "on_demand": ps.on_demand,
+        "unpack_wait_s": ps.unpack_wait_s,
+    })
     return results
 
 
@@ -177,6 +187,7 @@ def main() -> None:
     ap.add_argument("--repeats", default=7, type=int)
     ap.add_argument("--quick", action="store_true", help="small sizes, few repeats")
     ap.add_argument("--out", default="benchmarks/results/evict-{backend}-{date}.json")
+    ap.add_argument("--threads", default=1, type=int, help="torch CPU threads for the training part (1: least noise)")
     ap.add_argument("--note", action="append", default=[])
     args = ap.parse_args()
     if args.backend == "cuda":
@@ -189,8 +200,9 @@ def main() -> None:
     record: dict[str, Any] = {"benchmark": "evict", "backend": args.backend, "provenance": provenance(), "notes": args.note}
     record["bandwidth"] = bandwidth(args.backend, size, repeats)
     if args.backend == "host":
-        record["training"] = training(steps=4 if args.quick else 8, width=512, depth=8, batch=1024 if not args.quick else 256,
-                                      capacity=16 * MiB, budget=8 * MiB)
+        record["training"] = training(steps=3 if args.quick else 15, width=512, depth=8,
+                                      batch=256 if args.quick else 1024, capacity=16 * MiB, budget=8 * MiB,
+                                      threads=args.threads)
     out = Path(args.out.format(backend=args.backend, date=_dt.date.today().isoformat()))
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(record, indent=2) + "\n")
@@ -207,7 +219,8 @@ def main() -> None:
     if "training" in record:
         t = record["training"]
         print(f"training ({t['model']}; {t['saved_activation_bytes_per_step'] / MiB:.0f} MiB saved per step, "
-              f"space {t['capacity_bytes'] // MiB} MiB, budget {t['budget_bytes'] // MiB} MiB):")
+              f"space {t['capacity_bytes'] // MiB} MiB, budget {t['budget_bytes'] // MiB} MiB; "
+              f"{t['timed_rounds']} interleaved rounds, {t['torch_threads']} torch thread(s)):")
         for k in ("plain", "paged_activations", "save_on_cpu"):
             r = t[k]
             extra = f", x{r['slowdown_vs_plain']} vs plain, losses equal: {r['losses_equal_plain']}" if k != "plain" else ""
