@@ -66,6 +66,7 @@ class VtaPoolInfo(ctypes.Structure):
 
 
 CONFIG_LEASED = 1
+MALLOC_NO_EVICT = 1
 EVICT_MODES = {"auto": 0, "copy": 1, "mapped": 2}
 EVICT_MODE_NAMES = {v: k for k, v in EVICT_MODES.items()}
 RESIDENCY_NAMES = {0: "resident", 1: "evicted", 2: "in_flight"}
@@ -96,6 +97,7 @@ _PROTOTYPES = {
     "vta_space_destroy": (None, [ctypes.c_void_p]),
     "vta_space_backend": (i32, [ctypes.c_void_p, _P(i32), _P(i32)]),
     "vta_malloc": (i32, [ctypes.c_void_p, u64, u64, _P(u64)]),
+    "vta_malloc_ex": (i32, [ctypes.c_void_p, u64, u64, u32, _P(u64)]),
     "vta_free": (i32, [ctypes.c_void_p, u64]),
     "vta_size_of": (i32, [ctypes.c_void_p, u64, _P(u64)]),
     "vta_write": (i32, [ctypes.c_void_p, u64, u64, ctypes.c_void_p, u64]),

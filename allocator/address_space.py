@@ -144,12 +144,19 @@ class AddressSpace:
         return self._handle
 
     # -- allocation -----------------------------------------------------------------------
-    def malloc(self, nbytes: int, stream: int = 0) -> int:
-        """Allocate ``nbytes`` and return the address. 512-byte aligned; page-aligned from a page up."""
+    def malloc(self, nbytes: int, stream: int = 0, *, evict: bool = True) -> int:
+        """Allocate ``nbytes`` and return the address. 512-byte aligned; page-aligned from a page up.
+
+        Under memory pressure, evictable pages are evicted (least recently used first) before
+        an OutOfMemoryError; ``evict=False`` fails instead.
+        """
         n = _as_u64(nbytes, "nbytes", positive=True)
         s = _as_u64(stream, "stream")
         out = ctypes.c_uint64()
-        _native.check(self._lib.vta_malloc(self._h(), n, s, ctypes.byref(out)))
+        if evict:
+            _native.check(self._lib.vta_malloc(self._h(), n, s, ctypes.byref(out)))
+        else:
+            _native.check(self._lib.vta_malloc_ex(self._h(), n, s, _native.MALLOC_NO_EVICT, ctypes.byref(out)))
         return out.value
 
     def free(self, address: int) -> None:

@@ -308,10 +308,12 @@ class ServiceAddressSpace(AddressSpace):
         return max(1, need - s.pages_free - s.cached_bytes // self.page_bytes)
 
     # -- the core API, leasing as needed ---------------------------------------------------------
-    def malloc(self, nbytes: int, stream: int = 0) -> int:
+    def malloc(self, nbytes: int, stream: int = 0, *, evict: bool = True) -> int:
+        """As the core's, but a shortage is answered by leasing more pages first; evictable
+        pages are evicted (if ``evict``) only when the daemon cannot lease enough."""
         self._check_owner()
         try:
-            return super().malloc(nbytes, stream)
+            return super().malloc(nbytes, stream, evict=False)
         except OutOfMemoryError as e:
             if _as_u64(nbytes, "nbytes") > self.capacity_bytes:
                 raise
@@ -320,18 +322,28 @@ class ServiceAddressSpace(AddressSpace):
             need = self._pages_needed(nbytes)
             room = (self.capacity_bytes // self.page_bytes) - self.stats().pages_total
             if room <= 0:
-                raise last
+                break
             want = min(max(need, self.lease_batch_pages), room)
             try:
                 self.lease(want)
-            except OutOfMemoryError:
+            except OutOfMemoryError as e:
                 if want == min(need, room):
-                    raise
-                self.lease(min(need, room))  # the batch did not fit the quota or the node; the need may
+                    last = e
+                    break
+                try:
+                    self.lease(min(need, room))  # the batch did not fit the quota or the node; the need may
+                except OutOfMemoryError as e2:
+                    last = e2
+                    break
             try:
-                return super().malloc(nbytes, stream)
+                return super().malloc(nbytes, stream, evict=False)
             except OutOfMemoryError as e:
                 last = e
+        if evict:
+            try:
+                return super().malloc(nbytes, stream)  # the lease cannot grow: evict what may be evicted
+            except OutOfMemoryError:
+                pass
         raise last
 
     def free(self, address: int) -> None:

@@ -264,3 +264,16 @@ def test_invalid_eviction_arguments():
             s.offload(a)
     with pytest.raises(InvalidArgumentError):
         AddressSpace(backend="host", evict_mode="swap")
+
+
+def test_malloc_without_eviction_fails_instead():
+    with space("copy", capacity=8 * MiB) as s:
+        a = s.malloc(6 * MiB)
+        s.set_evictable(a)
+        with pytest.raises(OutOfMemoryError):
+            s.malloc(4 * MiB, evict=False)
+        assert s.residency(a) == "resident" and s.stats().evictions == 0
+        b = s.malloc(4 * MiB)  # the default evicts
+        assert s.residency(a) == "evicted"
+        s.free(a)
+        s.free(b)

@@ -186,3 +186,21 @@ def test_systemd_is_told_when_the_daemon_is_ready_and_stopping(tmp_path):
             assert sink.recv(100) == b"READY=1"
             assert d.alive()
         assert sink.recv(100) == b"STOPPING=1"
+
+
+def test_the_lease_grows_before_evictable_pages_are_evicted(daemon):
+    """A shortage in a service-backed space is answered by leasing more while the node has
+    pages; evictable pages go to host memory only when the lease cannot grow."""
+    with AddressSpace(service=daemon.address, capacity=16 * MiB, lease_batch_pages=1, keep_free_pages=0) as space:
+        first = space.malloc(4 * MiB)
+        space.write(first, pattern(3, 4 * MiB))
+        space.set_evictable(first)
+        more = [space.malloc(4 * MiB) for _ in range(3)]  # the node has room: the lease grows
+        assert space.stats().evictions == 0 and space.residency(first) == "resident"
+        extra = space.malloc(4 * MiB)  # the lease is at its 16 MiB ceiling now: evict to serve it
+        assert space.stats().evictions >= 1 and space.residency(first) == "evicted"
+        assert space.read(first, 4 * MiB) == pattern(3, 4 * MiB)
+        with pytest.raises(OutOfMemoryError):
+            space.malloc(4 * MiB, evict=False)
+        for a in [first, extra] + more:
+            space.free(a)

@@ -69,9 +69,14 @@ void AddressSpace::check_open_locked() const {
   if (closed_) fail(VTA_ERR_CLOSED, "the address space is closed");
 }
 
-uintptr_t AddressSpace::malloc(uint64_t nbytes, StreamHandle stream) {
+uintptr_t AddressSpace::malloc(uint64_t nbytes, StreamHandle stream, bool allow_evict) {
   std::lock_guard<std::mutex> lk(mu_);
   check_open_locked();
+  evict_allowed_ = allow_evict;
+  struct Restore {
+    bool& flag;
+    ~Restore() { flag = true; }
+  } restore{evict_allowed_};
   if (nbytes == 0) fail(VTA_ERR_INVALID_ARGUMENT, "allocation size must be positive");
   if (nbytes > kMaxAllocationBytes)
     fail(VTA_ERR_INVALID_ARGUMENT, "allocation of " + std::to_string(nbytes) + " bytes is larger than any address space can reserve");
@@ -159,7 +164,7 @@ bool AddressSpace::obtain_page_locked(int32_t* id) {
   for (;;) {
     if (pages_.acquire_page(id)) return true;
     if (reclaim_one_page_locked()) continue;
-    if (!evict_lru_locked()) return false;  // the least recently used evictable page goes to host
+    if (!evict_allowed_ || !evict_lru_locked()) return false;  // the LRU evictable page goes to host
   }
 }
 

@@ -58,7 +58,8 @@ class AddressSpace {
   static std::unique_ptr<AddressSpace> create(const vta_config_t& config);
   ~AddressSpace();
 
-  uintptr_t malloc(uint64_t nbytes, StreamHandle stream);
+  // allow_evict: under pressure, evict least-recently-used evictable pages before failing.
+  uintptr_t malloc(uint64_t nbytes, StreamHandle stream, bool allow_evict = true);
   void free(uintptr_t address);
   uint64_t size_of(uintptr_t address);
   void write(uintptr_t address, uint64_t offset, const void* src, uint64_t nbytes);
@@ -198,6 +199,7 @@ class AddressSpace {
   std::list<uintptr_t> lru_;  // evictable resident pages, least recently used first
   std::unordered_map<uintptr_t, std::list<uintptr_t>::iterator> lru_pos_;
   uintptr_t pin_lo_ = 0, pin_hi_ = 0;  // pages of the allocation being made resident
+  bool evict_allowed_ = true;          // this malloc may evict (set for the call, under mu_)
   uintptr_t window_ = 0;               // mapped mode: device pages' window reservation
   size_t window_bytes_ = 0;
   uint64_t evictable_bytes_ = 0;

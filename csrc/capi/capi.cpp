@@ -107,6 +107,14 @@ vta_status_t vta_malloc(vta_space_t* space, uint64_t nbytes, uint64_t stream, ui
   });
 }
 
+vta_status_t vta_malloc_ex(vta_space_t* space, uint64_t nbytes, uint64_t stream, uint32_t flags, uint64_t* out_address) {
+  return guarded([&] {
+    need(out_address, "output");
+    if (flags & ~VTA_MALLOC_NO_EVICT) vta::fail(VTA_ERR_INVALID_ARGUMENT, "unknown vta_malloc_ex flags");
+    *out_address = open_space(space).malloc(nbytes, stream, !(flags & VTA_MALLOC_NO_EVICT));
+  });
+}
+
 vta_status_t vta_free(vta_space_t* space, uint64_t address) {
   return guarded([&] { open_space(space).free(address); });
 }

@@ -163,6 +163,11 @@ VTA_API void vta_space_destroy(vta_space_t* space);
 VTA_API vta_status_t vta_space_backend(vta_space_t* space, int32_t* backend, int32_t* device);
 
 VTA_API vta_status_t vta_malloc(vta_space_t* space, uint64_t nbytes, uint64_t stream, uint64_t* out_address);
+/* vta_malloc with flags: VTA_MALLOC_NO_EVICT fails with VTA_ERR_OUT_OF_MEMORY rather than
+ * evict evictable pages (a leased space first asks the service for more pages). */
+#define VTA_MALLOC_NO_EVICT 1u
+VTA_API vta_status_t vta_malloc_ex(vta_space_t* space, uint64_t nbytes, uint64_t stream, uint32_t flags,
+                                   uint64_t* out_address);
 VTA_API vta_status_t vta_free(vta_space_t* space, uint64_t address);
 VTA_API vta_status_t vta_size_of(vta_space_t* space, uint64_t address, uint64_t* out_requested_bytes);
 VTA_API vta_status_t vta_write(vta_space_t* space, uint64_t address, uint64_t offset, const void* src, uint64_t nbytes);
