@@ -14,6 +14,7 @@ import operator
 from typing import Any
 
 from . import _native
+from ._handle import NativeHandle
 from .config import Config
 from .errors import ClosedError, InvalidArgumentError
 from .publish import publish_from_env
@@ -38,7 +39,7 @@ def _as_u64(value: Any, name: str, *, positive: bool = False) -> int:
     return n
 
 
-class AddressSpace:
+class AddressSpace(NativeHandle):
     """A paged virtual address space over fixed-size physical pages.
 
     >>> with AddressSpace(backend="host", capacity="64MiB") as space:
@@ -47,6 +48,8 @@ class AddressSpace:
     ...     space.read(addr, 5)
     b'hello'
     """
+
+    _CLOSE_FN, _DESTROY_FN = "vta_space_close", "vta_space_destroy"
 
     def __new__(cls, *args: Any, service: str | None = None, **kwargs: Any) -> "AddressSpace":
         # AddressSpace(service="unix:///run/vtalloc/vtalloc.sock") leases its pages from the
@@ -119,20 +122,6 @@ class AddressSpace:
             if defer_close(self):  # tensors over its pages live: the last one's finalizer closes it
                 return
         _native.check(self._lib.vta_space_close(self._handle))
-
-    def __enter__(self) -> "AddressSpace":
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    def __del__(self) -> None:
-        handle, self._handle = getattr(self, "_handle", None), None
-        if handle is not None:
-            try:
-                self._lib.vta_space_close(handle)
-            finally:
-                self._lib.vta_space_destroy(handle)
 
     def __repr__(self) -> str:
         state = "closed" if self._closed else f"capacity={self.capacity_bytes}, page={self.page_bytes}"

@@ -13,6 +13,7 @@ import ctypes
 from dataclasses import dataclass
 
 from . import _native
+from ._handle import NativeHandle
 from .address_space import _as_u64
 from .config import Config
 from .errors import ClosedError
@@ -30,7 +31,9 @@ class PoolInfo:
     exportable: bool
 
 
-class PagePool:
+class PagePool(NativeHandle):
+    _CLOSE_FN, _DESTROY_FN = "vta_pool_close", "vta_pool_destroy"
+
     def __init__(self, backend: str = "auto", device: int = 0, capacity: int | str | None = None,
                  page_size: int | str | None = None, *, host_granularity: int | str | None = None,
                  config: Config | None = None) -> None:
@@ -79,17 +82,3 @@ class PagePool:
         self._closed = True
         _native.check(self._lib.vta_pool_close(self._handle))
 
-    def __enter__(self) -> "PagePool":
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    def __del__(self) -> None:
-        handle, self._handle = getattr(self, "_handle", None), None
-        if handle is not None:
-            try:
-                if not self._closed:
-                    self._lib.vta_pool_close(handle)
-            finally:
-                self._lib.vta_pool_destroy(handle)

@@ -245,20 +245,32 @@ EventHandle AddressSpace::take_event_locked() {
   return e;
 }
 
+bool AddressSpace::event_done_locked(EventHandle event, bool wait) {
+  if (wait) {
+    check(backend_->event_synchronize(event));
+    return true;
+  }
+  bool done = false;
+  check(backend_->event_query(event, &done));
+  return done;
+}
+
+std::vector<std::pair<uintptr_t, uint64_t>> AddressSpace::take_slab_blocks_locked(uintptr_t slab) {
+  std::vector<std::pair<uintptr_t, uint64_t>> blocks;
+  auto& ranges = small_free_.ranges();
+  for (auto it = ranges.lower_bound(slab); it != ranges.end() && it->first < slab + page_bytes_; ++it)
+    blocks.push_back(*it);
+  for (auto& [a, n] : blocks) small_free_.take_exact(a, n);
+  return blocks;
+}
+
 void AddressSpace::drain_pending_locked(bool wait) {
   if (!pending_count_) return;
   for (auto it = pending_.begin(); it != pending_.end();) {
     auto& queue = it->second;
     while (!queue.empty()) {
       PendingFree p = queue.front();
-      bool done = false;
-      if (wait) {
-        check(backend_->event_synchronize(p.event));
-        done = true;
-      } else {
-        check(backend_->event_query(p.event, &done));
-      }
-      if (!done) break;  // later frees on this stream were recorded after it
+      if (!event_done_locked(p.event, wait)) break;  // later frees on this stream were recorded after it
       queue.pop_front();
       --pending_count_;
       stats_.pending_free_bytes -= p.size;
@@ -311,12 +323,7 @@ void AddressSpace::release_block_locked(uintptr_t address, uint64_t size, bool s
     } else {
       free_unmapped_.insert(slab, page_bytes_);
     }
-    // small_free_ may hold the slab's blocks if the restore completed: remove them.
-    std::vector<std::pair<uintptr_t, uint64_t>> blocks;
-    auto& ranges = small_free_.ranges();
-    for (auto it = ranges.lower_bound(slab); it != ranges.end() && it->first < slab + page_bytes_; ++it)
-      blocks.push_back(*it);
-    for (auto& [a, n] : blocks) small_free_.take_exact(a, n);
+    take_slab_blocks_locked(slab);  // small_free_ holds its blocks if a restore completed meanwhile
     return;
   }
   small_free_.insert(address, size);

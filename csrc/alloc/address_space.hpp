@@ -128,6 +128,10 @@ class AddressSpace {
   void release_block_locked(uintptr_t address, uint64_t size, bool small);
   void release_large_range_locked(uintptr_t address, uint64_t size);
   void drain_pending_locked(bool wait);
+  // Whether `event` completed: waits for it if `wait`, else polls.
+  bool event_done_locked(EventHandle event, bool wait);
+  // Remove and return a slab's free blocks from small_free_.
+  std::vector<std::pair<uintptr_t, uint64_t>> take_slab_blocks_locked(uintptr_t slab);
   EventHandle take_event_locked();
   void give_event_locked(EventHandle e) { idle_events_.push_back(e); }
   std::map<uintptr_t, Allocation>::iterator find_live_locked(uintptr_t address);

@@ -95,11 +95,7 @@ void AddressSpace::touch_range_locked(uintptr_t start, uint64_t bytes) {
 }
 
 void AddressSpace::stash_slab_locked(uintptr_t slab) {
-  std::vector<std::pair<uintptr_t, uint64_t>> blocks;
-  auto& ranges = small_free_.ranges();
-  for (auto it = ranges.lower_bound(slab); it != ranges.end() && it->first < slab + page_bytes_; ++it)
-    blocks.push_back(*it);
-  for (auto& [a, n] : blocks) small_free_.take_exact(a, n);
+  auto blocks = take_slab_blocks_locked(slab);
   auto& stash = slab_stash_[slab];
   stash.insert(stash.end(), blocks.begin(), blocks.end());
 }
@@ -281,14 +277,7 @@ void AddressSpace::finish_inflight_locked(uintptr_t va, bool wait) {
   if (it == away_.end()) return;
   AwayPage& p = it->second;
   if (p.state == Residency::evicted) return;
-  bool done = false;
-  if (wait) {
-    check(backend_->event_synchronize(p.event));
-    done = true;
-  } else {
-    check(backend_->event_query(p.event, &done));
-  }
-  if (!done) return;
+  if (!event_done_locked(p.event, wait)) return;
   if (p.state == Residency::evicting)
     complete_evict_locked(va, p);
   else
