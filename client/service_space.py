@@ -361,15 +361,35 @@ class ServiceAddressSpace(AddressSpace):
         self.synchronize()
         return self.give_back(self.stats().pages_total) * self.page_bytes
 
+    def _leasing(self, call: Callable[[], Any], address: int) -> Any:
+        """Run a core call that may need device pages (a restore); on a shortage lease what the
+        allocation needs, within the ceiling, and try once more."""
+        try:
+            return call()
+        except OutOfMemoryError:
+            room = (self.capacity_bytes // self.page_bytes) - self.stats().pages_total
+            need = -(-self.size_of(address) // self.page_bytes)
+            if room <= 0:
+                raise
+            self.lease(min(need, room))
+            return call()
+
     def set_evictable(self, address: int, flag: bool = True) -> None:
-        """Mark an allocation evictable (the eviction engine may move it to host memory)."""
-        engine = getattr(super(), "set_evictable", None)
-        if engine is None:
-            raise NotImplementedError("set_evictable needs the eviction engine, which this build lacks")
-        engine(address, flag)
+        """Mark an allocation evictable (the eviction engine may move it to host memory);
+        ``flag=False`` restores it first, leasing pages if needed."""
+        self._check_owner()
+        self._leasing(lambda: AddressSpace.set_evictable(self, address, flag), address)
         self._evictable.pop(address, None)
         if flag:
             self._evictable[address] = None
+
+    def prefetch(self, address: int, stream: int | None = None) -> None:
+        self._check_owner()
+        self._leasing(lambda: AddressSpace.prefetch(self, address, stream), address)
+
+    def ensure_resident(self, address: int, stream: int | None = None) -> None:
+        self._check_owner()
+        self._leasing(lambda: AddressSpace.ensure_resident(self, address, stream), address)
 
     def evictable_addresses(self) -> list[int]:
         """Allocations marked evictable, least recently marked first."""

@@ -204,3 +204,18 @@ def test_the_lease_grows_before_evictable_pages_are_evicted(daemon):
             space.malloc(4 * MiB, evict=False)
         for a in [first, extra] + more:
             space.free(a)
+
+
+def test_restoring_leases_pages_again_after_they_went_back(daemon):
+    with AddressSpace(service=daemon.address, capacity=16 * MiB, lease_batch_pages=1, keep_free_pages=0) as space:
+        a = space.malloc(4 * MiB)
+        space.write(a, pattern(8, 4 * MiB))
+        space.set_evictable(a)
+        space.offload(a)
+        space.synchronize()
+        space.give_back(space.stats().pages_total)  # the freed device pages go back to the daemon
+        assert space.stats().pages_total == 0 and space.residency(a) == "evicted"
+        space.ensure_resident(a)  # needs two pages: leased again
+        assert space.residency(a) == "resident" and space.stats().pages_total >= 2
+        assert space.read(a, 4 * MiB) == pattern(8, 4 * MiB)
+        space.free(a)
