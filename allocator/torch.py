@@ -24,6 +24,8 @@ from .config import Config, format_size
 from .errors import BackendUnavailableError, InvalidArgumentError, VtallocError
 from .probe import backend_available
 from .paged_activations import PagedActivations, PagedStats, paged_activations
+from .publish import publish_from_env
+from .publish import publish_stats as _publish
 from .stats import Stats
 
 __all__ = [
@@ -31,7 +33,7 @@ __all__ = [
     "stats", "memory_stats", "memory_allocated", "max_memory_allocated", "memory_reserved",
     "reset_peak_memory_stats", "memory_summary", "empty_cache", "failures", "oom_exception",
     "AllocatorConflictError", "UnsupportedError",
-    "paged_activations", "PagedActivations", "PagedStats", "offload", "prefetch",
+    "paged_activations", "PagedActivations", "PagedStats", "offload", "prefetch", "publish_stats",
 ]
 
 
@@ -136,6 +138,7 @@ def enable(**config: Any) -> Config:
                 "allocator does not provide: set it to False before enable()"
             )
         _torch_shim.configure(cfg, _torch_shim.FAIL_THROW)
+        publish_from_env(_TORCH_VIEW)  # VTALLOC_PUBLISH_STATS: `vtalloc stats --pid` sees torch's memory
         try:
             allocator = _pluggable(torch)
             torch.cuda.memory.change_current_allocator(allocator)
@@ -188,6 +191,7 @@ def mempool(**config: Any) -> Any:
             raise BackendUnavailableError(f"torch.cuda.MemPool needs PyTorch 2.5 or newer (this is {torch.__version__})")
         if _state.mode is None:
             _torch_shim.configure(cfg, _torch_shim.FAIL_RETURN_NULL)
+            publish_from_env(_TORCH_VIEW)
             try:
                 _state.allocator = _pluggable(torch)
             except BaseException:
@@ -418,3 +422,21 @@ def prefetch(tensor: Any, space: Any = None, wait: bool = False) -> None:
     """Start restoring ``tensor``'s pages (``wait=True``: block until resident)."""
     address = _storage_of(tensor, space)
     space.ensure_resident(address) if wait else space.prefetch(address)
+
+
+class _TorchSpacesView:
+    """What the stats publisher sees of the spaces serving torch: their Stats summed over devices."""
+
+    backend, device, closed, leased = "cuda", -1, False, False
+
+    def stats(self) -> Stats:
+        return stats()
+
+
+_TORCH_VIEW = _TorchSpacesView()  # module-lifetime: the publisher holds it by weak reference
+
+
+def publish_stats(interval_s: float = 1.0) -> None:
+    """Publish the torch allocator's stats for ``vtalloc stats --pid`` (as VTALLOC_PUBLISH_STATS=1
+    does at enable()/mempool())."""
+    _publish(_TORCH_VIEW, name="torch", interval_s=interval_s)

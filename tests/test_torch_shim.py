@@ -247,3 +247,28 @@ def test_paged_activations_without_a_space_needs_enable():
 
     with pytest.raises(InvalidArgumentError):
         paged_activations()
+
+
+def test_torch_spaces_are_published_for_stats_pid(host_shim, tmp_path, monkeypatch):
+    import vtalloc.allocator.torch as vt
+    from vtalloc.allocator import publish
+
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
+    a = shim.alloc_for_test(3 * MiB)
+    vt.publish_stats(interval_s=0.05)
+    import time
+
+    deadline = time.monotonic() + 5
+    record = None
+    while time.monotonic() < deadline:
+        try:
+            record = publish.read_published(os.getpid())
+            if record["spaces"][0]["stats"]["allocated_bytes"] == 3 * MiB:
+                break
+        except (FileNotFoundError, ValueError, KeyError, IndexError):
+            pass
+        time.sleep(0.05)
+    assert record is not None and record["spaces"][0]["name"] == "torch"
+    assert record["spaces"][0]["stats"]["allocated_bytes"] == 3 * MiB
+    publish.unpublish_stats(vt._TORCH_VIEW)
+    shim.free_for_test(a, 3 * MiB)
