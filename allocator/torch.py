@@ -400,28 +400,46 @@ def memory_summary(device: int | None = None) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _storage_of(tensor: Any, space: Any) -> int:
-    """The allocation behind a tensor of ``space`` (its storage's start)."""
+def _storage_of(tensor: Any) -> int:
+    """The allocation behind a tensor: its storage's start."""
     torch = _torch()
     if not isinstance(tensor, torch.Tensor):
         raise InvalidArgumentError(f"expected a torch.Tensor, got {type(tensor).__name__}")
-    if space is None:
-        raise InvalidArgumentError(
-            "give the AddressSpace the tensor lives in (tensor forms work for tensors made by space.tensor())"
-        )
     return tensor.untyped_storage().data_ptr()
 
 
+def _residency(tensor: Any, space: Any, op: int, wait: bool = False) -> None:
+    address = _storage_of(tensor)
+    if space is not None:  # a tensor made by space.tensor()
+        {_torch_shim.OP_OFFLOAD: space.offload,
+         _torch_shim.OP_PREFETCH: space.ensure_resident if wait else space.prefetch}[op](address)
+        return
+    if not tensor.is_cuda or _state.mode != "global":
+        raise InvalidArgumentError(
+            "without a space, offload()/prefetch() take CUDA tensors allocated by vtalloc as torch's allocator "
+            "(enable()); for tensors made by space.tensor(), pass the space"
+        )
+    device = tensor.device.index or 0
+    if op == _torch_shim.OP_PREFETCH:
+        stream = _torch().cuda.current_stream(device).cuda_stream
+        _torch_shim.residency_op(device, _torch_shim.OP_ENSURE_RESIDENT if wait else op, address, stream)
+    else:
+        _torch_shim.residency_op(device, op, address)
+
+
 def offload(tensor: Any, space: Any = None) -> None:
-    """Start evicting the pages of ``tensor`` (made by ``space.tensor()``) to host memory, in place:
-    same storage, same address. Call :func:`prefetch` or use it (reads) to bring it back."""
-    space.offload(_storage_of(tensor, space))
+    """Start evicting ``tensor``'s pages to host memory, in place: same storage, same address.
+
+    ``space``: the AddressSpace a ``space.tensor()`` lives in; ``None`` for a CUDA tensor under
+    ``enable()``. Do not write the tensor until :func:`prefetch` (``wait=True``) brought it back.
+    """
+    _residency(tensor, space, _torch_shim.OP_OFFLOAD)
 
 
 def prefetch(tensor: Any, space: Any = None, wait: bool = False) -> None:
-    """Start restoring ``tensor``'s pages (``wait=True``: block until resident)."""
-    address = _storage_of(tensor, space)
-    space.ensure_resident(address) if wait else space.prefetch(address)
+    """Start restoring ``tensor``'s pages (``wait=True``: block until resident); on CUDA the
+    current stream is ordered after the copies."""
+    _residency(tensor, space, _torch_shim.OP_PREFETCH, wait)
 
 
 class _TorchSpacesView:

@@ -146,4 +146,6 @@ def test_tensor_forms_of_offload_and_prefetch():
         assert torch.equal(t, torch.arange(512 * 1024, dtype=torch.float32).view(512, 1024))
         with pytest.raises(InvalidArgumentError):
             offload("not a tensor", space)
+        with pytest.raises(InvalidArgumentError):
+            offload(torch.zeros(4))  # no space, and not a CUDA tensor under enable()
         del t

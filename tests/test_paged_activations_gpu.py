@@ -56,3 +56,25 @@ def test_in_place_paging_matches_native_training():
     assert paged["losses"] == native["losses"]
     assert paged["grads"] == native["grads"]
     assert paged["offloads"] > 0 and paged["evictions"] > 0 and paged["restores"] > 0
+
+
+TENSOR_FORMS = """
+import json
+import torch
+import vtalloc.allocator.torch as vt
+vt.enable()
+t = torch.arange(1 << 22, dtype=torch.float32, device="cuda")
+ptr = t.data_ptr()
+vt.offload(t)
+torch.cuda.synchronize()
+vt.prefetch(t, wait=True)
+same = bool(torch.equal(t, torch.arange(1 << 22, dtype=torch.float32, device="cuda")))
+st = vt.stats()
+print(json.dumps({"same": same, "ptr_same": t.data_ptr() == ptr, "evictions": st.evictions, "restores": st.restores}))
+"""
+
+
+def test_tensor_forms_of_offload_and_prefetch_on_cuda():
+    out = run_python(TENSOR_FORMS)
+    assert out["same"] and out["ptr_same"]
+    assert out["evictions"] >= 8 and out["restores"] >= 8  # 16 MiB in 2 MiB pages
