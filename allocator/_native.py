@@ -51,7 +51,7 @@ class VtaStats(ctypes.Structure):
 
 
 class VtaPageInfo(ctypes.Structure):
-    _fields_ = [("page_id", u64), ("address", u64), ("state", u32), ("num_allocs", u32)]
+    _fields_ = [("page_id", u64), ("address", u64), ("state", u32), ("num_allocs", u32), ("tag", u64)]
 
 
 class VtaAllocInfo(ctypes.Structure):

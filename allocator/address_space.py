@@ -285,7 +285,7 @@ class AddressSpace(NativeHandle):
                     if a.address < end and a.address + a.size_bytes > r.address
                 )
             page_id = None if r.page_id == _native.NO_PAGE else r.page_id
-            out.append(PageRecord(page_id, r.address or None, PAGE_STATES[r.state], on_page))
+            out.append(PageRecord(page_id, r.address or None, PAGE_STATES[r.state], on_page, r.tag or None))
         return out
 
     # -- torch ----------------------------------------------------------------------------

@@ -90,3 +90,4 @@ class PageRecord:
     state: str            # "free" (held, unmapped), "cached" (mapped, no live data), "allocated",
                           # "evicted" (bytes in the host pool), "in_flight" (being evicted or restored)
     allocations: tuple[int, ...]  # addresses of the live allocations on this page
+    tag: int | None = None  # a leased page: the service's id for it (AddressSpace.import_page)

@@ -2,10 +2,10 @@
 
 Owns the drawing only. Each cell is one page slot of the node (or ``k`` slots when the node
 has more than MAX_CELLS pages: then a cell shows the first slot of its group). Cells are
-grouped by session, one colour per session; within a session, shades give the session's
-reported counts (resident, cached, unmapped; delivering is hatched by colour), since the
-core reports page states by count, not by daemon page id. Pages of hidden sessions are
-dark grey, free slots light grey. A second panel shows each session's evicted pages (data
+grouped by session, one colour per session, in page-id order; within a session, shades give
+each page's use as the client last reported it (resident, cached, unmapped, in flight;
+delivering is lighter still), or, for pages a report did not cover yet, the session's counts.
+Pages of hidden sessions are dark grey, free slots light grey. A second panel shows each session's evicted pages (data
 held on the host, not on the node). matplotlib is imported here only (extra ``plot``).
 """
 
@@ -20,7 +20,7 @@ MAX_CELLS = 4096
 _FREE = (0.92, 0.92, 0.92)
 _HIDDEN = (0.35, 0.35, 0.35)
 # state -> how much of the session colour (1 = full, lower = lighter)
-_SHADES = {"resident": 1.0, "delivering": 0.75, "cached": 0.5, "unmapped": 0.25, "leased": 0.6}
+_SHADES = {"resident": 1.0, "in_flight": 0.85, "delivering": 0.75, "cached": 0.5, "unmapped": 0.25, "leased": 0.6}
 
 
 def _mix(rgb: tuple[float, float, float], strength: float) -> tuple[float, float, float]:
@@ -37,7 +37,10 @@ def _cells(doc: dict[str, Any]) -> tuple[list[tuple[str, str]], list[str]]:
         delivering = sum(p["state"] == "delivering" for p in mine)
         held = len(mine) - delivering
         order.append(s["session_id"])
-        if s["reported"]:
+        held_pages = [p for p in mine if p["state"] != "delivering"]
+        if held_pages and all(p.get("use", "unknown") != "unknown" for p in held_pages):
+            cells += [(s["session_id"], p["use"]) for p in sorted(held_pages, key=lambda p: p["page_id"])]
+        elif s["reported"]:
             counts = [("resident", s["resident_pages"]), ("cached", s["cached_pages"]),
                       ("unmapped", s["unmapped_pages"])]
             known = sum(n for _, n in counts)
@@ -97,7 +100,8 @@ def plot_page_map(doc: dict[str, Any], out: str, *, title: str | None = None) ->
     handles = [Patch(color=colour[sid], label=f"session {sid} ({who[sid]})") for sid in order]
     handles += [Patch(color=_mix((0.15, 0.15, 0.15), _SHADES[st]), label=label)
                 for st, label in (("resident", "resident"), ("cached", "cached"), ("unmapped", "unmapped"),
-                                  ("leased", "not yet reported"), ("delivering", "delivering"))]
+                                  ("in_flight", "in flight"), ("leased", "not yet reported"),
+                                  ("delivering", "delivering"))]
     handles += [Patch(color=_HIDDEN, label="other users"), Patch(color=_FREE, label="free")]
     ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(0, -0.02), ncol=3, fontsize=8, frameon=False)
 

@@ -103,6 +103,10 @@ def stats_doc(msg: Any, *, now: float | None = None) -> dict[str, Any]:
     }
 
 
+# PageUse numbers (pages.proto) -> names: what the holding client does with the page.
+_USES = {1: "resident", 2: "cached", 3: "unmapped", 4: "in_flight"}
+
+
 def pages_doc(msg: Any) -> dict[str, Any]:
     """``vtalloc pages --json`` from a PageMap message."""
     names = {1: "delivering", 2: "leased"}
@@ -111,8 +115,8 @@ def pages_doc(msg: Any) -> dict[str, Any]:
     return {
         "schema": PAGES_SCHEMA,
         "devices": [_device(msg.device, sessions)],
-        "pages": [{"page_id": p.page_id, "session_id": p.session_id, "state": names.get(p.state, "unknown")}
-                  for p in msg.pages],
+        "pages": [{"page_id": p.page_id, "session_id": p.session_id, "state": names.get(p.state, "unknown"),
+                   "use": _USES.get(p.use, "unknown")} for p in msg.pages],
         "sessions": sessions,
         "hidden_pages": msg.hidden_pages,
     }

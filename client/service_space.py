@@ -45,6 +45,9 @@ __all__ = ["ServiceAddressSpace", "EvictHandler"]
 log = logging.getLogger("vtalloc.client")
 
 # (space, pages asked, give_back(n) -> pages given back) -> pages given back
+# The core's page states, as the daemon's PageUse of the leased page behind them.
+_PAGE_USE = {"allocated": pages_pb2.PAGE_USE_RESIDENT, "cached": pages_pb2.PAGE_USE_CACHED,
+             "free": pages_pb2.PAGE_USE_UNMAPPED, "in_flight": pages_pb2.PAGE_USE_IN_FLIGHT}
 EvictHandler = Callable[[Any, int, Callable[[int], int]], int]
 _WATCH_RENEW_S = 600.0
 _CONFIG_FIELDS_HANDLED = {"backend", "device", "capacity", "page_size", "small_threshold", "host_granularity",
@@ -412,12 +415,15 @@ class ServiceAddressSpace(AddressSpace):
     def report(self) -> pages_pb2.ClientReport:
         """This space's page counts as the daemon receives them."""
         s = self.stats()
-        by_state = collections.Counter(p.state for p in self.pages())
+        pages = self.pages()
+        by_state = collections.Counter(p.state for p in pages)
+        uses = [pages_pb2.PageUseReport(page_id=p.tag, use=_PAGE_USE[p.state]) for p in pages
+                if p.tag and p.state in _PAGE_USE]  # evicted virtual pages hold no leased page
         return pages_pb2.ClientReport(
             allocated_bytes=s.allocated_bytes, active_bytes=s.active_bytes, mapped_bytes=s.mapped_bytes,
             cached_bytes=s.cached_bytes, pages_total=s.pages_total, pages_allocated=by_state["allocated"],
             pages_cached=by_state["cached"], pages_free=by_state["free"], ooms_total=s.num_ooms,
-            **engine_counters(s))
+            page_uses=uses, **engine_counters(s))
 
     def __repr__(self) -> str:
         base = super().__repr__()

@@ -37,14 +37,21 @@ from .errors import (
 from .quota import PrincipalMap, Quota, check_principal
 
 __all__ = [
-    "Ledger", "NodeGeometry", "Session", "ClientReport", "EvictTicket", "PAGE_STATES",
+    "Ledger", "NodeGeometry", "Session", "ClientReport", "PageUseReport", "EvictTicket", "PAGE_STATES", "PAGE_USES",
     "SESSION_KINDS",
 ]
 
 SESSION_KINDS = ("client", "observer")
-# Page states as the daemon knows them (what a client does with a leased page it reports
-# as counts, in ClientReport).
+# Page states as the daemon knows them; what a client does with a leased page it reports
+# per page (PAGE_USES, by the daemon's page id) and as counts, in ClientReport.
 PAGE_STATES = ("delivering", "leased")
+PAGE_USES = ("unknown", "resident", "cached", "unmapped", "in_flight")
+
+
+@dataclass(frozen=True)
+class PageUseReport:
+    page_id: int
+    use: str  # a PAGE_USES value
 
 
 @dataclass(frozen=True)
@@ -80,6 +87,7 @@ class ClientReport:
     evictions_total: int = 0
     restores_total: int = 0
     ooms_total: int = 0
+    page_uses: tuple[PageUseReport, ...] = ()  # per leased page; pages the session does not hold are dropped
 
 
 @dataclass
@@ -226,6 +234,7 @@ class PageView:
     page_id: int
     session_id: str
     state: str
+    use: str = "unknown"  # as the holding client last reported it (a PAGE_USES value)
 
 
 @dataclass(frozen=True)
@@ -516,7 +525,9 @@ class Ledger:
                 s.restores_per_s = max(0, report.restores_total - prev.restores_total) / dt
             self._counters.evictions_total += max(0, report.evictions_total - (prev.evictions_total if prev else 0))
             self._counters.restores_total += max(0, report.restores_total - (prev.restores_total if prev else 0))
-            s.report, s.report_at = report, now
+            # Keep only what the session holds: a report cannot speak for another session's pages.
+            uses = tuple(u for u in report.page_uses if u.page_id in s.pages and u.use in PAGE_USES)
+            s.report, s.report_at = dataclasses.replace(report, page_uses=uses), now
 
     # -- eviction ---------------------------------------------------------------------------
     def excess_pages(self, principal: str) -> int:
@@ -642,7 +653,11 @@ class Ledger:
     def page_map(self, caller: Session | None, session_id: str = "") -> PageMapView:
         with self._lock:
             seen, _, _ = self._visible(caller, session_id)
-            pages = tuple(PageView(p, s.session_id, st) for s in seen for p, st in sorted(s.pages.items()))
+            pages = []
+            for s in seen:
+                uses = {u.page_id: u.use for u in s.report.page_uses} if s.report else {}
+                pages += [PageView(p, s.session_id, st, uses.get(p, "unknown")) for p, st in sorted(s.pages.items())]
+            pages = tuple(pages)
             sessions = tuple(SessionPagesView(s.session_id, s.principal, s.pid, s.report is not None,
                                               s.report or ClientReport())
                              for s in sorted(seen, key=lambda x: x.started))

@@ -13,7 +13,7 @@ from typing import Any, AsyncIterator
 
 import grpc
 
-from .ledger import PAGE_STATES, ClientReport, Ledger, Session
+from .ledger import PAGE_STATES, PAGE_USES, ClientReport, Ledger, PageUseReport, Session
 from .node import EvictEvent, Node, QuotaEvent, ShutdownEvent
 from .proto.vtalloc.v1 import admin_pb2, admin_pb2_grpc, pages_pb2, pages_pb2_grpc
 from .quota import Quota
@@ -25,6 +25,8 @@ SERVICE_NAMES = (
     pages_pb2.DESCRIPTOR.services_by_name["Pages"].full_name,
     admin_pb2.DESCRIPTOR.services_by_name["Admin"].full_name,
 )
+_USE_VALUES = {name: pages_pb2.PageUse.Value("PAGE_USE_" + name.upper()) for name in PAGE_USES}
+_USE_NAMES = {v: k for k, v in _USE_VALUES.items()}  # an unknown enum number reads as "unknown"
 _STATE_VALUES = {name: pages_pb2.PageState.Value("PAGE_STATE_" + name.upper())
                  for name in PAGE_STATES}
 
@@ -36,6 +38,8 @@ def to_message(msg: Any, view: Any) -> Any:
     for name, value in items:
         if name == "state" and isinstance(value, str):
             setattr(msg, name, _STATE_VALUES[value])
+        elif name == "use" and isinstance(value, str):
+            setattr(msg, name, _USE_VALUES[value])
         elif dataclasses.is_dataclass(value) or isinstance(value, dict):
             to_message(getattr(msg, name), value)
         elif isinstance(value, tuple):
@@ -86,7 +90,9 @@ class PagesService(pages_pb2_grpc.PagesServicer):
     async def Report(self, request: pages_pb2.ReportRequest, context) -> pages_pb2.ReportReply:
         s = _session(self.ledger, context)
         r = request.report
-        report = ClientReport(**{f.name: getattr(r, f.name) for f in dataclasses.fields(ClientReport)})
+        counts = {f.name: getattr(r, f.name) for f in dataclasses.fields(ClientReport) if f.name != "page_uses"}
+        uses = tuple(PageUseReport(u.page_id, _USE_NAMES.get(u.use, "unknown")) for u in r.page_uses)
+        report = ClientReport(**counts, page_uses=uses)
         self.ledger.record_report(s, report)
         return pages_pb2.ReportReply()
 

@@ -30,6 +30,7 @@ def test_leased_space_maps_only_imported_pages():
         with pytest.raises(OutOfMemoryError):
             space.malloc(4096)  # nothing leased yet
         ids = lease(pool, space, 3)
+        assert sorted(p.tag for p in space.pages()) == sorted(ids)  # each page carries its lease id
         a = space.malloc(4 * MiB)
         b = space.malloc(1000)
         space.write(a, pattern(1, 4 * MiB))

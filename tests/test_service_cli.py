@@ -76,6 +76,10 @@ def test_pages_json_is_the_page_map(node):
     mine = [p for p in doc["pages"] if p["session_id"] == sid]
     assert len(mine) == 5 and {p["state"] for p in mine} == {"leased"}
     assert len({p["page_id"] for p in doc["pages"]}) == len(doc["pages"])
+    reported(d, sid)
+    mine = [p for p in cli(d, "pages", "--json")[0]["pages"] if p["session_id"] == sid]
+    # Page by page, as the client reported them: 3 under the live allocation, 2 cached.
+    assert sorted(p["use"] for p in mine) == ["cached", "cached", "resident", "resident", "resident"]
     assert cli(d, "pages", "--session", sid, "--json")[0]["sessions"][0]["session_id"] == sid
     cli(d, "pages", "--session", "nope", code=1)
 

@@ -328,3 +328,20 @@ class LedgerMachine(RuleBasedStateMachine):
 
 TestLedgerMachine = LedgerMachine.TestCase
 TestLedgerMachine.settings = settings(max_examples=60, stateful_step_count=30, deadline=None)
+
+
+def test_reports_speak_page_by_page_only_for_the_sessions_own_pages():
+    from vtalloc.server.ledger import PageUseReport
+
+    ledger = Ledger(geometry())
+    a = ledger.open_session(10, 1000, 1000, "client")
+    b = ledger.open_session(11, 1000, 1000, "client")
+    ids = Ids()
+    mine, theirs = lease(ledger, a, ids, 2), lease(ledger, b, ids, 1)
+    uses = (PageUseReport(mine[0], "resident"), PageUseReport(mine[1], "cached"),
+            PageUseReport(theirs[0], "unmapped"), PageUseReport(999, "resident"), PageUseReport(mine[0], "bogus"))
+    ledger.record_report(a, ClientReport(pages_total=2, page_uses=uses))
+    by_page = {p.page_id: (p.session_id, p.use) for p in ledger.page_map(None).pages}
+    assert by_page[mine[0]] == (a.session_id, "resident") and by_page[mine[1]] == (a.session_id, "cached")
+    assert by_page[theirs[0]] == (b.session_id, "unknown")  # a's report cannot speak for b's page
+    assert 999 not in by_page

@@ -573,6 +573,7 @@ std::vector<vta_page_info_t> AddressSpace::pages() {
     vta_page_info_t info{};
     info.page_id = static_cast<uint64_t>(id);
     info.address = va;
+    info.tag = pages_.tag_of(id);
     auto r = restoring.find(id);
     if (r != restoring.end()) {
       info.address = r->second;

@@ -51,6 +51,7 @@ class PageTable {
   int32_t new_slot(PageHandle handle, uint64_t tag);  // -1 when nothing is mapped there
   uintptr_t address_of(int32_t id) const { return pages_[id].va; }
   PageHandle handle_of(int32_t id) const { return pages_[id].handle; }
+  uint64_t tag_of(int32_t id) const { return pages_[id].tag; }
 
   // Give every unmapped page back to the driver; returns the bytes released.
   uint64_t release_free_pages();

@@ -114,6 +114,7 @@ typedef struct vta_page_info {
   uint64_t address;               /* where it is mapped; 0 when unmapped */
   uint32_t state;                 /* VTA_PAGE_* */
   uint32_t num_allocs;            /* live allocations overlapping it */
+  uint64_t tag;                   /* leased page: the service's id for it (vta_space_import_page); else 0 */
 } vta_page_info_t;
 enum { VTA_PAGE_FREE = 0, VTA_PAGE_CACHED = 1, VTA_PAGE_ALLOCATED = 2, VTA_PAGE_EVICTED = 3, VTA_PAGE_IN_FLIGHT = 4 };
 /* vta_pages() also lists virtual pages whose bytes are evicted or in flight; those without a

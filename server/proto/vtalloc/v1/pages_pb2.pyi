@@ -12,9 +12,22 @@ class PageState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     PAGE_STATE_UNSPECIFIED: _ClassVar[PageState]
     PAGE_STATE_DELIVERING: _ClassVar[PageState]
     PAGE_STATE_LEASED: _ClassVar[PageState]
+
+class PageUse(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    PAGE_USE_UNKNOWN: _ClassVar[PageUse]
+    PAGE_USE_RESIDENT: _ClassVar[PageUse]
+    PAGE_USE_CACHED: _ClassVar[PageUse]
+    PAGE_USE_UNMAPPED: _ClassVar[PageUse]
+    PAGE_USE_IN_FLIGHT: _ClassVar[PageUse]
 PAGE_STATE_UNSPECIFIED: PageState
 PAGE_STATE_DELIVERING: PageState
 PAGE_STATE_LEASED: PageState
+PAGE_USE_UNKNOWN: PageUse
+PAGE_USE_RESIDENT: PageUse
+PAGE_USE_CACHED: PageUse
+PAGE_USE_UNMAPPED: PageUse
+PAGE_USE_IN_FLIGHT: PageUse
 
 class Quota(_message.Message):
     __slots__ = ("principal", "min_bytes", "max_bytes")
@@ -90,8 +103,16 @@ class ReturnReply(_message.Message):
     returned: int
     def __init__(self, returned: _Optional[int] = ...) -> None: ...
 
+class PageUseReport(_message.Message):
+    __slots__ = ("page_id", "use")
+    PAGE_ID_FIELD_NUMBER: _ClassVar[int]
+    USE_FIELD_NUMBER: _ClassVar[int]
+    page_id: int
+    use: PageUse
+    def __init__(self, page_id: _Optional[int] = ..., use: _Optional[_Union[PageUse, str]] = ...) -> None: ...
+
 class ClientReport(_message.Message):
-    __slots__ = ("allocated_bytes", "active_bytes", "mapped_bytes", "cached_bytes", "pages_total", "pages_allocated", "pages_cached", "pages_free", "evicted_bytes", "evicted_pages", "evictions_total", "restores_total", "ooms_total")
+    __slots__ = ("allocated_bytes", "active_bytes", "mapped_bytes", "cached_bytes", "pages_total", "pages_allocated", "pages_cached", "pages_free", "evicted_bytes", "evicted_pages", "evictions_total", "restores_total", "ooms_total", "page_uses")
     ALLOCATED_BYTES_FIELD_NUMBER: _ClassVar[int]
     ACTIVE_BYTES_FIELD_NUMBER: _ClassVar[int]
     MAPPED_BYTES_FIELD_NUMBER: _ClassVar[int]
@@ -105,6 +126,7 @@ class ClientReport(_message.Message):
     EVICTIONS_TOTAL_FIELD_NUMBER: _ClassVar[int]
     RESTORES_TOTAL_FIELD_NUMBER: _ClassVar[int]
     OOMS_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    PAGE_USES_FIELD_NUMBER: _ClassVar[int]
     allocated_bytes: int
     active_bytes: int
     mapped_bytes: int
@@ -118,7 +140,8 @@ class ClientReport(_message.Message):
     evictions_total: int
     restores_total: int
     ooms_total: int
-    def __init__(self, allocated_bytes: _Optional[int] = ..., active_bytes: _Optional[int] = ..., mapped_bytes: _Optional[int] = ..., cached_bytes: _Optional[int] = ..., pages_total: _Optional[int] = ..., pages_allocated: _Optional[int] = ..., pages_cached: _Optional[int] = ..., pages_free: _Optional[int] = ..., evicted_bytes: _Optional[int] = ..., evicted_pages: _Optional[int] = ..., evictions_total: _Optional[int] = ..., restores_total: _Optional[int] = ..., ooms_total: _Optional[int] = ...) -> None: ...
+    page_uses: _containers.RepeatedCompositeFieldContainer[PageUseReport]
+    def __init__(self, allocated_bytes: _Optional[int] = ..., active_bytes: _Optional[int] = ..., mapped_bytes: _Optional[int] = ..., cached_bytes: _Optional[int] = ..., pages_total: _Optional[int] = ..., pages_allocated: _Optional[int] = ..., pages_cached: _Optional[int] = ..., pages_free: _Optional[int] = ..., evicted_bytes: _Optional[int] = ..., evicted_pages: _Optional[int] = ..., evictions_total: _Optional[int] = ..., restores_total: _Optional[int] = ..., ooms_total: _Optional[int] = ..., page_uses: _Optional[_Iterable[_Union[PageUseReport, _Mapping]]] = ...) -> None: ...
 
 class ReportRequest(_message.Message):
     __slots__ = ("report",)
@@ -311,14 +334,16 @@ class ListPagesRequest(_message.Message):
     def __init__(self, session_id: _Optional[str] = ...) -> None: ...
 
 class PageEntry(_message.Message):
-    __slots__ = ("page_id", "session_id", "state")
+    __slots__ = ("page_id", "session_id", "state", "use")
     PAGE_ID_FIELD_NUMBER: _ClassVar[int]
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
+    USE_FIELD_NUMBER: _ClassVar[int]
     page_id: int
     session_id: str
     state: PageState
-    def __init__(self, page_id: _Optional[int] = ..., session_id: _Optional[str] = ..., state: _Optional[_Union[PageState, str]] = ...) -> None: ...
+    use: PageUse
+    def __init__(self, page_id: _Optional[int] = ..., session_id: _Optional[str] = ..., state: _Optional[_Union[PageState, str]] = ..., use: _Optional[_Union[PageUse, str]] = ...) -> None: ...
 
 class SessionPages(_message.Message):
     __slots__ = ("session_id", "principal", "pid", "reported", "report")
