@@ -222,7 +222,8 @@ void AddressSpace::free(uintptr_t address) {
   }
   live_.erase(it);
   if (a.evictable) evictable_bytes_ -= a.size;
-  touch_range_locked(address, a.size);  // its pages may have become (un)evictable
+  // Its pages may have become (un)evictable; with no evictable allocation left, none can be.
+  if (a.evictable || evictable_bytes_) touch_range_locked(address, a.size);
   stats_.allocated_bytes -= a.requested;
   stats_.active_bytes -= a.size;
   stats_.num_frees++;

@@ -120,6 +120,11 @@ bool HostStreams::record(uint64_t id, uint64_t stream_id) {
     auto it = events_.find(id);
     if (it == events_.end()) return false;
     generation = ++it->second.generation;
+    if (stream_id == 0) it->second.completed = generation;  // synchronous stream: complete now
+  }
+  if (stream_id == 0) {
+    events_cv_.notify_all();
+    return true;
   }
   return enqueue(stream_id, [this, id, generation] { complete(id, generation); });
 }
