@@ -96,7 +96,7 @@ uintptr_t AddressSpace::malloc(uint64_t nbytes, StreamHandle stream, bool allow_
   if (!ok) throw_oom_locked(nbytes);
 
   live_[address] = Allocation{rounded, nbytes, stream, small};
-  if (small && lru_pos_.count(page_of(address))) lru_remove_locked(page_of(address));  // now shared with a pinned block
+  if (small && !lru_.empty()) lru_remove_locked(page_of(address));  // now shared with a pinned block
   stats_.allocated_bytes += nbytes;
   stats_.active_bytes += rounded;
   stats_.peak_allocated_bytes = std::max(stats_.peak_allocated_bytes, stats_.allocated_bytes);
@@ -278,7 +278,7 @@ void AddressSpace::drain_pending_locked(bool wait) {
       give_event_locked(p.event);
       release_block_locked(p.address, p.size, p.small);
     }
-    it = queue.empty() ? pending_.erase(it) : std::next(it);
+    ++it;  // an emptied queue stays: streams are few, and a free per stream would re-create it
   }
 }
 
