@@ -283,6 +283,10 @@ void AddressSpace::drain_pending_locked(bool wait) {
 }
 
 void AddressSpace::release_large_range_locked(uintptr_t address, uint64_t size) {
+  if (away_.empty()) {  // every page is resident: the whole range stays mapped (cached)
+    free_mapped_.insert(address, size);
+    return;
+  }
   // Resident pages stay mapped (cached); evicted ones lose their copy and become unmapped VA.
   uintptr_t run = address;
   bool run_mapped = true;
