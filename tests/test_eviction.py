@@ -277,3 +277,16 @@ def test_malloc_without_eviction_fails_instead():
         assert s.residency(a) == "evicted"
         s.free(a)
         s.free(b)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_restores_count_in_the_peak_of_mapped_bytes(mode):
+    with space(mode) as s:
+        a = s.malloc(6 * MiB)
+        s.offload(a)
+        s.synchronize()
+        s.reset_peak_stats()
+        assert s.stats().peak_mapped_bytes == 0
+        s.ensure_resident(a)
+        assert s.stats().peak_mapped_bytes == 6 * MiB
+        s.free(a)

@@ -155,7 +155,6 @@ bool AddressSpace::mapped_range_locked(size_t npages, uintptr_t* out) {
     give_back();
     throw;
   }
-  note_mapped_locked();
   *out = va;
   return true;
 }
@@ -201,11 +200,6 @@ void AddressSpace::grow_va_locked(size_t min_bytes) {
     set->add_fence(va + bytes);
   }
   free_unmapped_.insert(va, bytes);
-}
-
-void AddressSpace::note_mapped_locked() {
-  uint64_t mapped = pages_.pages_mapped() * page_bytes_;
-  stats_.peak_mapped_bytes = std::max(stats_.peak_mapped_bytes, mapped);
 }
 
 void AddressSpace::free(uintptr_t address) {
@@ -382,7 +376,7 @@ uint64_t AddressSpace::size_of(uintptr_t address) {
 }
 
 const AddressSpace::Allocation& AddressSpace::find_allocation_locked(uintptr_t address, uint64_t offset,
-                                                                     uint64_t nbytes, uintptr_t* start) {
+                                                                     uint64_t nbytes) {
   auto it = live_.upper_bound(address);
   if (it == live_.begin()) throw_not_live_locked(address);
   --it;
@@ -394,15 +388,13 @@ const AddressSpace::Allocation& AddressSpace::find_allocation_locked(uintptr_t a
     fail(VTA_ERR_INVALID_ARGUMENT, "access of " + std::to_string(nbytes) + " bytes at offset " + std::to_string(offset) +
                                        " runs past the end of the " + std::to_string(a.requested) +
                                        "-byte allocation at " + hex(it->first));
-  *start = it->first;
   return a;
 }
 
 void AddressSpace::write(uintptr_t address, uint64_t offset, const void* src, uint64_t nbytes) {
   std::lock_guard<std::mutex> lk(mu_);
   check_open_locked();
-  uintptr_t start = 0;
-  const Allocation& a = find_allocation_locked(address, offset, nbytes, &start);
+  const Allocation& a = find_allocation_locked(address, offset, nbytes);
   if (nbytes == 0) return;
   copy_bytes_locked(address + offset, reinterpret_cast<uintptr_t>(src), nbytes, a.stream, true);
 }
@@ -410,8 +402,7 @@ void AddressSpace::write(uintptr_t address, uint64_t offset, const void* src, ui
 void AddressSpace::read(uintptr_t address, uint64_t offset, void* dst, uint64_t nbytes) {
   std::lock_guard<std::mutex> lk(mu_);
   check_open_locked();
-  uintptr_t start = 0;
-  const Allocation& a = find_allocation_locked(address, offset, nbytes, &start);
+  const Allocation& a = find_allocation_locked(address, offset, nbytes);
   if (nbytes == 0) return;
   copy_bytes_locked(address + offset, reinterpret_cast<uintptr_t>(dst), nbytes, a.stream, false);
 }
@@ -536,6 +527,7 @@ vta_stats_t AddressSpace::stats() {
   s.pages_total = pages_.pages_held();
   s.pages_mapped = pages_.pages_mapped();
   s.pages_free = pages_.pages_unmapped();
+  s.peak_mapped_bytes = pages_.peak_pages_mapped() * page_bytes_;
   s.num_map_calls = pages_.num_map_calls();
   s.num_unmap_calls = pages_.num_unmap_calls();
   s.evict_mode = mapped_mode_ ? VTA_EVICT_MAPPED : VTA_EVICT_COPY;
@@ -558,7 +550,7 @@ void AddressSpace::reset_peak_stats() {
   check_open_locked();
   stats_.peak_allocated_bytes = stats_.allocated_bytes;
   stats_.peak_active_bytes = stats_.active_bytes;
-  stats_.peak_mapped_bytes = pages_.pages_mapped() * page_bytes_;
+  pages_.reset_peak();
 }
 
 std::vector<vta_page_info_t> AddressSpace::pages() {

@@ -135,10 +135,9 @@ class AddressSpace {
   EventHandle take_event_locked();
   void give_event_locked(EventHandle e) { idle_events_.push_back(e); }
   std::map<uintptr_t, Allocation>::iterator find_live_locked(uintptr_t address);
-  const Allocation& find_allocation_locked(uintptr_t address, uint64_t offset, uint64_t nbytes, uintptr_t* start);
+  const Allocation& find_allocation_locked(uintptr_t address, uint64_t offset, uint64_t nbytes);
   [[noreturn]] void throw_oom_locked(uint64_t requested, const char* why = nullptr);
   [[noreturn]] void throw_not_live_locked(uintptr_t address);
-  void note_mapped_locked();
   void copy_bytes_locked(uintptr_t va, uintptr_t host, uint64_t n, StreamHandle stream, bool to_va);
 
   // Residency (csrc/evict/residency.cpp).

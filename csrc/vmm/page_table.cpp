@@ -113,6 +113,7 @@ void PageTable::map_pages(uintptr_t va, const std::vector<int32_t>& ids) {
     mapped_[at] = ids[i];
   }
   pages_mapped_ += ids.size();
+  if (pages_mapped_ > peak_pages_mapped_) peak_pages_mapped_ = pages_mapped_;
 }
 
 void PageTable::unmap_range(uintptr_t va, size_t bytes) {

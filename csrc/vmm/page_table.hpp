@@ -66,6 +66,8 @@ class PageTable {
 
   uint64_t pages_held() const { return pages_held_; }
   uint64_t pages_mapped() const { return pages_mapped_; }
+  uint64_t peak_pages_mapped() const { return peak_pages_mapped_; }
+  void reset_peak() { peak_pages_mapped_ = pages_mapped_; }
   uint64_t pages_unmapped() const { return free_pool_.size(); }
   uint64_t num_map_calls() const { return num_map_calls_; }
   uint64_t num_unmap_calls() const { return num_unmap_calls_; }
@@ -96,6 +98,7 @@ class PageTable {
   uint64_t reserved_bytes_ = 0;
   uint64_t pages_held_ = 0;
   uint64_t pages_mapped_ = 0;
+  uint64_t peak_pages_mapped_ = 0;  // every mapping counts: allocations, restores
   uint64_t num_map_calls_ = 0;
   uint64_t num_unmap_calls_ = 0;
 };
