@@ -26,6 +26,8 @@ _MAX_U64 = (1 << 64) - 1
 
 
 def _as_u64(value: Any, name: str, *, positive: bool = False) -> int:
+    if type(value) is int and (1 if positive else 0) <= value <= _MAX_U64:
+        return value  # the common case, checked in one comparison (bools are not exactly int)
     if isinstance(value, bool):
         raise InvalidArgumentError(f"{name} must be an integer, not a bool")
     try:
@@ -143,14 +145,18 @@ class AddressSpace(NativeHandle):
         s = _as_u64(stream, "stream")
         out = ctypes.c_uint64()
         if evict:
-            _native.check(self._lib.vta_malloc(self._h(), n, s, ctypes.byref(out)))
+            status = self._lib.vta_malloc(self._h(), n, s, ctypes.byref(out))
         else:
-            _native.check(self._lib.vta_malloc_ex(self._h(), n, s, _native.MALLOC_NO_EVICT, ctypes.byref(out)))
+            status = self._lib.vta_malloc_ex(self._h(), n, s, _native.MALLOC_NO_EVICT, ctypes.byref(out))
+        if status:
+            _native.check(status)
         return out.value
 
     def free(self, address: int) -> None:
         """Free an address returned by :meth:`malloc` (double, foreign or interior frees raise)."""
-        _native.check(self._lib.vta_free(self._h(), _as_u64(address, "address")))
+        status = self._lib.vta_free(self._h(), _as_u64(address, "address"))
+        if status:
+            _native.check(status)
 
     def size_of(self, address: int) -> int:
         """The size that was requested for the allocation at ``address``."""
