@@ -47,17 +47,30 @@ def _main(debug: bool = typer.Option(False, "--debug", help="Show tracebacks on 
 @app.command()
 def info(json_out: bool = typer.Option(False, "--json", help="Print JSON (schema vtalloc.info/v1).")) -> None:
     """Which backends can run here, and why not."""
+    from dataclasses import asdict
+
+    from vtalloc.allocator.device_info import device_info
+
     rows = {}
     for name in ("cuda", "host"):
         ok, why = backend_available(name)
         rows[name] = {"available": ok, "reason": why}
+    try:
+        driver: dict | None = asdict(device_info(0))
+    except BackendUnavailableError:
+        driver = None  # the backend rows say why
     if json_out:
-        print(json.dumps({"schema": "vtalloc.info/v1", "backends": rows}))
+        print(json.dumps({"schema": "vtalloc.info/v1", "backends": rows, "cuda_device_0": driver}))
         return
     t = Table("backend", "available", "reason")
     for name, r in rows.items():
         t.add_row(name, "yes" if r["available"] else "no", r["reason"])
     console.print(t)
+    if driver:
+        console.print(f"cuda device 0: {driver['name']}, driver {driver['driver_version']}, "
+                      f"{format_size(driver['free_bytes'])} free of {format_size(driver['total_bytes'])}, "
+                      f"VMM {'yes' if driver['vmm_supported'] else 'no'}, host-located VMM pages (mapped eviction) "
+                      f"{'yes' if driver['host_numa_vmm_supported'] else 'no'}")
 
 
 @app.command()
