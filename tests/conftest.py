@@ -1,5 +1,6 @@
-"""Test-wide rules: GPU tests skip only when no CUDA device/driver is found, and every test
-ends with nothing held: no page, mapping, reservation, pinned byte, event or stream.
+"""Test-wide rules: GPU tests skip only when no CUDA device/driver is found, every test ends
+with nothing held (no page, mapping, reservation, pinned byte, event or stream), and under CI
+(CI=true) hypothesis runs derandomized.
 
 Shared helpers live in tests/helpers/, never here.
 """
@@ -7,8 +8,16 @@ Shared helpers live in tests/helpers/, never here.
 from __future__ import annotations
 
 import gc
+import os
 
 import pytest
+from hypothesis import settings
+
+# CI replays the same examples every run (a red CI must mean a change broke something, not
+# that a random draw found an old bug); local runs keep exploring new examples.
+settings.register_profile("ci", derandomize=True, print_blob=True)
+if os.environ.get("CI") == "true":
+    settings.load_profile("ci")
 
 from vtalloc.allocator import backend_available, global_counters
 
