@@ -87,9 +87,10 @@ uintptr_t AddressSpace::malloc(uint64_t nbytes, StreamHandle stream, bool allow_
   drain_pending_locked(false);
   drain_inflight_locked(false);
   uintptr_t address = 0;
+  uint64_t released = pending_released_;
   bool ok = try_malloc_locked(rounded, small, &address);
-  if (!ok && pending_count_) {
-    // Frees still in flight on their streams hold memory: wait for them, then retry.
+  if (!ok && (pending_count_ || pending_released_ != released)) {
+    // Frees that waited for their stream may have left a block this request fits in.
     drain_pending_locked(true);
     ok = try_malloc_locked(rounded, small, &address);
   }
@@ -160,10 +161,16 @@ bool AddressSpace::mapped_range_locked(size_t npages, uintptr_t* out) {
 }
 
 bool AddressSpace::obtain_page_locked(int32_t* id) {
+  // Cheapest first: a free page, a cached one, memory freed but waiting for its stream, and
+  // only then a copy of the least recently used evictable page to host memory.
   for (;;) {
     if (pages_.acquire_page(id)) return true;
     if (reclaim_one_page_locked()) continue;
-    if (!evict_allowed_ || !evict_lru_locked()) return false;  // the LRU evictable page goes to host
+    if (pending_count_) {
+      drain_pending_locked(true);
+      continue;
+    }
+    if (!evict_allowed_ || !evict_lru_locked()) return false;
   }
 }
 
@@ -268,6 +275,7 @@ void AddressSpace::drain_pending_locked(bool wait) {
       if (!event_done_locked(p.event, wait)) break;  // later frees on this stream were recorded after it
       queue.pop_front();
       --pending_count_;
+      ++pending_released_;
       stats_.pending_free_bytes -= p.size;
       give_event_locked(p.event);
       release_block_locked(p.address, p.size, p.small);

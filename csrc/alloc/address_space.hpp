@@ -10,8 +10,10 @@
 //   1. best-fit among cached free ranges that still have pages mapped (no driver call);
 //   2. best-fit among unmapped free ranges (reserving more VA if none fits), backed by
 //      pages taken from the unmapped pool, created under capacity, reclaimed from cached
-//      free ranges, or freed by evicting the least-recently-used evictable page;
-//   3. wait for pending frees of other streams and retry; then OutOfMemory.
+//      free ranges, freed by waiting for frees still pending on their streams, or freed by
+//      evicting the least-recently-used evictable page (obtain_page_locked, in that order);
+//   3. if pending frees completed meanwhile, retry once (a small request may now fit a
+//      freed block); then OutOfMemory.
 // Small allocations (<= small_threshold) are 512-byte blocks packed into one-page slabs.
 //
 // Page residency (per virtual page under live data):
@@ -188,6 +190,7 @@ class AddressSpace {
   // complete in order, so a drain stops at the first incomplete event of each stream.
   std::unordered_map<StreamHandle, std::deque<PendingFree>> pending_;
   uint64_t pending_count_ = 0;
+  uint64_t pending_released_ = 0;  // frees that completed their wait, ever (malloc retries after one)
   std::vector<EventHandle> idle_events_;
   std::vector<EventHandle> all_events_;
 

@@ -191,13 +191,7 @@ void AddressSpace::restore_page_locked(uintptr_t va, StreamHandle consumer) {
   AwayPage& q = away_.at(va);
   if (q.state != Residency::evicted) return;  // already restoring
   int32_t id = -1;
-  if (!obtain_page_locked(&id)) {
-    if (pending_count_) {
-      drain_pending_locked(true);
-      if (!obtain_page_locked(&id)) id = -1;
-    }
-    if (id < 0) throw_oom_locked(page_bytes_, "no device page to restore an evicted page into");
-  }
+  if (!obtain_page_locked(&id)) throw_oom_locked(page_bytes_, "no device page to restore an evicted page into");
   AwayPage& r = away_.at(va);  // obtain may have evicted others: re-find
   StreamHandle cs = 0;
   uintptr_t dst = va;
