@@ -304,8 +304,7 @@ class PagedActivations:
                     if pos >= len(expect) or expect[pos] != saved.index:
                         self._fall_back()
                     self._unpack_pos += 1
-            was_resident = self.pager.is_resident(saved.handle) if saved.state != "consumed" else True
-            if not was_resident and saved.state == "offloaded":
+            if saved.state == "offloaded" and not self.pager.is_resident(saved.handle):
                 self._counts["on_demand"] += 1
         t0 = time.perf_counter()
         tensor = self.pager.unpack(saved.handle)
