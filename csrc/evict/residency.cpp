@@ -4,9 +4,9 @@
 // pages under live data (see address_space.hpp for the invariants). Every transition that
 // fails part-way leaves the bytes where they were: a failed copy or map undoes its own
 // steps before the error propagates, and the page keeps its previous state.
+#include <unistd.h>
+
 #include <algorithm>
-#include <cstdio>
-#include <fstream>
 #include <string>
 
 #include "alloc/address_space.hpp"
@@ -15,18 +15,12 @@ namespace vta {
 
 namespace {
 // Default host pool: four times the device capacity, at most half the machine's memory.
+// The machine's memory comes from sysconf, never from an iostream: the core must not touch
+// the C++ locale machinery (see docs/design.md, "No iostreams in the core").
 uint64_t default_host_capacity(uint64_t device_capacity) {
-  uint64_t limit = 0;
-  std::ifstream meminfo("/proc/meminfo");
-  std::string key;
-  uint64_t kib = 0;
-  while (meminfo >> key >> kib) {
-    if (key == "MemTotal:") {
-      limit = kib * 1024 / 2;
-      break;
-    }
-    meminfo.ignore(256, '\n');
-  }
+  long pages = sysconf(_SC_PHYS_PAGES);
+  long page_size = sysconf(_SC_PAGESIZE);
+  uint64_t limit = pages > 0 && page_size > 0 ? static_cast<uint64_t>(pages) * static_cast<uint64_t>(page_size) / 2 : 0;
   uint64_t want = device_capacity * 4;
   return limit ? std::min(want, limit) : want;
 }
