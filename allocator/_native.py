@@ -72,6 +72,8 @@ EVICT_MODE_NAMES = {v: k for k, v in EVICT_MODES.items()}
 RESIDENCY_NAMES = {0: "resident", 1: "evicted", 2: "in_flight"}
 NO_PAGE = (1 << 64) - 1
 FAULT_OPS = {"copy": 0, "map": 1, "create_page": 2, "set_access": 3}
+# vta_debug_break_ordering bits (tests only)
+ORDERING_RULES = {"quiesce": 1, "copy_order": 2, "free_wait": 4}
 
 
 class VtaGlobalCounters(ctypes.Structure):
@@ -114,6 +116,7 @@ _PROTOTYPES = {
     "vta_ensure_resident": (i32, [ctypes.c_void_p, u64, u64, i32]),
     "vta_residency": (i32, [ctypes.c_void_p, u64, _P(i32)]),
     "vta_debug_inject_fault": (i32, [ctypes.c_void_p, i32, i32]),
+    "vta_debug_break_ordering": (i32, [ctypes.c_void_p, ctypes.c_uint32]),
     "vta_space_import_page": (i32, [ctypes.c_void_p, i32, u64]),
     "vta_space_return_pages": (i32, [ctypes.c_void_p, u64, _P(u64), _P(u64)]),
     "vta_pool_create": (i32, [_P(VtaConfig), _P(ctypes.c_void_p)]),

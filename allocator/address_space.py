@@ -197,13 +197,17 @@ class AddressSpace(NativeHandle):
 
     # -- maintenance ----------------------------------------------------------------------
     def trim(self) -> int:
-        """Unmap cached free ranges and give unmapped pages back; returns the bytes released."""
+        """Unmap cached free ranges, release the device pages offloaded allocations still hold,
+        and give unmapped pages back; returns the bytes released."""
         out = ctypes.c_uint64()
         _native.check(self._lib.vta_trim(self._h(), ctypes.byref(out)))
         return out.value
 
     def synchronize(self) -> None:
-        """Wait for every pending free's stream, so freed memory is reusable at once."""
+        """Wait for every pending free's stream and every copy in flight, so freed memory is
+        reusable at once; then make the deferred mapping changes (offloaded pages give their
+        device pages back, restored pages take their address), after waiting for the streams
+        that may touch those pages (docs/eviction.md, "Ordering")."""
         _native.check(self._lib.vta_synchronize(self._h()))
 
     # -- eviction engine ------------------------------------------------------------------
@@ -244,6 +248,19 @@ class AddressSpace(NativeHandle):
         if op not in _native.FAULT_OPS:
             raise InvalidArgumentError(f"unknown fault op {op!r}")
         _native.check(self._lib.vta_debug_inject_fault(self._h(), _native.FAULT_OPS[op], int(times)))
+
+    def _break_ordering(self, *rules: str) -> None:
+        """Tests only: break ordering rules of the eviction engine ("quiesce": change mappings
+        without waiting for the streams that may touch them; "copy_order": evict without waiting
+        for the page's last use; "free_wait": reuse freed memory without waiting for its stream),
+        so a stress test can show it catches the race. No rule given: the rules hold again."""
+        unknown = [r for r in rules if r not in _native.ORDERING_RULES]
+        if unknown:
+            raise InvalidArgumentError(f"unknown ordering rule(s) {unknown}; known: {sorted(_native.ORDERING_RULES)}")
+        mask = 0
+        for r in rules:
+            mask |= _native.ORDERING_RULES[r]
+        _native.check(self._lib.vta_debug_break_ordering(self._h(), mask))
 
     # -- leased pages (the client side of the service) -------------------------------------
     def import_page(self, fd: int, tag: int) -> None:

@@ -161,8 +161,9 @@ bool AddressSpace::mapped_range_locked(size_t npages, uintptr_t* out) {
 }
 
 bool AddressSpace::obtain_page_locked(int32_t* id) {
-  // Cheapest first: a free page, a cached one, memory freed but waiting for its stream, and
-  // only then a copy of the least recently used evictable page to host memory.
+  // Cheapest first: a free page, a cached one, memory freed but waiting for its stream, the
+  // device pages that evicted pages still hold (after their streams' work), and only then a
+  // copy of the least recently used evictable page to host memory.
   for (;;) {
     if (pages_.acquire_page(id)) return true;
     if (reclaim_one_page_locked()) continue;
@@ -170,6 +171,7 @@ bool AddressSpace::obtain_page_locked(int32_t* id) {
       drain_pending_locked(true);
       continue;
     }
+    if (release_evicted_locked()) continue;
     if (!evict_allowed_ || !evict_lru_locked()) return false;
   }
 }
@@ -272,7 +274,8 @@ void AddressSpace::drain_pending_locked(bool wait) {
     auto& queue = it->second;
     while (!queue.empty()) {
       PendingFree p = queue.front();
-      if (!event_done_locked(p.event, wait)) break;  // later frees on this stream were recorded after it
+      bool done = broken(VTA_DEBUG_BREAK_FREE_WAIT) || event_done_locked(p.event, wait);
+      if (!done) break;  // later frees on this stream were recorded after it
       queue.pop_front();
       --pending_count_;
       ++pending_released_;
@@ -415,23 +418,38 @@ void AddressSpace::read(uintptr_t address, uint64_t offset, void* dst, uint64_t 
   copy_bytes_locked(address + offset, reinterpret_cast<uintptr_t>(dst), nbytes, a.stream, false);
 }
 
-// Copy between [va, va + n) and host memory without changing residency: resident pages and
-// host-mapped evicted pages are reached at their address, copy-mode evicted ones in their
-// host slot; in-flight pages are waited for first.
+// Copy between [va, va + n) and host memory without restoring anything: resident pages,
+// host-mapped evicted pages and restored pages not yet swapped in are reached at their
+// address, copy-mode evicted ones in their host slot; in-flight pages are waited for first.
+// A write to an evicted page whose device page is still held goes to both copies; a write to
+// a restored page swaps it in first (the device copy would go stale otherwise).
 void AddressSpace::copy_bytes_locked(uintptr_t va, uintptr_t host, uint64_t n, StreamHandle stream, bool to_va) {
   uintptr_t at = va;
   while (at < va + n) {
     uintptr_t page = page_of(at);
     uint64_t chunk = std::min<uint64_t>(page + page_bytes_, va + n) - at;
-    uintptr_t target = at;
+    uintptr_t target = at, also = 0;
     auto it = away_.find(page);
     if (it != away_.end()) {
       finish_inflight_locked(page, true);
       it = away_.find(page);
-      if (it != away_.end() && !it->second.host_mapped) target = it->second.slot.addr + (at - page);
+      if (it != away_.end() && to_va && it->second.state == Residency::restored) {
+        swap_restored_locked();
+        it = away_.find(page);
+      }
+      if (it != away_.end()) {
+        const AwayPage& p = it->second;
+        uintptr_t slot = p.slot.addr + (at - page);
+        if (p.state == Residency::evicted && p.device_held) {
+          if (to_va) also = slot;
+        } else if (!p.host_mapped) {
+          target = slot;
+        }
+      }
     }
     uintptr_t h = host + (at - va);
     check(to_va ? backend_->copy(target, h, chunk, stream) : backend_->copy(h, target, chunk, stream));
+    if (also) check(backend_->copy(also, h, chunk, stream));
     at += chunk;
   }
   check(backend_->stream_synchronize(stream));
@@ -441,6 +459,8 @@ uint64_t AddressSpace::trim() {
   std::lock_guard<std::mutex> lk(mu_);
   check_open_locked();
   drain_pending_locked(true);
+  drain_inflight_locked(false);
+  release_evicted_locked();  // their device pages become free pages, released below
   if (spare_slab_) {
     bool taken = small_free_.take_exact(spare_slab_, page_bytes_);
     VTA_INVARIANT(taken);
@@ -474,6 +494,8 @@ std::vector<uint64_t> AddressSpace::return_pages(uint64_t max_pages) {
   check_open_locked();
   if (!leased_) fail(VTA_ERR_INVALID_ARGUMENT, "return_pages needs an address space created in leased mode");
   drain_pending_locked(false);
+  drain_inflight_locked(false);
+  if (pages_.pages_unmapped() < max_pages) release_evicted_locked();
   while (pages_.pages_unmapped() < max_pages && reclaim_one_page_locked()) {
   }
   return pages_.give_back_pages(max_pages);
@@ -484,6 +506,9 @@ void AddressSpace::synchronize() {
   check_open_locked();
   drain_pending_locked(true);
   drain_inflight_locked(true);
+  // Every deferred mapping change happens now, after one wait for the streams involved.
+  release_evicted_locked();
+  swap_restored_locked();
 }
 
 void AddressSpace::close() {
@@ -539,14 +564,18 @@ vta_stats_t AddressSpace::stats() {
   s.num_map_calls = pages_.num_map_calls();
   s.num_unmap_calls = pages_.num_unmap_calls();
   s.evict_mode = mapped_mode_ ? VTA_EVICT_MAPPED : VTA_EVICT_COPY;
-  uint64_t evicted = 0;
-  for (auto& [va, p] : away_)
+  uint64_t evicted = 0, held = 0, restored = 0;
+  for (auto& [va, p] : away_) {
     if (p.state == Residency::evicted) ++evicted;
+    if (p.state == Residency::evicted && p.device_held) ++held;
+    if (p.state == Residency::restored) ++restored;
+  }
   s.pages_evicted = evicted;
-  s.pages_in_flight = in_flight_;
+  s.pages_in_flight = in_flight_ + restored;
   s.evicted_bytes = evicted * page_bytes_;
   s.evictable_bytes = evictable_bytes_;
-  s.pages_resident = pages_.pages_mapped() - free_mapped_.total_bytes() / page_bytes_ - (spare_slab_ ? 1 : 0);
+  // Held device pages of evicted pages are mapped but hold no resident data of their own.
+  s.pages_resident = pages_.pages_mapped() - free_mapped_.total_bytes() / page_bytes_ - (spare_slab_ ? 1 : 0) - held;
   s.host_pool_capacity_bytes = host_capacity_;
   s.host_pool_bytes = host_pool_ ? host_pool_->held_bytes() : 0;
   s.host_pool_used_bytes = host_pool_ ? host_pool_->used_bytes() : 0;
@@ -572,7 +601,8 @@ std::vector<vta_page_info_t> AddressSpace::pages() {
   };
   std::unordered_map<int32_t, uintptr_t> restoring;  // device page id -> the address it fills
   for (auto& [va, p] : away_)
-    if (p.state == Residency::restoring) restoring[p.device_page] = va;
+    if ((p.state == Residency::restoring || p.state == Residency::restored) && p.device_page >= 0)
+      restoring[p.device_page] = va;
   std::vector<vta_page_info_t> out;
   pages_.for_each_page([&](int32_t id, uintptr_t va) {
     vta_page_info_t info{};
@@ -587,7 +617,8 @@ std::vector<vta_page_info_t> AddressSpace::pages() {
     } else if (va == 0) {
       info.state = VTA_PAGE_FREE;
     } else if (away_.count(va)) {
-      info.state = VTA_PAGE_IN_FLIGHT;  // being evicted
+      // Being evicted, or evicted with its device page not yet released.
+      info.state = away_.at(va).state == Residency::evicted ? VTA_PAGE_EVICTED : VTA_PAGE_IN_FLIGHT;
       info.num_allocs = count_allocs(va);
     } else {
       info.num_allocs = count_allocs(va);
@@ -601,7 +632,7 @@ std::vector<vta_page_info_t> AddressSpace::pages() {
     out.push_back(info);
   });
   for (auto& [va, p] : away_) {
-    if (p.state != Residency::evicted) continue;  // in-flight ones were listed with their device page
+    if (p.state != Residency::evicted || p.device_held) continue;  // the others were listed with their device page
     vta_page_info_t info{};
     info.page_id = VTA_NO_PAGE;
     info.address = va;

@@ -17,12 +17,22 @@
 // Small allocations (<= small_threshold) are 512-byte blocks packed into one-page slabs.
 //
 // Page residency (per virtual page under live data):
-//   resident -> evicting -> evicted -> restoring -> resident
+//   resident -> evicting -> evicted -> restoring [-> restored] -> resident
 // evicting: a copy to the host pool is queued on the copy stream after events recorded on
-// the streams of the page's allocations; the device page is unmapped only once the copy
-// completed. restoring: a fresh device page receives the bytes; the consumer stream waits
-// on the copy; in copy mode the page is mapped at its address before the copy, in mapped
-// mode it is filled through a window address and swapped in when the copy completed.
+// the streams of the page's allocations. evicted: the bytes are safe in the host pool; the
+// device page stays mapped at the address ("held") until memory is needed, so nothing
+// changes under work that may still read it. restoring: a fresh device page receives the
+// bytes; the consumer stream waits on the copy; in copy mode the page is mapped at its
+// (unmapped) address before the copy, in mapped mode it is filled through a window address.
+// restored (mapped mode): the copy completed; the host page is swapped out for it later.
+//
+// Ordering (invariant 4, docs/eviction.md): the mapping under an address that live or
+// pending-free data occupies changes only after a host-side wait for events recorded, at the
+// time of the change, on every stream that may touch the page: the streams of its
+// allocations, of frees pending on it and of its restore's consumers (quiesce_pages_locked).
+// Those changes are batched so one wait covers many pages: releasing held device pages
+// (obtain_page_locked, trim, synchronize, return_pages) and swapping restored pages in
+// (ensure_resident, synchronize).
 //
 // Invariants: every address is 512-byte aligned; allocations of a page or more are
 // page-aligned; addresses never change (eviction included); a device page is unmapped only
@@ -77,6 +87,9 @@ class AddressSpace {
   void ensure_resident(uintptr_t address, const StreamHandle* stream);
   int residency(uintptr_t address);
   void inject_fault(int op, int times);
+  // Test support: deliberately break one ordering rule (VTA_DEBUG_BREAK_* bits), to show
+  // that the stress tests catch it. Never set outside tests.
+  void break_ordering(uint32_t mask);
 
   // Leased mode (VTA_CONFIG_LEASED): pages come from the service, not from the backend.
   void import_page(int fd, uint64_t tag);
@@ -105,15 +118,17 @@ class AddressSpace {
     bool small;
     EventHandle event;
   };
-  enum class Residency : uint8_t { evicting, evicted, restoring };
+  enum class Residency : uint8_t { evicting, evicted, restoring, restored };
   // A virtual page (under live data) whose bytes are not, or not only, in a device page.
   struct AwayPage {
     Residency state;
     HostPool::Slot slot;       // where the bytes are, or are going
-    int32_t device_page = -1;  // restoring: the page being filled
+    int32_t device_page = -1;  // restoring/restored: the page being filled
+    bool device_held = false;  // evicted: the device page is still mapped at the address
     bool host_mapped = false;  // mapped mode: slot.page is mapped at the virtual page
     bool window_mapped = false;  // mapped mode restore: device_page mapped at its window
     EventHandle event = 0;     // completes the in-flight copy
+    std::vector<StreamHandle> consumers;  // restoring/restored: streams ordered after the copy
     Clock::time_point issued;
   };
 
@@ -160,6 +175,20 @@ class AddressSpace {
   void finish_inflight_locked(uintptr_t va, bool wait);
   void drain_inflight_locked(bool wait);
   void drop_away_page_locked(uintptr_t va);
+  // Wait on the host until no work queued so far may touch these pages (see Ordering above).
+  void quiesce_pages_locked(const std::vector<uintptr_t>& vas);
+  // Release the device pages that evicted pages still hold (one quiesce); how many.
+  size_t release_evicted_locked();
+  void release_held_page_locked(uintptr_t va, AwayPage& p);
+  // Restored pages (mapped mode): one quiesce, then the device page replaces the host page.
+  void swap_restored_locked();
+  void swap_restored_page_locked(uintptr_t va, AwayPage& p);
+  // An evicted page whose device page was never released becomes resident again (no copy).
+  void unevict_held_locked(uintptr_t va);
+  // A restored page goes back to evicted: its device page (at the window) returns to the pool.
+  void unrestore_locked(uintptr_t va, AwayPage& p);
+  void finish_resident_locked(uintptr_t va);
+  bool broken(uint32_t bit) const { return (debug_break_ & bit) != 0; }
   void prefetch_locked(uintptr_t start, uint64_t bytes, StreamHandle consumer);
   void ensure_resident_locked(uintptr_t start, uint64_t bytes, StreamHandle consumer);
   void stash_slab_locked(uintptr_t slab);
@@ -209,6 +238,7 @@ class AddressSpace {
   uintptr_t window_ = 0;               // mapped mode: device pages' window reservation
   size_t window_bytes_ = 0;
   uint64_t evictable_bytes_ = 0;
+  uint32_t debug_break_ = 0;  // VTA_DEBUG_BREAK_* bits (tests only)
 
   vta_stats_t stats_{};
 };

@@ -114,6 +114,7 @@ bool AddressSpace::evict_page_locked(uintptr_t va, bool wait) {
     for_each_alloc_on_page_locked(va, [&](uintptr_t, const Allocation& a) {
       if (std::find(streams.begin(), streams.end(), a.stream) == streams.end()) streams.push_back(a.stream);
     });
+    if (broken(VTA_DEBUG_BREAK_COPY_ORDER)) streams.clear();
     for (StreamHandle s : streams) {
       EventHandle e = take_event_locked();
       Status st = backend_->event_record(e, s);
@@ -148,15 +149,50 @@ bool AddressSpace::evict_page_locked(uintptr_t va, bool wait) {
 }
 
 void AddressSpace::complete_evict_locked(uintptr_t va, AwayPage& p) {
-  // The copy completed: only now may the device page go.
-  pages_.unmap_range(va, page_bytes_);
+  // The copy completed: the bytes are safe in the host pool. The device page stays mapped
+  // at the address (held) until memory is needed: work queued after the offload may still
+  // read it, and unmapping it under that work would be an illegal access.
   p.state = Residency::evicted;
+  p.device_held = true;
   --in_flight_;
   stats_.evictions++;
   stats_.bytes_evicted_total += page_bytes_;
   stats_.evict_copy_ns += ns_since(p.issued);
   give_event_locked(p.event);
   p.event = 0;
+  if (broken(VTA_DEBUG_BREAK_QUIESCE)) release_held_page_locked(va, p);  // eager, as if nothing could touch it
+}
+
+void AddressSpace::quiesce_pages_locked(const std::vector<uintptr_t>& vas) {
+  if (broken(VTA_DEBUG_BREAK_QUIESCE)) return;
+  std::vector<StreamHandle> streams;
+  auto add = [&](StreamHandle s) {
+    if (std::find(streams.begin(), streams.end(), s) == streams.end()) streams.push_back(s);
+  };
+  for (uintptr_t va : vas) {
+    for_each_alloc_on_page_locked(va, [&](uintptr_t, const Allocation& a) { add(a.stream); });
+    auto it = away_.find(va);
+    if (it != away_.end())
+      for (StreamHandle s : it->second.consumers) add(s);
+  }
+  if (pending_count_) {  // a freed block's work may still run until its free completes
+    for (auto& [stream, queue] : pending_)
+      for (const PendingFree& f : queue)
+        for (uintptr_t va : vas)
+          if (f.address < va + page_bytes_ && f.address + f.size > va) add(stream);
+  }
+  for (StreamHandle s : streams) {
+    EventHandle e = take_event_locked();
+    Status st = backend_->event_record(e, s);
+    if (st.is_ok()) st = backend_->event_synchronize(e);
+    give_event_locked(e);
+    check(st);
+  }
+}
+
+void AddressSpace::release_held_page_locked(uintptr_t va, AwayPage& p) {
+  pages_.unmap_range(va, page_bytes_);
+  p.device_held = false;
   if (mapped_mode_) {
     // Keep the address valid: map the host-located copy there.
     Status s = backend_->map(va, page_bytes_, p.slot.page);
@@ -166,6 +202,30 @@ void AddressSpace::complete_evict_locked(uintptr_t va, AwayPage& p) {
     }
     p.host_mapped = s.is_ok();  // if not, the bytes are still safe in the slot (copy-mode semantics)
   }
+}
+
+size_t AddressSpace::release_evicted_locked() {
+  std::vector<uintptr_t> vas;
+  for (auto& [va, p] : away_)
+    if (p.state == Residency::evicted && p.device_held) vas.push_back(va);
+  if (vas.empty()) return 0;
+  quiesce_pages_locked(vas);
+  for (uintptr_t va : vas) release_held_page_locked(va, away_.at(va));
+  return vas.size();
+}
+
+void AddressSpace::finish_resident_locked(uintptr_t va) {
+  away_.erase(va);
+  if (slab_used_.count(va)) unstash_slab_locked(va);
+  touch_page_locked(va);
+}
+
+void AddressSpace::unevict_held_locked(uintptr_t va) {
+  AwayPage& p = away_.at(va);
+  VTA_INVARIANT(p.state == Residency::evicted && p.device_held);
+  host_pool_->release(p.slot);  // the device page never stopped holding the bytes
+  stats_.restores++;
+  finish_resident_locked(va);
 }
 
 bool AddressSpace::evict_lru_locked() {
@@ -180,10 +240,19 @@ bool AddressSpace::evict_lru_locked() {
 }
 
 void AddressSpace::restore_page_locked(uintptr_t va, StreamHandle consumer) {
-  AwayPage& p = away_.at(va);
-  if (p.state == Residency::evicting) finish_inflight_locked(va, true);
+  if (away_.at(va).state == Residency::evicting) finish_inflight_locked(va, true);
   AwayPage& q = away_.at(va);
-  if (q.state != Residency::evicted) return;  // already restoring
+  if (q.state == Residency::restoring || q.state == Residency::restored) {
+    if (std::find(q.consumers.begin(), q.consumers.end(), consumer) == q.consumers.end()) {
+      if (q.state == Residency::restoring && consumer != copy_stream_) check(backend_->stream_wait_event(consumer, q.event));
+      q.consumers.push_back(consumer);
+    }
+    return;
+  }
+  if (q.device_held) {
+    unevict_held_locked(va);
+    return;
+  }
   int32_t id = -1;
   if (!obtain_page_locked(&id)) throw_oom_locked(page_bytes_, "no device page to restore an evicted page into");
   AwayPage& r = away_.at(va);  // obtain may have evicted others: re-find
@@ -194,7 +263,7 @@ void AddressSpace::restore_page_locked(uintptr_t va, StreamHandle consumer) {
     cs = copy_stream_locked();
     if (r.host_mapped) {
       // Mapped mode: fill the device page through its window; the address keeps showing the
-      // host copy until the swap in complete_restore_locked().
+      // host copy until the swap (swap_restored_page_locked).
       if (!window_) {
         window_bytes_ = capacity_ / page_bytes_ * page_bytes_;
         check(backend_->reserve(window_bytes_, page_bytes_, &window_));
@@ -205,6 +274,7 @@ void AddressSpace::restore_page_locked(uintptr_t va, StreamHandle consumer) {
       mapped_at_window = true;
       check(backend_->set_access(dst, page_bytes_));
     } else {
+      // Copy mode: the address is unmapped, so nothing can be using it: map at once.
       pages_.map_pages(va, {id});
       mapped_at_va = true;
     }
@@ -234,37 +304,86 @@ void AddressSpace::restore_page_locked(uintptr_t va, StreamHandle consumer) {
   r.state = Residency::restoring;
   r.device_page = id;
   r.window_mapped = mapped_at_window;
+  r.consumers.assign(1, consumer);
   r.issued = Clock::now();
   ++in_flight_;
   if (consumer != cs) (void)backend_->stream_wait_event(consumer, r.event);  // consumer sees the bytes
 }
 
 void AddressSpace::complete_restore_locked(uintptr_t va, AwayPage& p) {
-  if (p.window_mapped) {
-    // Swap: the host copy leaves the address, the filled device page takes it.
-    uintptr_t win = window_ + static_cast<uintptr_t>(p.device_page) * page_bytes_;
-    check(backend_->unmap(va, page_bytes_));
-    p.host_mapped = false;
-    check(backend_->unmap(win, page_bytes_));
-    p.window_mapped = false;
-    pages_.map_pages(va, {p.device_page});
-  }
   --in_flight_;
   stats_.restores++;
   stats_.bytes_restored_total += page_bytes_;
   stats_.restore_copy_ns += ns_since(p.issued);
   give_event_locked(p.event);
+  p.event = 0;
+  if (p.window_mapped) {
+    // Mapped mode: work queued before may still read the host copy at the address; the swap
+    // waits for it (swap_restored_locked).
+    p.state = Residency::restored;
+    return;
+  }
   host_pool_->release(p.slot);
-  away_.erase(va);
-  if (slab_used_.count(va)) unstash_slab_locked(va);
-  touch_page_locked(va);
+  finish_resident_locked(va);
+}
+
+void AddressSpace::swap_restored_page_locked(uintptr_t va, AwayPage& p) {
+  VTA_INVARIANT(p.state == Residency::restored);
+  // Each step is recorded in `p` as it succeeds, so a failure can be retried or undone.
+  if (p.window_mapped) {
+    check(backend_->unmap(window_ + static_cast<uintptr_t>(p.device_page) * page_bytes_, page_bytes_));
+    p.window_mapped = false;
+  }
+  if (p.host_mapped) {
+    check(backend_->unmap(va, page_bytes_));
+    p.host_mapped = false;
+  }
+  try {
+    pages_.map_pages(va, {p.device_page});  // all or nothing: on failure the page is back in the pool
+  } catch (...) {
+    // The bytes are still in the host slot: back to evicted, its host page at the address.
+    p.state = Residency::evicted;
+    p.device_page = -1;
+    p.consumers.clear();
+    Status s = backend_->map(va, page_bytes_, p.slot.page);
+    if (s.is_ok()) {
+      s = backend_->set_access(va, page_bytes_);
+      if (!s.is_ok()) (void)backend_->unmap(va, page_bytes_);
+    }
+    p.host_mapped = s.is_ok();
+    throw;
+  }
+  host_pool_->release(p.slot);
+  finish_resident_locked(va);
+}
+
+void AddressSpace::swap_restored_locked() {
+  std::vector<uintptr_t> vas;
+  for (auto& [va, p] : away_)
+    if (p.state == Residency::restored) vas.push_back(va);
+  if (vas.empty()) return;
+  quiesce_pages_locked(vas);
+  for (uintptr_t va : vas) swap_restored_page_locked(va, away_.at(va));
+}
+
+void AddressSpace::unrestore_locked(uintptr_t va, AwayPage& p) {
+  VTA_INVARIANT(p.state == Residency::restored);
+  if (p.window_mapped) {  // only the copy stream used the window, and its copy completed
+    check(backend_->unmap(window_ + static_cast<uintptr_t>(p.device_page) * page_bytes_, page_bytes_));
+    p.window_mapped = false;
+  }
+  pages_.return_page(p.device_page);
+  p.device_page = -1;
+  p.consumers.clear();
+  p.state = Residency::evicted;
+  (void)va;
 }
 
 void AddressSpace::finish_inflight_locked(uintptr_t va, bool wait) {
   auto it = away_.find(va);
   if (it == away_.end()) return;
   AwayPage& p = it->second;
-  if (p.state == Residency::evicted) return;
+  if (p.state != Residency::evicting && p.state != Residency::restoring) return;
   if (!event_done_locked(p.event, wait)) return;
   if (p.state == Residency::evicting)
     complete_evict_locked(va, p);
@@ -276,16 +395,22 @@ void AddressSpace::drain_inflight_locked(bool wait) {
   if (in_flight_ == 0) return;
   std::vector<uintptr_t> vas;
   for (auto& [va, p] : away_)
-    if (p.state != Residency::evicted) vas.push_back(va);
+    if (p.state == Residency::evicting || p.state == Residency::restoring) vas.push_back(va);
   for (uintptr_t va : vas) finish_inflight_locked(va, wait);
 }
 
-// The page no longer holds live data: forget its evicted copy; its address becomes unmapped.
+// The page no longer holds live data (its frees completed): forget its evicted copy. A
+// device page still mapped there stays (the caller caches it); otherwise the address ends
+// up unmapped.
 void AddressSpace::drop_away_page_locked(uintptr_t va) {
   finish_inflight_locked(va, true);
   auto it = away_.find(va);
   if (it == away_.end()) return;  // the restore completed: an ordinary resident page now
   AwayPage& p = it->second;
+  if (p.state == Residency::restored) {
+    swap_restored_page_locked(va, p);  // nothing live is left on it to wait for
+    return;
+  }
   if (p.host_mapped) check(backend_->unmap(va, page_bytes_));
   host_pool_->release(p.slot);
   away_.erase(it);
@@ -295,6 +420,12 @@ void AddressSpace::prefetch_locked(uintptr_t start, uint64_t bytes, StreamHandle
   pin_lo_ = page_of(start);
   pin_hi_ = start + bytes;
   try {
+    // Pages whose device page was never released come back first, for free: restoring the
+    // others may need memory, and must not release these to get it.
+    for (uintptr_t va = page_of(start); va < start + bytes; va += page_bytes_) {
+      auto it = away_.find(va);
+      if (it != away_.end() && it->second.state == Residency::evicted && it->second.device_held) unevict_held_locked(va);
+    }
     for (uintptr_t va = page_of(start); va < start + bytes; va += page_bytes_)
       if (away_.count(va)) restore_page_locked(va, consumer);
   } catch (...) {
@@ -307,12 +438,15 @@ void AddressSpace::prefetch_locked(uintptr_t start, uint64_t bytes, StreamHandle
 void AddressSpace::ensure_resident_locked(uintptr_t start, uint64_t bytes, StreamHandle consumer) {
   prefetch_locked(start, bytes, consumer);
   auto t0 = Clock::now();
-  bool waited = false;
+  bool waited = false, swap = false;
   for (uintptr_t va = page_of(start); va < start + bytes; va += page_bytes_) {
     if (!away_.count(va)) continue;
     waited = true;
     finish_inflight_locked(va, true);
+    auto it = away_.find(va);
+    swap = swap || (it != away_.end() && it->second.state == Residency::restored);
   }
+  if (swap) swap_restored_locked();  // one wait for every restored page, these included
   if (waited) stats_.restore_wait_ns += ns_since(t0);
   touch_range_locked(start, bytes);
 }
@@ -324,10 +458,11 @@ void AddressSpace::release_eviction_locked() {
   };
   if (copy_stream_made_) keep(backend_->stream_synchronize(copy_stream_));
   for (auto& [va, p] : away_) {
-    if (p.state != Residency::evicted && p.event) keep(backend_->event_synchronize(p.event));
+    if ((p.state == Residency::evicting || p.state == Residency::restoring) && p.event)
+      keep(backend_->event_synchronize(p.event));
     if (p.host_mapped) keep(backend_->unmap(va, page_bytes_));
     if (p.window_mapped) keep(backend_->unmap(window_ + static_cast<uintptr_t>(p.device_page) * page_bytes_, page_bytes_));
-    if (p.device_page >= 0 && p.state == Residency::restoring && p.window_mapped) pages_.return_page(p.device_page);
+    if (p.device_page >= 0 && p.window_mapped) pages_.return_page(p.device_page);
   }
   away_.clear();
   in_flight_ = 0;
@@ -383,9 +518,12 @@ void AddressSpace::offload(uintptr_t address) {
                                      "not marked evictable (mark both with set_evictable)");
   }
   for (uintptr_t va = page_of(start); va < start + size; va += page_bytes_) {
-    if (away_.count(va)) {
-      if (away_[va].state == Residency::restoring) finish_inflight_locked(va, true);
-      if (away_.count(va)) continue;  // already evicting or evicted
+    auto away = away_.find(va);
+    if (away != away_.end()) {
+      if (away->second.state == Residency::restoring) finish_inflight_locked(va, true);
+      away = away_.find(va);
+      if (away != away_.end() && away->second.state == Residency::restored) unrestore_locked(va, away->second);
+      if (away_.count(va)) continue;  // evicting or evicted
     }
     if (!evict_page_locked(va, false))
       fail(VTA_ERR_HOST_POOL_EXHAUSTED, "host pool exhausted: " + std::to_string(host_pool_->used_bytes()) +
@@ -429,6 +567,14 @@ void AddressSpace::inject_fault(int op, int times) {
   if (op < 0 || op >= static_cast<int>(FaultOp::count) || times < 0)
     fail(VTA_ERR_INVALID_ARGUMENT, "inject_fault: unknown operation or negative count");
   backend_->inject(static_cast<FaultOp>(op), times);
+}
+
+void AddressSpace::break_ordering(uint32_t mask) {
+  constexpr uint32_t known = VTA_DEBUG_BREAK_QUIESCE | VTA_DEBUG_BREAK_COPY_ORDER | VTA_DEBUG_BREAK_FREE_WAIT;
+  if (mask & ~known) fail(VTA_ERR_INVALID_ARGUMENT, "break_ordering: unknown bits");
+  std::lock_guard<std::mutex> lk(mu_);
+  check_open_locked();
+  debug_break_ = mask;
 }
 
 }  // namespace vta

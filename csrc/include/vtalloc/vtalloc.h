@@ -197,6 +197,12 @@ VTA_API vta_status_t vta_residency(vta_space_t* space, uint64_t address, int32_t
 /* Tests only: make the next `times` calls of a backend operation fail (0 copy, 1 map,
  * 2 create_page, 3 set_access). */
 VTA_API vta_status_t vta_debug_inject_fault(vta_space_t* space, int32_t op, int32_t times);
+/* Tests only: deliberately break an ordering rule of the eviction engine, so a stress test can
+ * show it catches the race. Bits: change mappings under live data without waiting for the
+ * streams that may touch it; start eviction copies without waiting for the page's last use;
+ * treat frees as complete without waiting for their stream. 0 restores the rules. */
+enum { VTA_DEBUG_BREAK_QUIESCE = 1, VTA_DEBUG_BREAK_COPY_ORDER = 2, VTA_DEBUG_BREAK_FREE_WAIT = 4 };
+VTA_API vta_status_t vta_debug_break_ordering(vta_space_t* space, uint32_t mask);
 
 /* --- Leased pages (client side of the service) ------------------------------------------ */
 /* Adopt a page received as a file descriptor (the caller keeps and closes `fd`). The page
