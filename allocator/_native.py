@@ -205,7 +205,7 @@ def stats_from_struct(raw: VtaStats):
 def backend_conformance(backend: str, device: int = 0) -> tuple[int, str]:
     """Run the driver-seam contract checks on a fresh backend: (failed checks, report)."""
     lib = load()
-    buf = ctypes.create_string_buffer(16384)
+    buf = ctypes.create_string_buffer(1 << 16)
     failures = i32()
     check(lib.vta_backend_conformance(BACKEND_CODES[backend], device, buf, len(buf), ctypes.byref(failures)))
     return failures.value, buf.value.decode()

@@ -8,7 +8,9 @@
 //  - sizes passed to reserve/create_page/map/unmap are multiples of granularity();
 //  - map() places one whole page at a reserved, currently unmapped address; a new mapping
 //    has no access until set_access() is called on it;
-//  - unmap() covers whole mappings only (one or several adjacent ones);
+//  - unmap() covers whole mappings only (one or several adjacent ones) or nothing mapped at
+//    all (accepted, changes nothing: what the driver does); a range that cuts a mapping or
+//    mixes mappings and holes is refused;
 //  - free_va() takes exactly a (base, size) that reserve() returned, with nothing mapped;
 //  - release_page() of a mapped page is legal: its memory lives until the last unmap;
 //  - copy() is ordered on `stream`; event_* order work between streams; on the host
