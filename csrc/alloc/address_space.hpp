@@ -77,6 +77,14 @@ class AddressSpace {
   void ensure_resident(uintptr_t address, const StreamHandle* stream);
   int residency(uintptr_t address);
   void inject_fault(int op, int times);
+  // Test hooks (csrc/alloc/address_space_test_hooks.cpp): streams of this space's own and
+  // test kernels on them (host backend only; see backend/host_kernels.hpp).
+  StreamHandle create_stream();
+  void destroy_stream(StreamHandle stream);
+  void synchronize_stream(StreamHandle stream);
+  void run_test_kernel(StreamHandle stream, uintptr_t address, uint64_t nbytes, int kind, uint64_t seed,
+                       uint64_t duration_ns);
+  vta_kernel_counters_t kernel_counters();
 
   // Leased mode (VTA_CONFIG_LEASED): pages come from the service, not from the backend.
   void import_page(int fd, uint64_t tag);
@@ -209,6 +217,7 @@ class AddressSpace {
   uintptr_t window_ = 0;               // mapped mode: device pages' window reservation
   size_t window_bytes_ = 0;
   uint64_t evictable_bytes_ = 0;
+  std::vector<StreamHandle> user_streams_;  // test hooks: created by create_stream()
 
   vta_stats_t stats_{};
 };

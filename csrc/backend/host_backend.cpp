@@ -10,7 +10,9 @@
 // pass here and fail on a GPU. Copies are memcpy. Stream 0 is synchronous; a created
 // stream is a worker thread (host_streams.hpp), so copies and events on it are really
 // asynchronous and ordering bugs show. Host-located pages (PageLocation::host) are memfds
-// too, counted apart from the simulated device memory.
+// too, counted apart from the simulated device memory. Copies and test kernels run under the
+// fault guard of host_kernels.hpp: an access to an unmapped address is counted, not fatal
+// (unlike CUDA, where it poisons the context).
 // Invariant: every fd, mapping and reservation it creates is in its tables and counted in
 // global_counters() until released.
 #include <fcntl.h>
@@ -29,6 +31,7 @@
 
 #include "backend/backend.hpp"
 #include "backend/counters.hpp"
+#include "backend/host_kernels.hpp"
 #include "backend/host_streams.hpp"
 
 namespace vta {
@@ -193,10 +196,31 @@ class HostBackend final : public Backend {
 
   Status copy(uintptr_t dst, uintptr_t src, size_t bytes, StreamHandle stream) override {
     if (!bytes) return Status::ok();
-    auto task = [dst, src, bytes] {
-      std::memmove(reinterpret_cast<void*>(dst), reinterpret_cast<const void*>(src), bytes);
+    install_fault_guard();
+    // An unmapped source or destination is an illegal access, as on a GPU: the guard stops the
+    // copy and counts it (host_kernels.hpp); the stress tests count what that corrupts.
+    auto task = [this, dst, src, bytes] {
+      (void)guarded_copy(kernels_, reinterpret_cast<void*>(dst), reinterpret_cast<const void*>(src), bytes);
     };
     return streams_.enqueue(stream, task) ? Status::ok() : bad("copy: unknown stream");
+  }
+
+  Status launch_test_kernel(StreamHandle stream, uintptr_t va, size_t bytes, int kind, uint64_t seed,
+                            uint64_t duration_ns) override {
+    if (kind != VTA_KERNEL_FILL && kind != VTA_KERNEL_CHECK) return bad("test kernel: unknown kind " + std::to_string(kind));
+    if (bytes == 0) return bad("test kernel: empty range");
+    if (duration_ns > kMaxTestKernelNs) return bad("test kernel: duration above 60 s");
+    install_fault_guard();
+    kernels_.launched++;
+    auto task = [this, va, bytes, kind, seed, duration_ns] { run_test_kernel(kernels_, va, bytes, kind, seed, duration_ns); };
+    if (streams_.enqueue(stream, task)) return Status::ok();
+    kernels_.launched--;
+    return bad("test kernel: unknown stream");
+  }
+
+  Status test_kernel_counters(vta_kernel_counters_t* out) override {
+    *out = kernels_.snapshot();
+    return Status::ok();
   }
 
   Status stream_create(StreamHandle* out) override {
@@ -343,6 +367,7 @@ class HostBackend final : public Backend {
   }
 
   HostStreams streams_;  // declared first: destroyed last, after its workers drained
+  KernelCounters kernels_;  // bumped by stream work; streams_.shutdown() runs before it goes
   std::mutex mu_;
   uint64_t capacity_;
   size_t granularity_;
