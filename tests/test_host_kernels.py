@@ -158,6 +158,26 @@ def test_a_kernel_whose_range_becomes_inaccessible_while_it_runs_counts_a_fault(
 
 
 @pytest.mark.host_faults
+def test_freeing_and_trimming_under_a_kernel_on_another_stream_is_a_counted_race():
+    """The race itself, through the public API: the free is ordered on the allocation's stream
+    (0), not on the kernel's, so trim() unmaps the pages while the kernel still writes them."""
+    with host_space() as space:
+        n = 2 * MiB
+        a = space.malloc(n)
+        s = space._create_stream()
+        space._run_kernel(a, n, stream=s, kind="fill", seed=2, duration_s=LONG)
+        wait_for(lambda: space.read(a, 8) == kernel_pattern(2, 8))
+        t0 = time.monotonic()
+        space.free(a)
+        assert space.trim() == n  # unmapped and released under the running kernel
+        space._synchronize_stream(s)
+        assert time.monotonic() - t0 < LONG / 2, "the kernel ran on: no fault"
+        c = counters(space)
+        assert (c.kernels_faulted, c.kernels_completed) == (1, 0)
+        space._destroy_stream(s)
+
+
+@pytest.mark.host_faults
 def test_a_copy_that_touches_an_inaccessible_address_counts_a_copy_fault():
     with host_space() as space:
         n = 2 * MiB
