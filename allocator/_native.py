@@ -74,6 +74,18 @@ NO_PAGE = (1 << 64) - 1
 FAULT_OPS = {"copy": 0, "map": 1, "create_page": 2, "set_access": 3}
 # vta_debug_break_ordering bits (tests only)
 ORDERING_RULES = {"quiesce": 1, "copy_order": 2, "free_wait": 4}
+KERNEL_KINDS = {"fill": 0, "check": 1}
+MAX_KERNEL_SECONDS = 60.0  # the core refuses longer test kernels (host_kernels.hpp)
+
+
+class VtaKernelCounters(ctypes.Structure):
+    _fields_ = [("struct_size", u32), ("reserved0", u32)] + [
+        (name, u64)
+        for name in (
+            "kernels_launched", "kernels_completed", "kernels_faulted", "copy_faults", "bytes_checked",
+            "bytes_mismatched",
+        )
+    ]
 
 
 class VtaGlobalCounters(ctypes.Structure):
@@ -117,6 +129,12 @@ _PROTOTYPES = {
     "vta_residency": (i32, [ctypes.c_void_p, u64, _P(i32)]),
     "vta_debug_inject_fault": (i32, [ctypes.c_void_p, i32, i32]),
     "vta_debug_break_ordering": (i32, [ctypes.c_void_p, ctypes.c_uint32]),
+    "vta_debug_stream_create": (i32, [ctypes.c_void_p, _P(u64)]),
+    "vta_debug_stream_destroy": (i32, [ctypes.c_void_p, u64]),
+    "vta_debug_stream_synchronize": (i32, [ctypes.c_void_p, u64]),
+    "vta_debug_run_kernel": (i32, [ctypes.c_void_p, u64, u64, u64, i32, u64, u64]),
+    "vta_debug_kernel_counters": (i32, [ctypes.c_void_p, _P(VtaKernelCounters)]),
+    "vta_debug_fault_totals": (i32, [_P(u64), _P(u64)]),
     "vta_space_import_page": (i32, [ctypes.c_void_p, i32, u64]),
     "vta_space_return_pages": (i32, [ctypes.c_void_p, u64, _P(u64), _P(u64)]),
     "vta_pool_create": (i32, [_P(VtaConfig), _P(ctypes.c_void_p)]),
@@ -208,7 +226,7 @@ def stats_from_struct(raw: VtaStats):
 def backend_conformance(backend: str, device: int = 0) -> tuple[int, str]:
     """Run the driver-seam contract checks on a fresh backend: (failed checks, report)."""
     lib = load()
-    buf = ctypes.create_string_buffer(16384)
+    buf = ctypes.create_string_buffer(1 << 16)
     failures = i32()
     check(lib.vta_backend_conformance(BACKEND_CODES[backend], device, buf, len(buf), ctypes.byref(failures)))
     return failures.value, buf.value.decode()
@@ -220,3 +238,11 @@ def global_counters() -> dict[str, int]:
     out = VtaGlobalCounters()
     check(lib.vta_global_counters(ctypes.byref(out)))
     return {name: getattr(out, name) for name, _ in VtaGlobalCounters._fields_ if name not in ("struct_size", "reserved0")}
+
+
+def guarded_fault_totals() -> tuple[int, int]:
+    """(kernel faults, copy faults) the host backend's fault guards caught in this process, ever."""
+    lib = load()
+    kernels, copies = u64(), u64()
+    check(lib.vta_debug_fault_totals(ctypes.byref(kernels), ctypes.byref(copies)))
+    return kernels.value, copies.value

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 
-__all__ = ["Stats", "PageRecord", "AllocationRecord", "PAGE_STATES"]
+__all__ = ["Stats", "PageRecord", "AllocationRecord", "KernelCounters", "PAGE_STATES"]
 
 PAGE_STATES = ("free", "cached", "allocated", "evicted", "in_flight")
 
@@ -91,3 +91,24 @@ class PageRecord:
                           # "evicted" (bytes in the host pool), "in_flight" (being evicted or restored)
     allocations: tuple[int, ...]  # addresses of the live allocations on this page
     tag: int | None = None  # a leased page: the service's id for it (AddressSpace.import_page)
+
+
+@dataclasses.dataclass(frozen=True)
+class KernelCounters:
+    """Test kernels and guarded copies of one host-backend address space (tests only).
+
+    A fault is an access to an address that was not mapped at that moment: on a GPU it would
+    poison the CUDA context; the host backend stops that kernel or copy, counts it, carries on.
+    """
+
+    kernels_launched: int
+    kernels_completed: int
+    kernels_faulted: int       # stopped by a fault
+    copy_faults: int           # backend copies abandoned on a fault (their bytes are corrupt)
+    bytes_checked: int         # by CHECK kernels, once per completed pass
+    bytes_mismatched: int      # of those, bytes that differed from the pattern
+
+    @property
+    def kernels_running(self) -> int:
+        """Launched and not yet ended (queued or running)."""
+        return self.kernels_launched - self.kernels_completed - self.kernels_faulted

@@ -1,6 +1,8 @@
 """Test-wide rules: GPU tests skip only when no CUDA device/driver is found, every test ends
-with nothing held (no page, mapping, reservation, pinned byte, event or stream), and under CI
-(CI=true) hypothesis runs derandomized.
+with nothing held (no page, mapping, reservation, pinned byte, event or stream), no test
+touches an unmapped address through the host backend unless marked ``host_faults`` (its
+fault guard counts such an access instead of crashing, so without this rule a bug that used to
+kill the test would pass), and under CI (CI=true) hypothesis runs derandomized.
 
 Shared helpers live in tests/helpers/, never here.
 """
@@ -20,6 +22,7 @@ if os.environ.get("CI") == "true":
     settings.load_profile("ci")
 
 from vtalloc.allocator import backend_available, global_counters
+from vtalloc.allocator._native import guarded_fault_totals
 
 
 def pytest_collection_modifyitems(config, items):
@@ -39,3 +42,17 @@ def nothing_leaks():
     gc.collect()
     left = {k: v for k, v in global_counters().items() if v}
     assert not left, f"resources still held after the test: {left}"
+
+
+@pytest.fixture(autouse=True)
+def no_unexpected_faults(request):
+    """A copy or test kernel that hit an unmapped address on the host backend is a bug (on a GPU
+    an illegal address kills the context) unless the test is marked host_faults."""
+    before = guarded_fault_totals()
+    yield
+    if request.node.get_closest_marker("host_faults") is None:
+        kernels, copies = (after - b for after, b in zip(guarded_fault_totals(), before))
+        assert (kernels, copies) == (0, 0), (
+            f"{kernels} test kernel(s) and {copies} backend copies touched an unmapped address on the host "
+            "backend; mark the test host_faults if it does so on purpose"
+        )

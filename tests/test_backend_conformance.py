@@ -1,10 +1,14 @@
 """Backend conformance: the same checks over every backend (cuda marked gpu).
 
 Two levels: the driver-seam contract run inside the library (backend.hpp's rules, so the
-host backend is held to CUDA's), and the AddressSpace API over each backend.
+host backend is held to CUDA's), and the AddressSpace API over each backend. Every seam check
+carries its evidence: ``observed`` on a real driver or ``documented`` (a reading of the CUDA
+documentation no driver run has confirmed yet); docs/design.md lists them.
 """
 
 from __future__ import annotations
+
+import re
 
 import pytest
 
@@ -13,11 +17,117 @@ from helpers.spaces import MiB, pattern
 
 BACKENDS = [pytest.param("host", id="host"), pytest.param("cuda", id="cuda", marks=pytest.mark.gpu)]
 
+# One line per check: status, evidence tag, what was checked, and after " -- " the evidence.
+CHECK_LINE = re.compile(r"^(ok  |FAIL|skip) \[(observed|documented)\] (.+?) -- (.+)$")
+OBSERVED_RUN = "NVIDIA H100 80GB HBM3, driver 580.159.04 (CUDA 13.0 driver API), 2026-11-22"
+
+
+def seam_checks(backend: str) -> tuple[int, str, dict[str, tuple[str, str, str]]]:
+    """(failures, report, {check text: (status, tag, evidence)}), asserting the report's shape."""
+    failures, report = _native.backend_conformance(backend)
+    lines = report.splitlines()
+    header, body = lines[0], lines[1:]
+    assert re.match(rf"^{backend}: \d+ checks, {failures} failed$", header), report
+    summary = [ln for ln in body if ln.startswith(("summary:", "evidence:"))]
+    rows = [ln for ln in body if not ln.startswith(("summary:", "evidence:"))]
+    assert len(summary) == 2, report
+    checks: dict[str, tuple[str, str, str]] = {}
+    for ln in rows:
+        m = CHECK_LINE.match(ln)
+        assert m, f"report line without an evidence tag: {ln!r}"
+        status, tag, what, evidence = m.groups()
+        checks.setdefault(what, (status.strip(), tag, evidence))
+    return failures, report, checks
+
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_driver_seam_contract(backend):
     failures, report = _native.backend_conformance(backend)
     assert failures == 0, report
+
+
+def test_every_check_carries_its_evidence_and_the_summary_counts_by_tag():
+    failures, report, checks = seam_checks("host")
+    assert failures == 0, report
+    rows = [CHECK_LINE.match(ln) for ln in report.splitlines()[1:] if CHECK_LINE.match(ln)]
+    counts = {tag: sum(1 for m in rows if m.group(2) == tag) for tag in ("observed", "documented")}
+    summary = next(ln for ln in report.splitlines() if ln.startswith("summary:"))
+    assert summary == (
+        f"summary: observed {counts['observed']} checks, 0 failed; documented {counts['documented']} checks, 0 failed"
+    )
+    header = report.splitlines()[0]
+    assert header == f"host: {counts['observed'] + counts['documented']} checks, 0 failed"
+    # The H100 run: 44 checks passed there, plus the empty-range unmap it showed is accepted.
+    assert counts["observed"] == 45, report
+    assert counts["documented"] >= 16, report
+    for m in rows:
+        if m.group(2) == "observed":
+            assert m.group(4).startswith(OBSERVED_RUN), m.group(0)
+        else:  # names the API it read, and says nothing has confirmed it yet
+            assert re.match(r"^cuMem\w+: '", m.group(4)), m.group(0)
+            assert m.group(4).endswith("(CUDA 13.0 cuda.h; not yet observed on a driver)"), m.group(0)
+
+
+def test_unmapping_a_range_with_nothing_mapped_is_accepted_as_observed():
+    _, report, checks = seam_checks("host")
+    status, tag, evidence = checks["unmapping a range with nothing mapped is accepted (changes nothing)"]
+    assert (status, tag) == ("ok", "observed"), report
+    assert "cuMemUnmap returned CUDA_SUCCESS" in evidence
+    # Nothing changed: the page at +0 kept its bytes and the later checks over it passed.
+    assert checks["a released page keeps its bytes while mapped"][0] == "ok"
+
+
+# Each rule the host refuses that is a claim about CUDA: the check's text, its evidence tag,
+# the API its evidence names, and the host's own reason for refusing (the rule, not a side effect).
+REFUSED = [
+    ("mapping over an existing mapping", "observed", "", "map: range is already mapped"),
+    ("freeing a reservation that still has a mapping", "observed", "", "free_va: the reservation still has mappings"),
+    ("unmapping the first half of a two-granule mapping (the range ends inside it)", "documented", "cuMemUnmap",
+     "unmap: range ends inside a mapping"),
+    ("unmapping the second half of a two-granule mapping (the range starts inside it)", "documented", "cuMemUnmap",
+     "unmap: range starts inside a mapping"),
+    ("unmapping a range of one mapping and an unmapped hole", "documented", "cuMemUnmap",
+     "unmap: range is not fully mapped"),
+    ("mapping a two-granule page over a range whose second granule is mapped", "documented", "cuMemMap",
+     "map: range is already mapped"),
+    ("mapping a page with a size larger than the page's", "documented", "cuMemMap",
+     "map: size differs from the page's size"),
+    ("mapping at an address that is not a multiple of the granularity", "documented", "cuMemMap",
+     "map: address is not a multiple of the granularity"),
+    ("mapping a range that runs past the end of its reservation", "documented", "cuMemMap",
+     "map: range is not inside one reservation"),
+    ("setting access on a range of one mapping and an unmapped hole", "documented", "cuMemSetAccess",
+     "set_access: range is not fully mapped"),
+    ("setting access on a range with nothing mapped", "documented", "cuMemSetAccess",
+     "set_access: range is not fully mapped"),
+    ("setting access on the first half of a two-granule mapping", "documented", "cuMemSetAccess",
+     "set_access: range ends inside a mapping"),
+    ("reserving a size that is not a multiple of the host page size", "documented", "cuMemAddressReserve",
+     "reserve: size is not a positive multiple of the granularity"),
+    ("reserving with an alignment (three granules) that is not a power of two", "documented", "cuMemAddressReserve",
+     "reserve: alignment is not a power of two"),
+    ("creating a page whose size is not a multiple of the granularity", "documented", "cuMemCreate",
+     "create_page: size is not a positive multiple of the granularity"),
+    ("freeing the first granule of a two-granule reservation (size mismatch)", "documented", "cuMemAddressFree",
+     "free_va: not a reservation returned by reserve()"),
+    ("freeing from inside a reservation (not its base)", "documented", "cuMemAddressFree",
+     "free_va: not a reservation returned by reserve()"),
+]
+
+
+@pytest.mark.parametrize("what,tag,api,reason", REFUSED, ids=[r[0] for r in REFUSED])
+def test_host_refuses_what_cuda_refuses(what, tag, api, reason):
+    _, report, checks = seam_checks("host")
+    key = f"{what} is refused (host backend: {reason})"
+    assert key in checks, f"no passing check {key!r} in\n{report}"
+    status, got_tag, evidence = checks[key]
+    assert (status, got_tag) == ("ok", tag)
+    assert evidence.startswith(f"{api}: '" if api else OBSERVED_RUN), evidence
+
+
+def test_host_accepts_an_unmap_of_several_whole_mappings():
+    _, report, checks = seam_checks("host")
+    assert checks["unmapping two adjacent whole mappings in one call is accepted"][:2] == ("ok", "documented"), report
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

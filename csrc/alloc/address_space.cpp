@@ -526,6 +526,11 @@ void AddressSpace::close() {
   } catch (const Error& e) {
     if (first_error.is_ok()) first_error = Status(e.code(), e.what());
   }
+  for (StreamHandle s : user_streams_) {  // test hooks: their kernels end before pages go
+    (void)backend_->stream_synchronize(s);
+    (void)backend_->stream_destroy(s);
+  }
+  user_streams_.clear();
   for (EventHandle e : all_events_) (void)backend_->event_destroy(e);
   all_events_.clear();
   idle_events_.clear();

@@ -90,6 +90,14 @@ class AddressSpace {
   // Test support: deliberately break one ordering rule (VTA_DEBUG_BREAK_* bits), to show
   // that the stress tests catch it. Never set outside tests.
   void break_ordering(uint32_t mask);
+  // Test hooks (csrc/alloc/address_space_test_hooks.cpp): streams of this space's own and
+  // test kernels on them (host backend only; see backend/host_kernels.hpp).
+  StreamHandle create_stream();
+  void destroy_stream(StreamHandle stream);
+  void synchronize_stream(StreamHandle stream);
+  void run_test_kernel(StreamHandle stream, uintptr_t address, uint64_t nbytes, int kind, uint64_t seed,
+                       uint64_t duration_ns);
+  vta_kernel_counters_t kernel_counters();
 
   // Leased mode (VTA_CONFIG_LEASED): pages come from the service, not from the backend.
   void import_page(int fd, uint64_t tag);
@@ -239,6 +247,7 @@ class AddressSpace {
   size_t window_bytes_ = 0;
   uint64_t evictable_bytes_ = 0;
   uint32_t debug_break_ = 0;  // VTA_DEBUG_BREAK_* bits (tests only)
+  std::vector<StreamHandle> user_streams_;  // test hooks: created by create_stream()
 
   vta_stats_t stats_{};
 };

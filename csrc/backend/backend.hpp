@@ -8,7 +8,9 @@
 //  - sizes passed to reserve/create_page/map/unmap are multiples of granularity();
 //  - map() places one whole page at a reserved, currently unmapped address; a new mapping
 //    has no access until set_access() is called on it;
-//  - unmap() covers whole mappings only (one or several adjacent ones);
+//  - unmap() covers whole mappings only (one or several adjacent ones) or nothing mapped at
+//    all (accepted, changes nothing: what the driver does); a range that cuts a mapping or
+//    mixes mappings and holes is refused;
 //  - free_va() takes exactly a (base, size) that reserve() returned, with nothing mapped;
 //  - release_page() of a mapped page is legal: its memory lives until the last unmap;
 //  - copy() is ordered on `stream`; event_* order work between streams; on the host
@@ -80,6 +82,23 @@ class Backend {
   virtual Status export_page(PageHandle page, int* fd) = 0;
   // Adopt a page received as a file descriptor (the fd stays owned by the caller).
   virtual Status import_page(int fd, size_t bytes, PageHandle* out) = 0;
+
+  // Test support (host_kernels.hpp): queue a test kernel (VTA_KERNEL_*) over [va, va + bytes)
+  // on `stream`, and read the backend's kernel and copy-fault counters.
+  virtual Status launch_test_kernel(StreamHandle stream, uintptr_t va, size_t bytes, int kind, uint64_t seed,
+                                    uint64_t duration_ns) {
+    (void)stream, (void)va, (void)bytes, (void)kind, (void)seed, (void)duration_ns;
+    return test_kernels_unavailable();
+  }
+  virtual Status test_kernel_counters(vta_kernel_counters_t* out) {
+    (void)out;
+    return test_kernels_unavailable();
+  }
+
+ private:
+  static Status test_kernels_unavailable() {
+    return Status(VTA_ERR_BACKEND_UNAVAILABLE, "test kernels run on the host backend only");
+  }
 };
 
 // Create the backend `options.kind` names; AUTO picks cuda when a device is usable.

@@ -59,6 +59,10 @@ class FaultInjectingBackend final : public Backend {
   Status host_free_pinned(void* p, size_t b) override { return inner_->host_free_pinned(p, b); }
   Status export_page(PageHandle p, int* fd) override { return inner_->export_page(p, fd); }
   Status import_page(int fd, size_t b, PageHandle* out) override { return inner_->import_page(fd, b, out); }
+  Status launch_test_kernel(StreamHandle s, uintptr_t va, size_t b, int kind, uint64_t seed, uint64_t ns) override {
+    return inner_->launch_test_kernel(s, va, b, kind, seed, ns);
+  }
+  Status test_kernel_counters(vta_kernel_counters_t* out) override { return inner_->test_kernel_counters(out); }
 
  private:
   bool fire(FaultOp op) {

@@ -204,6 +204,35 @@ VTA_API vta_status_t vta_debug_inject_fault(vta_space_t* space, int32_t op, int3
 enum { VTA_DEBUG_BREAK_QUIESCE = 1, VTA_DEBUG_BREAK_COPY_ORDER = 2, VTA_DEBUG_BREAK_FREE_WAIT = 4 };
 VTA_API vta_status_t vta_debug_break_ordering(vta_space_t* space, uint32_t mask);
 
+/* Tests only: streams of the space's own, and test kernels on them (host backend only; other
+ * backends answer VTA_ERR_BACKEND_UNAVAILABLE). A kernel is stream work over a range inside
+ * one live allocation: FILL writes a pattern derived from (seed, byte index in the range),
+ * CHECK counts the bytes that differ from it; whole passes repeat for duration_ns (at least
+ * one, at most 60 s). It runs later on the stream, without the space's lock, like a GPU
+ * kernel; an access to an address that is not mapped meanwhile stops it and is counted as a
+ * fault (a GPU would poison the context instead). Stream 0 runs it on the calling thread. */
+enum { VTA_KERNEL_FILL = 0, VTA_KERNEL_CHECK = 1 };
+typedef struct vta_kernel_counters {
+  uint32_t struct_size;
+  uint32_t reserved0;
+  uint64_t kernels_launched;
+  uint64_t kernels_completed;
+  uint64_t kernels_faulted;       /* stopped by an access to an unmapped address */
+  uint64_t copy_faults;           /* backend copies abandoned on such an access */
+  uint64_t bytes_checked;         /* by CHECK kernels, once per completed pass */
+  uint64_t bytes_mismatched;      /* of those, bytes that differed from the pattern */
+} vta_kernel_counters_t;
+VTA_API vta_status_t vta_debug_stream_create(vta_space_t* space, uint64_t* out_stream);
+/* Waits for the stream's work, then destroys it; refused while a live allocation uses it. */
+VTA_API vta_status_t vta_debug_stream_destroy(vta_space_t* space, uint64_t stream);
+VTA_API vta_status_t vta_debug_stream_synchronize(vta_space_t* space, uint64_t stream);
+VTA_API vta_status_t vta_debug_run_kernel(vta_space_t* space, uint64_t stream, uint64_t address, uint64_t nbytes,
+                                          int32_t kind, uint64_t seed, uint64_t duration_ns);
+/* The space's backend's counters (every kernel and copy since the space was created). */
+VTA_API vta_status_t vta_debug_kernel_counters(vta_space_t* space, vta_kernel_counters_t* out);
+/* Faults the host backend's guards caught in this process, all spaces together, never reset. */
+VTA_API vta_status_t vta_debug_fault_totals(uint64_t* out_kernel_faults, uint64_t* out_copy_faults);
+
 /* --- Leased pages (client side of the service) ------------------------------------------ */
 /* Adopt a page received as a file descriptor (the caller keeps and closes `fd`). The page
  * joins the unmapped pool; `tag` is the service's id for it, given back on return. */
