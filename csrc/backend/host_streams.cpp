@@ -104,67 +104,72 @@ bool HostStreams::destroy_event(uint64_t id) {
   return events_.erase(id) == 1;
 }
 
-void HostStreams::complete(uint64_t id, uint64_t generation) {
+void HostStreams::complete(const std::shared_ptr<Record>& record) {
   {
     std::lock_guard<std::mutex> lk(mu_);
-    auto it = events_.find(id);
-    if (it != events_.end() && it->second.completed < generation) it->second.completed = generation;
+    record->done = true;
   }
   events_cv_.notify_all();
 }
 
+void HostStreams::wait_for(const std::shared_ptr<Record>& record) {
+  if (!record) return;
+  std::unique_lock<std::mutex> lk(mu_);
+  events_cv_.wait(lk, [&] { return record->done; });
+}
+
 bool HostStreams::record(uint64_t id, uint64_t stream_id) {
-  uint64_t generation;
+  auto record = std::make_shared<Record>();
+  std::shared_ptr<Stream> s;
+  if (stream_id != 0) {
+    s = stream(stream_id);
+    if (!s) return false;
+  }
   {
     std::lock_guard<std::mutex> lk(mu_);
     auto it = events_.find(id);
     if (it == events_.end()) return false;
-    generation = ++it->second.generation;
-    if (stream_id == 0) it->second.completed = generation;  // synchronous stream: complete now
+    it->second.last = record;
+    if (stream_id == 0) record->done = true;  // synchronous stream: complete now
   }
   if (stream_id == 0) {
     events_cv_.notify_all();
     return true;
   }
-  return enqueue(stream_id, [this, id, generation] { complete(id, generation); });
+  if (enqueue(stream_id, [this, record] { complete(record); })) return true;
+  complete(record);  // the stream was destroyed meanwhile, and destroying drained it
+  return false;
 }
 
 bool HostStreams::query(uint64_t id, bool* done) {
   std::lock_guard<std::mutex> lk(mu_);
   auto it = events_.find(id);
   if (it == events_.end()) return false;
-  *done = it->second.completed >= it->second.generation;
+  *done = !it->second.last || it->second.last->done;
   return true;
 }
 
 bool HostStreams::wait_event(uint64_t id) {
-  std::unique_lock<std::mutex> lk(mu_);
-  auto it = events_.find(id);
-  if (it == events_.end()) return false;
-  uint64_t target = it->second.generation;
-  events_cv_.wait(lk, [&] {
-    auto e = events_.find(id);
-    return e == events_.end() || e->second.completed >= target;
-  });
-  return true;
-}
-
-bool HostStreams::stream_wait_event(uint64_t stream_id, uint64_t id) {
-  uint64_t target;
+  std::shared_ptr<Record> record;
   {
     std::lock_guard<std::mutex> lk(mu_);
     auto it = events_.find(id);
     if (it == events_.end()) return false;
-    target = it->second.generation;
+    record = it->second.last;
   }
-  auto wait = [this, id, target] {
-    std::unique_lock<std::mutex> lk(mu_);
-    events_cv_.wait(lk, [&] {
-      auto e = events_.find(id);
-      return e == events_.end() || e->second.completed >= target;
-    });
-  };
-  return enqueue(stream_id, wait);
+  wait_for(record);
+  return true;
+}
+
+bool HostStreams::stream_wait_event(uint64_t stream_id, uint64_t id) {
+  std::shared_ptr<Record> record;  // the record this wait is for, whatever is recorded later
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    auto it = events_.find(id);
+    if (it == events_.end()) return false;
+    record = it->second.last;
+  }
+  return enqueue(stream_id, [this, record] { wait_for(record); });
 }
 
 }  // namespace vta

@@ -4,8 +4,10 @@
 // that complete when the worker reaches the point where they were recorded. Stream 0 is
 // synchronous (work runs on the caller's thread), like PyTorch's CPU ops.
 // Invariants: work on one stream runs in the order it was queued; an event is complete iff
-// every task queued on its stream before its last record() has run; destroying a stream
-// drains it first.
+// every task queued on its stream before its last record() has run; a wait (on the host or
+// on a stream) waits for the record that was the event's last when the wait was issued, as
+// cuStreamWaitEvent does: recording the event again, even on another stream, changes nothing
+// for waits already issued; destroying a stream drains it first.
 #pragma once
 
 #include <condition_variable>
@@ -50,13 +52,17 @@ class HostStreams {
     bool stop = false;
     std::thread worker;
   };
+  // One record() of an event: done when its stream reached the point of the record.
+  struct Record {
+    bool done = false;  // guarded by mu_
+  };
   struct Event {
-    uint64_t generation = 0;  // bumped by each record()
-    uint64_t completed = 0;   // the generation that has completed
+    std::shared_ptr<Record> last;  // the latest record; none: never recorded (complete)
   };
 
   std::shared_ptr<Stream> stream(uint64_t id);
-  void complete(uint64_t event, uint64_t generation);
+  void complete(const std::shared_ptr<Record>& record);
+  void wait_for(const std::shared_ptr<Record>& record);
   static void run(Stream* s);
 
   std::mutex mu_;                // guards the two tables and every Event
