@@ -11,8 +11,10 @@
 #include <cxxabi.h>
 #include <dlfcn.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstring>
+#include <initializer_list>
 #include <mutex>
 #include <optional>
 #include <typeinfo>
@@ -47,6 +49,14 @@ constexpr const char* kErrorTypeInfo = "_ZTIN3c105ErrorE";
 constexpr const char* kErrorName = "N3c105ErrorE";
 // sizeof(c10::OutOfMemoryError) is 128 in torch 2.13 (less with the old ABI); 8x room.
 constexpr size_t kExceptionBytes = 1024;
+
+// The file name of the loaded object that holds `address` (dladdr).
+std::string file_of(const void* address) {
+  Dl_info info{};
+  if (!dladdr(address, &info) || !info.dli_fname) return "?";
+  const char* slash = std::strrchr(info.dli_fname, '/');
+  return slash ? slash + 1 : info.dli_fname;
+}
 
 struct Symbol {
   void* address = nullptr;
@@ -100,13 +110,6 @@ class LoadedLibraries {
   }
 
  private:
-  static std::string file_of(const void* address) {
-    Dl_info info{};
-    if (!dladdr(address, &info) || !info.dli_fname) return "?";
-    const char* slash = std::strrchr(info.dli_fname, '/');
-    return slash ? slash + 1 : info.dli_fname;
-  }
-
   struct Lib {
     const char* name;
     void* handle;
@@ -128,7 +131,17 @@ bool abi_built(Abi abi) { return abi == Abi::cxx11 ? kHasCxx11String : kHasOldSt
 
 const char* abi_name(Abi abi) { return abi == Abi::cxx11 ? "C++11" : "old (copy-on-write)"; }
 
-std::string joined(const std::string& a, const std::string& b) { return a == b ? a : a + ", " + b; }
+// "a, b, c" without repeats.
+std::string joined(std::initializer_list<std::string> names) {
+  std::vector<std::string> seen;
+  std::string out;
+  for (const std::string& name : names) {
+    if (std::find(seen.begin(), seen.end(), name) != seen.end()) continue;
+    out += (seen.empty() ? "" : ", ") + name;
+    seen.push_back(name);
+  }
+  return out;
+}
 
 // Route "constructor": torch exports OutOfMemoryError(SourceLocation, std::string).
 std::optional<Binding> by_constructor(const LoadedLibraries& libs, std::string* why) {
@@ -143,7 +156,7 @@ std::optional<Binding> by_constructor(const LoadedLibraries& libs, std::string* 
              " std::string, which the libstdc++ vtalloc was built with lacks";
     } else {
       return Binding{Route::constructor, names.abi, ctor.address, nullptr,
-                     static_cast<const std::type_info*>(type.address), joined(ctor.library, type.library)};
+                     static_cast<const std::type_info*>(type.address), joined({ctor.library, type.library})};
     }
     return std::nullopt;
   }
@@ -180,7 +193,8 @@ std::optional<Binding> by_base_and_vtable(const LoadedLibraries& libs, std::stri
     *why = std::string("torch's c10::Error constructor takes the ") + abi_name(names->abi) +
            " std::string, which the libstdc++ vtalloc was built with lacks";
   else
-    return Binding{Route::base_vtable, names->abi, base.address, slots + 2, type, joined(base.library, vtable.library)};
+    return Binding{Route::base_vtable, names->abi, base.address, slots + 2, type,
+                   joined({base.library, vtable.library, file_of(type)})};
   return std::nullopt;
 }
 
