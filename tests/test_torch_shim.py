@@ -280,8 +280,8 @@ def test_a_libc10_without_out_of_memory_error_says_what_is_missing(tmp_path):
 def test_exception_reaches_python_as_torch_out_of_memory_error():
     """A C++ caller (as PyTorch's allocator is) gets the shim's exception; torch's translation makes it
     torch.OutOfMemoryError carrying vtalloc's numbers. Compiles a small torch extension (g++ and
-    ninja): measured 25-37 s on 2 cores with torch 2.13 CPU and 28 s with 2.11+cu130 the first time,
-    2-3 s once torch's extension cache (~/.cache/torch_extensions) holds it."""
+    ninja), measured cold on 2 cores: 25-37 s with torch 2.13 CPU, 28-49 s with 2.11+cu130, 20-26 s
+    with 2.6.0+cu124; 2-3 s once torch's extension cache (~/.cache/torch_extensions) holds it."""
     import torch
     import torch.utils.cpp_extension as cpp
 
