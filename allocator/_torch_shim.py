@@ -2,7 +2,8 @@
 
 Owns: the ctypes mirror of the shim's structs and prototypes (declared on the library that
 ``_native.load()`` returns, so it is the very copy PyTorch's CUDAPluggableAllocator loads),
-and small typed wrappers: configure, per-device stats and failures, trim, release.
+and small typed wrappers: configure, per-device stats and failures, trim, release, and how an
+out-of-memory is bound to c10::OutOfMemoryError (``oom_binding``, ``exception_selftest``).
 Invariants: the structs below match the header field for field; no wrapper ever calls
 ``vta_torch_alloc`` (it may throw a C++ exception by design, which ctypes cannot carry) except
 ``alloc_for_test`` which refuses unless the policy is return-NULL.
@@ -22,12 +23,16 @@ from .stats import Stats
 __all__ = [
     "MAX_DEVICES", "FAIL_RETURN_NULL", "FAIL_THROW", "Failures", "configure", "current_config",
     "devices", "device_stats", "reset_peak_stats", "trim", "failures", "release", "exception_kind",
-    "exception_selftest", "alloc_for_test", "free_for_test",
+    "OomBinding", "oom_binding", "ExceptionSelftest", "exception_selftest", "alloc_for_test", "free_for_test",
 ]
 
 MAX_DEVICES = 64
 FAIL_RETURN_NULL, FAIL_THROW = 0, 1
 EXC_C10_OOM, EXC_STD_BAD_ALLOC = 1, 2
+# VTA_TORCH_OOM_ROUTE_* and VTA_TORCH_OOM_ABI_*, by value; VTA_TORCH_CAUGHT_* bits.
+ROUTES = (None, "constructor", "base+vtable")
+ABIS = (None, "cxx11", "old")
+CAUGHT_AS_C10_OOM, CAUGHT_AS_C10_ERROR = 1, 2
 
 u32, i32, u64 = ctypes.c_uint32, ctypes.c_int32, ctypes.c_uint64
 
@@ -44,6 +49,28 @@ class VtaTorchFailures(ctypes.Structure):
             "last_oom_requested_bytes", "last_oom_capacity_bytes", "last_oom_mapped_bytes",
         )
     ]
+
+
+@dataclasses.dataclass(frozen=True)
+class OomBinding:
+    """How an out-of-memory under enable() reaches Python in this process now, or why not as
+    ``torch.OutOfMemoryError`` (docs/torch.md, "An out-of-memory error under enable()")."""
+
+    exception: str               # "torch.OutOfMemoryError", or "RuntimeError" (the fallback)
+    route: str | None            # "constructor" or "base+vtable"; None when nothing bound
+    abi: str | None              # std::string ABI of torch's c10: "cxx11" (torch 2.7+) or "old"
+    libraries: tuple[str, ...]   # the torch libraries the symbols in use came from
+    reason: str                  # why nothing bound; "" when a route did
+
+
+@dataclasses.dataclass(frozen=True)
+class ExceptionSelftest:
+    """The out-of-memory exception, thrown and caught inside the library."""
+
+    type_name: str               # its dynamic type, mangled: "N3c1016OutOfMemoryErrorE" when bound
+    what: str
+    caught_as_oom: bool          # a handler for c10::OutOfMemoryError catches it (torch's own typeinfo asked)
+    caught_as_error: bool        # a handler for c10::Error catches it
 
 
 @dataclasses.dataclass(frozen=True)
@@ -75,7 +102,8 @@ _PROTOTYPES = {
     "vta_torch_failures": (i32, [i32, _P(VtaTorchFailures), ctypes.c_char_p, u64]),
     "vta_torch_release": (i32, []),
     "vta_torch_exception_kind": (i32, []),
-    "vta_torch_exception_selftest": (i32, [ctypes.c_char_p, ctypes.c_char_p, u64, ctypes.c_char_p, u64]),
+    "vta_torch_oom_binding": (i32, [_P(i32), _P(i32), ctypes.c_char_p, u64, ctypes.c_char_p, u64]),
+    "vta_torch_exception_selftest": (i32, [ctypes.c_char_p, i32, ctypes.c_char_p, u64, ctypes.c_char_p, u64, _P(i32)]),
     "vta_torch_residency_op": (i32, [i32, i32, u64, u64, i32, _P(i32)]),
 }
 
@@ -181,12 +209,40 @@ def exception_kind() -> str:
     return "c10" if lib().vta_torch_exception_kind() == EXC_C10_OOM else "std"
 
 
-def exception_selftest(message: str) -> tuple[str, str]:
-    """Throw and catch, inside the library, the exception an out-of-memory would throw: (type, what)."""
+def oom_binding() -> OomBinding:
+    """How the shim's out-of-memory exception is bound now (it tries to bind first if it has
+    not yet). Never imports torch: before torch is imported it says so."""
+    route, abi = i32(), i32()
+    libraries = ctypes.create_string_buffer(1024)
+    reason = ctypes.create_string_buffer(4096)
+    check(lib().vta_torch_oom_binding(ctypes.byref(route), ctypes.byref(abi), libraries, ctypes.sizeof(libraries),
+                                      reason, ctypes.sizeof(reason)))
+    bound = ROUTES[route.value]
+    return OomBinding(
+        exception="torch.OutOfMemoryError" if bound else "RuntimeError",
+        route=bound,
+        abi=ABIS[abi.value],
+        libraries=tuple(name for name in libraries.value.decode().split(", ") if name),
+        reason=reason.value.decode("utf-8", "replace"),
+    )
+
+
+def exception_selftest(message: str, route: str | None = None) -> ExceptionSelftest:
+    """Throw and catch, inside the library, the exception an out-of-memory would throw (``route``
+    None), or the one a given route builds (BackendUnavailableError when it does not bind here)."""
+    if route not in ROUTES:
+        raise InvalidArgumentError(f"unknown route {route!r}; one of {ROUTES}")
     type_buf = ctypes.create_string_buffer(256)
     what_buf = ctypes.create_string_buffer(1 << 16)
-    check(lib().vta_torch_exception_selftest(message.encode(), type_buf, 256, what_buf, ctypes.sizeof(what_buf)))
-    return type_buf.value.decode(), what_buf.value.decode("utf-8", "replace")
+    caught = i32()
+    check(lib().vta_torch_exception_selftest(message.encode(), ROUTES.index(route), type_buf, ctypes.sizeof(type_buf),
+                                             what_buf, ctypes.sizeof(what_buf), ctypes.byref(caught)))
+    return ExceptionSelftest(
+        type_name=type_buf.value.decode(),
+        what=what_buf.value.decode("utf-8", "replace"),
+        caught_as_oom=bool(caught.value & CAUGHT_AS_C10_OOM),
+        caught_as_error=bool(caught.value & CAUGHT_AS_C10_ERROR),
+    )
 
 
 def alloc_for_test(size: int, device: int = 0, stream: int = 0) -> int:

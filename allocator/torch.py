@@ -20,6 +20,7 @@ import threading
 from typing import Any
 
 from . import _native, _torch_shim
+from ._torch_shim import OomBinding
 from .config import Config, format_size
 from .errors import BackendUnavailableError, InvalidArgumentError, VtallocError
 from .probe import backend_available
@@ -32,6 +33,7 @@ __all__ = [
     "enable", "is_enabled", "mode", "mempool", "resolve_config",
     "stats", "memory_stats", "memory_allocated", "max_memory_allocated", "memory_reserved",
     "reset_peak_memory_stats", "memory_summary", "empty_cache", "failures", "oom_exception",
+    "oom_binding", "OomBinding",
     "AllocatorConflictError", "UnsupportedError",
     "paged_activations", "PagedActivations", "PagedStats", "offload", "prefetch", "publish_stats",
 ]
@@ -344,11 +346,22 @@ def failures(device: int = 0) -> _torch_shim.Failures:
 def oom_exception() -> str:
     """Which Python exception an out-of-memory under enable() becomes in this process.
 
-    "torch.OutOfMemoryError" when vtalloc could bind to the libc10 torch loaded, else
-    "RuntimeError" (the fallback, with the same message).
+    "torch.OutOfMemoryError" when vtalloc could bind to the torch it runs with, else
+    "RuntimeError" (the fallback, with the same message). Imports torch first, as enable()
+    does; :func:`oom_binding` says how it bound, or why not.
     """
-    _torch()  # bind against the libc10 of the torch this process uses
-    return "torch.OutOfMemoryError" if _torch_shim.exception_kind() == "c10" else "RuntimeError"
+    _torch()  # bind against the torch this process uses
+    return oom_binding().exception
+
+
+def oom_binding() -> OomBinding:
+    """How an out-of-memory under enable() is bound to ``c10::OutOfMemoryError`` in this process
+    now: the route ("constructor" or "base+vtable"), torch's std::string ABI, the torch libraries
+    the symbols came from, or why it is not (then the exception is RuntimeError).
+
+    Unlike :func:`oom_exception` it does not import torch: it reports the process as it is.
+    """
+    return _torch_shim.oom_binding()
 
 
 def memory_summary(device: int | None = None) -> str:

@@ -13,6 +13,7 @@ import sys
 
 import pytest
 import torch
+from helpers.subproc import run_python
 
 import vtalloc.allocator.torch as vt
 from vtalloc.allocator import BackendUnavailableError, Config, InvalidArgumentError, OutOfMemoryError
@@ -115,6 +116,34 @@ def test_importing_vtalloc_does_not_import_torch():
 
 def test_oom_becomes_torch_out_of_memory_error_here():
     assert vt.oom_exception() == "torch.OutOfMemoryError"
+    b = vt.oom_binding()
+    assert isinstance(b, vt.OomBinding) and b.exception == "torch.OutOfMemoryError"
+    assert b.route in ("constructor", "base+vtable") and b.reason == "" and "libc10.so" in b.libraries
+
+
+def test_before_torch_is_imported_the_binding_says_why_and_binds_later():
+    """oom_binding() reports the process as it is (it never imports torch); the shim keeps trying
+    until torch is loaded; oom_exception() imports torch, as enable() does."""
+    out = run_python("""
+        import dataclasses, json, sys
+        import vtalloc.allocator.torch as vt
+        from vtalloc.allocator import _torch_shim as shim
+        before = dataclasses.asdict(vt.oom_binding())
+        kind = shim.exception_kind()
+        thrown = dataclasses.asdict(shim.exception_selftest("vtalloc: 64 MiB"))
+        imported = "torch" in sys.modules
+        exception = vt.oom_exception()
+        print(json.dumps({"before": before, "kind": kind, "thrown": thrown, "imported": imported,
+                          "exception": exception, "after": dataclasses.asdict(vt.oom_binding())}))
+    """, timeout=120)
+    assert out["before"] == {"exception": "RuntimeError", "route": None, "abi": None, "libraries": [],
+                             "reason": "libc10.so is not loaded (import torch first)"}
+    assert out["kind"] == "std"
+    assert out["thrown"] == {"type_name": "N3vta7c10_oom19OutOfMemoryFallbackE", "what": "vtalloc: 64 MiB",
+                             "caught_as_oom": False, "caught_as_error": False}
+    assert not out["imported"]
+    assert out["exception"] == "torch.OutOfMemoryError"
+    assert out["after"]["route"] in ("constructor", "base+vtable") and out["after"]["reason"] == ""
 
 
 # -- statistics ----------------------------------------------------------------------------------

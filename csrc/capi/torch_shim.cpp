@@ -1,13 +1,12 @@
 // The PyTorch shim (torch_shim.h): per-device address spaces behind CUDAPluggableAllocator.
 //
 // Owns: the process-wide shim state (options, one lazily created AddressSpace per device,
-// failure records, frees parked during CUDA graph capture), the thread-local last error of
-// the shim's status functions, and the run-time binding to c10::OutOfMemoryError.
+// failure records, frees parked during CUDA graph capture) and the thread-local last error of
+// the shim's status functions. The exception of an out-of-memory is c10_oom.hpp's.
 // Invariants: the state is immortal (never destroyed at exit: torch frees tensors during its
 // own static destruction); a space pointer, once published, stays valid for the life of the
 // process (release() closes spaces but keeps the objects); the calling thread's current CUDA
 // context is the same after every call as before it (the cuda backend switches contexts).
-#include <cxxabi.h>
 #include <dlfcn.h>
 
 #include <algorithm>
@@ -18,26 +17,12 @@
 #include <new>
 #include <stdexcept>
 #include <string>
-#include <typeinfo>
 #include <vector>
 
 #include "alloc/address_space.hpp"
 #include "backend/cuda_driver_api.hpp"
+#include "capi/c10_oom.hpp"
 #include "vtalloc/torch_shim.h"
-
-namespace vta::torch_shim {
-
-// The out-of-memory exception thrown when libc10 cannot be bound (Python: RuntimeError).
-class OutOfMemoryFallback : public std::bad_alloc {
- public:
-  explicit OutOfMemoryFallback(std::string message) : message_(std::move(message)) {}
-  const char* what() const noexcept override { return message_.c_str(); }
-
- private:
-  std::string message_;
-};
-
-}  // namespace vta::torch_shim
 
 namespace {
 
@@ -243,74 +228,6 @@ void flush_parked(int device, AddressSpace* space) {
   }
 }
 
-// ---- the exception PyTorch turns into torch.OutOfMemoryError ------------------------------
-
-// Layout of c10::SourceLocation (c10/util/StringUtil.h), passed by value to the constructor.
-struct SourceLocation {
-  const char* function;
-  const char* file;
-  uint32_t line;
-};
-
-struct C10OutOfMemory {
-  using Ctor = void (*)(void* self, SourceLocation where, std::string message);
-  Ctor ctor = nullptr;
-  std::type_info* type = nullptr;
-};
-
-constexpr const char* kC10Library = "libc10.so";
-constexpr const char* kC10OomCtor =
-    "_ZN3c1016OutOfMemoryErrorC1ENS_14SourceLocationENSt7__cxx1112basic_stringIcSt11char_traitsIcESaIcEEE";
-constexpr const char* kC10OomTypeInfo = "_ZTIN3c1016OutOfMemoryErrorE";
-// sizeof(c10::OutOfMemoryError) is 128 in torch 2.13; the exception buffer leaves 8x room.
-constexpr size_t kC10ExceptionBytes = 1024;
-
-// Bound once it succeeds; retried until then (torch may be imported after our first call).
-bool bind_c10(C10OutOfMemory* out) {
-  static std::mutex mu;
-  static std::atomic<bool> bound{false};
-  static C10OutOfMemory binding;
-  if (!bound.load(std::memory_order_acquire)) {
-    std::lock_guard<std::mutex> lk(mu);
-    if (!bound.load(std::memory_order_relaxed)) {
-      void* lib = dlopen(kC10Library, RTLD_NOW | RTLD_NOLOAD);  // only the libc10 torch loaded
-      if (!lib) return false;
-      void* ctor = dlsym(lib, kC10OomCtor);
-      void* type = dlsym(lib, kC10OomTypeInfo);
-      if (!ctor || !type) {
-        dlclose(lib);
-        return false;
-      }
-      binding.ctor = reinterpret_cast<C10OutOfMemory::Ctor>(ctor);
-      binding.type = static_cast<std::type_info*>(type);
-      bound.store(true, std::memory_order_release);  // the handle stays open: libc10 is never unloaded
-    }
-  }
-  *out = binding;
-  return true;
-}
-
-void destroy_thrown(void* object) {
-  // c10::Error derives from std::exception alone, so the object starts with it; the virtual
-  // destructor runs c10::OutOfMemoryError's.
-  static_cast<std::exception*>(object)->~exception();
-}
-
-[[noreturn]] void throw_oom(const std::string& message) {
-  C10OutOfMemory c10;
-  if (bind_c10(&c10)) {
-    void* object = __cxxabiv1::__cxa_allocate_exception(kC10ExceptionBytes);
-    try {
-      c10.ctor(object, SourceLocation{"vta_torch_alloc", __FILE__, static_cast<uint32_t>(__LINE__)}, message);
-    } catch (...) {
-      __cxxabiv1::__cxa_free_exception(object);
-      throw;
-    }
-    __cxxabiv1::__cxa_throw(object, c10.type, destroy_thrown);
-  }
-  throw vta::torch_shim::OutOfMemoryFallback(message);
-}
-
 void copy_out(const std::string& s, char* buf, uint64_t capacity) {
   if (!buf || capacity == 0) return;
   size_t n = std::min<uint64_t>(s.size(), capacity - 1);
@@ -391,7 +308,7 @@ void* vta_torch_alloc(size_t size, int device, void* stream) {
   if (s.on_failure.load(std::memory_order_acquire) == VTA_TORCH_FAIL_RETURN_NULL) return nullptr;
   // By design the one exception that leaves the shim: torch's global allocator has no other way
   // to fail, and its C++ callers turn it into a Python exception (see torch_shim.h).
-  if (kind == FailureKind::oom) throw_oom(message);
+  if (kind == FailureKind::oom) vta::c10_oom::throw_oom(message);
   throw std::runtime_error(message);
 }
 
@@ -553,20 +470,36 @@ vta_status_t vta_torch_release(void) {
 }
 
 int32_t vta_torch_exception_kind(void) {
-  C10OutOfMemory c10;
-  return bind_c10(&c10) ? VTA_TORCH_EXC_C10_OOM : VTA_TORCH_EXC_STD_BAD_ALLOC;
+  try {
+    return vta::c10_oom::binding().route != vta::c10_oom::Route::none ? VTA_TORCH_EXC_C10_OOM
+                                                                      : VTA_TORCH_EXC_STD_BAD_ALLOC;
+  } catch (...) {
+    return VTA_TORCH_EXC_STD_BAD_ALLOC;  // out of host memory while binding: so would an OOM be
+  }
 }
 
-vta_status_t vta_torch_exception_selftest(const char* message, char* type_name, uint64_t type_capacity, char* what,
-                                          uint64_t what_capacity) {
+vta_status_t vta_torch_oom_binding(int32_t* route, int32_t* abi, char* libraries, uint64_t libraries_capacity,
+                                   char* reason, uint64_t reason_capacity) {
   return guarded([&] {
-    if (!message) vta::fail(VTA_ERR_INVALID_ARGUMENT, "null message");
-    try {
-      throw_oom(message);
-    } catch (const std::exception& e) {
-      copy_out(typeid(e).name(), type_name, type_capacity);
-      copy_out(e.what(), what, what_capacity);
-    }
+    if (!route || !abi) vta::fail(VTA_ERR_INVALID_ARGUMENT, "null output");
+    vta::c10_oom::Report r = vta::c10_oom::binding();
+    *route = static_cast<int32_t>(r.route);
+    *abi = static_cast<int32_t>(r.abi);
+    copy_out(r.libraries, libraries, libraries_capacity);
+    copy_out(r.reason, reason, reason_capacity);
+  });
+}
+
+vta_status_t vta_torch_exception_selftest(const char* message, int32_t route, char* type_name, uint64_t type_capacity,
+                                          char* what, uint64_t what_capacity, int32_t* caught) {
+  return guarded([&] {
+    if (!message || !caught) vta::fail(VTA_ERR_INVALID_ARGUMENT, "null message or output");
+    if (route < VTA_TORCH_OOM_ROUTE_NONE || route > VTA_TORCH_OOM_ROUTE_BASE_VTABLE)
+      vta::fail(VTA_ERR_INVALID_ARGUMENT, "unknown route " + std::to_string(route));
+    vta::c10_oom::SelfTest t = vta::c10_oom::selftest(message, static_cast<vta::c10_oom::Route>(route));
+    copy_out(t.type_name, type_name, type_capacity);
+    copy_out(t.what, what, what_capacity);
+    *caught = (t.caught_as_oom ? VTA_TORCH_CAUGHT_AS_C10_OOM : 0) | (t.caught_as_error ? VTA_TORCH_CAUGHT_AS_C10_ERROR : 0);
   });
 }
 

@@ -14,9 +14,10 @@
  *    allocator expects from a MemPool allocator; it turns NULL into its own OOM handling) or
  *    throws (VTA_TORCH_FAIL_THROW: what torch needs from its *global* allocator, which never
  *    checks the pointer: a NULL there becomes a tensor at address 0 and a fatal illegal-address
- *    fault). The thrown exception is c10::OutOfMemoryError, resolved at run time from the
- *    libc10 already loaded in the process, so Python sees torch.OutOfMemoryError with
- *    vtalloc's numbers; without libc10 it is a std::bad_alloc (Python: RuntimeError).
+ *    fault). The thrown exception is c10::OutOfMemoryError, bound at run time from the torch
+ *    libraries already loaded in the process, so Python sees torch.OutOfMemoryError with
+ *    vtalloc's numbers; where it cannot be bound it is a std::bad_alloc (Python: RuntimeError),
+ *    and vta_torch_oom_binding() says why.
  *    Unconfigured, the shim uses the default options and VTA_TORCH_FAIL_THROW.
  *  - vta_torch_free never throws and never fails loudly: torch calls it from destructors. A
  *    failure is counted and kept as the device's last failure.
@@ -97,10 +98,33 @@ VTA_API vta_status_t vta_torch_release(void);
 
 /* VTA_TORCH_EXC_*: which exception an out-of-memory would throw now. */
 VTA_API int32_t vta_torch_exception_kind(void);
-/* Build and throw that exception with `message`, catch it here, and report its dynamic type
- * name and what(): a check that the run-time binding to libc10 works in this process. */
-VTA_API vta_status_t vta_torch_exception_selftest(const char* message, char* type_name, uint64_t type_capacity,
-                                                  char* what, uint64_t what_capacity);
+
+/* How the out-of-memory exception is bound to c10::OutOfMemoryError (docs/torch.md):
+ *  - CONSTRUCTOR: torch exports OutOfMemoryError(SourceLocation, std::string) (torch 2.13+);
+ *  - BASE_VTABLE: c10::Error's exported constructor builds the object, then OutOfMemoryError's
+ *    vtable is installed: what its inherited constructor does (torch 2.3-2.12, which export
+ *    no OutOfMemoryError constructor); used only once its vtable and typeinfo show it adds
+ *    nothing to c10::Error.
+ * The std::string ABI is the one torch's constructor takes (CXX11: torch 2.7+; OLD: 2.3-2.6). */
+enum { VTA_TORCH_OOM_ROUTE_NONE = 0, VTA_TORCH_OOM_ROUTE_CONSTRUCTOR = 1, VTA_TORCH_OOM_ROUTE_BASE_VTABLE = 2 };
+enum { VTA_TORCH_OOM_ABI_NONE = 0, VTA_TORCH_OOM_ABI_CXX11 = 1, VTA_TORCH_OOM_ABI_OLD = 2 };
+/* The binding in force, binding first when there is none yet (until one is made, every call
+ * and every out-of-memory tries again: torch may be imported after vtalloc). `libraries`
+ * receives where the symbols in use came from (comma-separated); with route NONE, `reason`
+ * receives why nothing bound. Either buffer may be NULL. */
+VTA_API vta_status_t vta_torch_oom_binding(int32_t* route, int32_t* abi, char* libraries, uint64_t libraries_capacity,
+                                           char* reason, uint64_t reason_capacity);
+
+/* Build and throw the out-of-memory exception with `message`, catch it here, and report its
+ * dynamic type name, what(), and in *caught which handlers would catch it (VTA_TORCH_CAUGHT_*,
+ * asked of the typeinfos torch exports, as the C++ runtime asks them): a check that the run-time
+ * binding works in this process. `route` NONE throws as vta_torch_alloc would (the binding, or
+ * the fallback); another route throws through that route alone, VTA_ERR_BACKEND_UNAVAILABLE
+ * (with the reason) when it does not bind here. */
+enum { VTA_TORCH_CAUGHT_AS_C10_OOM = 1, VTA_TORCH_CAUGHT_AS_C10_ERROR = 2 };
+VTA_API vta_status_t vta_torch_exception_selftest(const char* message, int32_t route, char* type_name,
+                                                  uint64_t type_capacity, char* what, uint64_t what_capacity,
+                                                  int32_t* caught);
 
 #ifdef __cplusplus
 }
