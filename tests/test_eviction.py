@@ -4,6 +4,7 @@ the same address, under explicit offload and under memory pressure, in both mode
 from __future__ import annotations
 
 import ctypes
+import time
 
 import pytest
 
@@ -17,6 +18,14 @@ from vtalloc.allocator import (
 from helpers.spaces import MiB, pattern
 
 MODES = ["mapped", "copy"]
+
+
+def wait_until(done, timeout_s: float = 10.0) -> None:
+    """Poll (each poll completes what finished on the copy stream) until done() or fail."""
+    deadline = time.monotonic() + timeout_s
+    while not done():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.001)
 
 
 def space(mode: str, capacity=16 * MiB, host_capacity=128 * MiB, **kw) -> AddressSpace:
@@ -289,4 +298,74 @@ def test_restores_count_in_the_peak_of_mapped_bytes(mode):
         assert s.stats().peak_mapped_bytes == 0
         s.ensure_resident(a)
         assert s.stats().peak_mapped_bytes == 6 * MiB
+        s.free(a)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_an_offloaded_page_keeps_its_device_page_until_memory_is_needed(mode):
+    """The mapping under an offloaded page changes only when memory is needed (docs/eviction.md,
+    "Ordering"): until then its device page stays mapped, and asking for it back costs no copy."""
+    with space(mode, capacity=8 * MiB) as s:
+        a = s.malloc(4 * MiB)
+        s.write(a, pattern(21, 4 * MiB))
+        s.set_evictable(a)
+        s.offload(a)
+        assert s.residency(a) in ("evicted", "in_flight")
+        wait_until(lambda: s.residency(a) == "evicted")
+        st = s.stats()
+        assert st.pages_evicted == 2 and st.mapped_bytes == 4 * MiB and st.pages_resident == 0
+        held = [p for p in s.pages() if p.state == "evicted"]
+        assert len(held) == 2 and all(p.page_id is not None for p in held), "the held device pages"
+        unmaps = st.num_unmap_calls
+        s.ensure_resident(a)  # back without a copy, nothing unmapped
+        st = s.stats()
+        assert s.residency(a) == "resident" and st.restores == 2 and st.bytes_restored_total == 0
+        assert st.num_unmap_calls == unmaps and st.host_pool_used_bytes == 0
+        assert s.read(a, 4 * MiB) == pattern(21, 4 * MiB)
+        s.offload(a)
+        b = s.malloc(6 * MiB)  # needs a's device pages: they are released now
+        st = s.stats()
+        assert s.residency(a) == "evicted" and st.pages_resident == 3 and st.host_pool_used_bytes == 4 * MiB
+        s.free(b)
+        s.ensure_resident(a)
+        assert s.stats().bytes_restored_total == 4 * MiB
+        assert s.read(a, 4 * MiB) == pattern(21, 4 * MiB)
+        s.free(a)
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("release", [False, True])
+def test_a_write_to_an_offloaded_allocation_is_kept_either_way(mode, release):
+    """write() reaches evicted bytes where they are: with the device page still held it writes
+    both copies, so neither taking the page back nor releasing it loses the write."""
+    with space(mode) as s:
+        a = s.malloc(2 * MiB)
+        s.write(a, pattern(1, 2 * MiB))
+        s.offload(a)
+        wait_until(lambda: s.residency(a) == "evicted")
+        s.write(a, b"new bytes", offset=1000)
+        if release:
+            s.trim()  # releases the held device page: the host copy is what is left
+            assert s.stats().mapped_bytes == 0
+        s.ensure_resident(a)
+        want = bytearray(pattern(1, 2 * MiB))
+        want[1000:1009] = b"new bytes"
+        assert s.read(a, 2 * MiB) == bytes(want)
+        s.free(a)
+
+
+def test_a_restored_page_is_swapped_in_by_ensure_resident_or_a_write():
+    """Mapped mode: a finished restore leaves the host page at the address until the swap."""
+    with space("mapped") as s:
+        a = s.malloc(2 * MiB)
+        s.write(a, pattern(3, 2 * MiB))
+        s.offload(a)
+        s.synchronize()  # evicted, device page released, host page at the address
+        s.prefetch(a)
+        wait_until(lambda: s.residency(a) and s.stats().restores == 1)  # the copy completes; the swap waits
+        assert s.residency(a) == "in_flight" and s.stats().host_pool_used_bytes == 2 * MiB
+        assert s.read(a, 64) == pattern(3, 64)  # read where it is: the host page
+        s.write(a, b"swap")  # a write swaps the device page in first, so no copy goes stale
+        assert s.residency(a) == "resident" and s.stats().host_pool_used_bytes == 0
+        assert s.read(a, 4) == b"swap" and s.read(a, 64, offset=4) == pattern(3, 68)[4:]
         s.free(a)

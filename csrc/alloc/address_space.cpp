@@ -162,8 +162,9 @@ bool AddressSpace::mapped_range_locked(size_t npages, uintptr_t* out) {
 
 bool AddressSpace::obtain_page_locked(int32_t* id) {
   // Cheapest first: a free page, a cached one, memory freed but waiting for its stream, the
-  // device pages that evicted pages still hold (after their streams' work), and only then a
-  // copy of the least recently used evictable page to host memory.
+  // device pages that evicted pages still hold (after their streams' work), those of pages
+  // whose eviction copy is still running (once it completed), and only then a copy of the
+  // least recently used evictable page to host memory.
   for (;;) {
     if (pages_.acquire_page(id)) return true;
     if (reclaim_one_page_locked()) continue;
@@ -172,6 +173,7 @@ bool AddressSpace::obtain_page_locked(int32_t* id) {
       continue;
     }
     if (release_evicted_locked()) continue;
+    if (finish_evictions_locked()) continue;  // copies still running: their pages are next
     if (!evict_allowed_ || !evict_lru_locked()) return false;
   }
 }

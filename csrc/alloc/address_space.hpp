@@ -187,6 +187,8 @@ class AddressSpace {
   void quiesce_pages_locked(const std::vector<uintptr_t>& vas);
   // Release the device pages that evicted pages still hold (one quiesce); how many.
   size_t release_evicted_locked();
+  // Wait for every eviction copy still running; whether there was one.
+  bool finish_evictions_locked();
   void release_held_page_locked(uintptr_t va, AwayPage& p);
   // Restored pages (mapped mode): one quiesce, then the device page replaces the host page.
   void swap_restored_locked();
@@ -194,7 +196,8 @@ class AddressSpace {
   // An evicted page whose device page was never released becomes resident again (no copy).
   void unevict_held_locked(uintptr_t va);
   // A restored page goes back to evicted: its device page (at the window) returns to the pool.
-  void unrestore_locked(uintptr_t va, AwayPage& p);
+  void unrestore_locked(AwayPage& p);
+  // The page is resident again: forget it as away, give its slab its free blocks back, LRU.
   void finish_resident_locked(uintptr_t va);
   bool broken(uint32_t bit) const { return (debug_break_ & bit) != 0; }
   void prefetch_locked(uintptr_t start, uint64_t bytes, StreamHandle consumer);

@@ -214,6 +214,14 @@ size_t AddressSpace::release_evicted_locked() {
   return vas.size();
 }
 
+bool AddressSpace::finish_evictions_locked() {
+  std::vector<uintptr_t> vas;
+  for (auto& [va, p] : away_)
+    if (p.state == Residency::evicting) vas.push_back(va);
+  for (uintptr_t va : vas) finish_inflight_locked(va, true);
+  return !vas.empty();
+}
+
 void AddressSpace::finish_resident_locked(uintptr_t va) {
   away_.erase(va);
   if (slab_used_.count(va)) unstash_slab_locked(va);
@@ -366,7 +374,7 @@ void AddressSpace::swap_restored_locked() {
   for (uintptr_t va : vas) swap_restored_page_locked(va, away_.at(va));
 }
 
-void AddressSpace::unrestore_locked(uintptr_t va, AwayPage& p) {
+void AddressSpace::unrestore_locked(AwayPage& p) {
   VTA_INVARIANT(p.state == Residency::restored);
   if (p.window_mapped) {  // only the copy stream used the window, and its copy completed
     check(backend_->unmap(window_ + static_cast<uintptr_t>(p.device_page) * page_bytes_, page_bytes_));
@@ -376,7 +384,6 @@ void AddressSpace::unrestore_locked(uintptr_t va, AwayPage& p) {
   p.device_page = -1;
   p.consumers.clear();
   p.state = Residency::evicted;
-  (void)va;
 }
 
 void AddressSpace::finish_inflight_locked(uintptr_t va, bool wait) {
@@ -522,7 +529,7 @@ void AddressSpace::offload(uintptr_t address) {
     if (away != away_.end()) {
       if (away->second.state == Residency::restoring) finish_inflight_locked(va, true);
       away = away_.find(va);
-      if (away != away_.end() && away->second.state == Residency::restored) unrestore_locked(va, away->second);
+      if (away != away_.end() && away->second.state == Residency::restored) unrestore_locked(away->second);
       if (away_.count(va)) continue;  // evicting or evicted
     }
     if (!evict_page_locked(va, false))
