@@ -183,8 +183,15 @@ class AddressSpace {
   void finish_inflight_locked(uintptr_t va, bool wait);
   void drain_inflight_locked(bool wait);
   void drop_away_page_locked(uintptr_t va);
+  // Add the streams of the page's allocations to `streams` (each once).
+  void add_page_streams_locked(uintptr_t va, std::vector<StreamHandle>* streams);
   // Wait on the host until no work queued so far may touch these pages (see Ordering above).
   void quiesce_pages_locked(const std::vector<uintptr_t>& vas);
+  // The addresses of the away pages that `pred` picks (a copy: callers change away_).
+  template <typename F>
+  std::vector<uintptr_t> away_where_locked(F&& pred) const;
+  // Mapped mode: map the page's host copy at its address (host_mapped says whether it worked).
+  void map_host_copy_locked(uintptr_t va, AwayPage& p);
   // Release the device pages that evicted pages still hold (one quiesce); how many.
   size_t release_evicted_locked();
   // Wait for every eviction copy still running; whether there was one.
@@ -205,6 +212,8 @@ class AddressSpace {
   void stash_slab_locked(uintptr_t slab);
   void unstash_slab_locked(uintptr_t slab);
   uintptr_t page_of(uintptr_t a) const { return a - a % page_bytes_; }
+  // Mapped mode restore: where device page `id` is filled before the swap.
+  uintptr_t window_of(int32_t id) const { return window_ + static_cast<uintptr_t>(id) * page_bytes_; }
   void release_eviction_locked();
 
   mutable std::mutex mu_;
@@ -254,6 +263,14 @@ class AddressSpace {
 
   vta_stats_t stats_{};
 };
+
+template <typename F>
+std::vector<uintptr_t> AddressSpace::away_where_locked(F&& pred) const {
+  std::vector<uintptr_t> vas;
+  for (auto& [va, p] : away_)
+    if (pred(p)) vas.push_back(va);
+  return vas;
+}
 
 // Calls f(address, allocation) for each live allocation overlapping [va, va + page).
 template <typename F>

@@ -14,6 +14,10 @@
 namespace vta {
 
 namespace {
+void add_stream(std::vector<StreamHandle>* streams, StreamHandle s) {
+  if (std::find(streams->begin(), streams->end(), s) == streams->end()) streams->push_back(s);
+}
+
 // Default host pool: four times the device capacity, at most half the machine's memory.
 // The machine's memory comes from sysconf, never from an iostream: the core must not touch
 // the C++ locale machinery (see docs/design.md, "No iostreams in the core").
@@ -111,10 +115,7 @@ bool AddressSpace::evict_page_locked(uintptr_t va, bool wait) {
     cs = copy_stream_locked();
     // Order the copy after the last use: an event on every stream of the page's allocations.
     std::vector<StreamHandle> streams;
-    for_each_alloc_on_page_locked(va, [&](uintptr_t, const Allocation& a) {
-      if (std::find(streams.begin(), streams.end(), a.stream) == streams.end()) streams.push_back(a.stream);
-    });
-    if (broken(VTA_DEBUG_BREAK_COPY_ORDER)) streams.clear();
+    if (!broken(VTA_DEBUG_BREAK_COPY_ORDER)) add_page_streams_locked(va, &streams);
     for (StreamHandle s : streams) {
       EventHandle e = take_event_locked();
       Status st = backend_->event_record(e, s);
@@ -163,23 +164,24 @@ void AddressSpace::complete_evict_locked(uintptr_t va, AwayPage& p) {
   if (broken(VTA_DEBUG_BREAK_QUIESCE)) release_held_page_locked(va, p);  // eager, as if nothing could touch it
 }
 
+void AddressSpace::add_page_streams_locked(uintptr_t va, std::vector<StreamHandle>* streams) {
+  for_each_alloc_on_page_locked(va, [&](uintptr_t, const Allocation& a) { add_stream(streams, a.stream); });
+}
+
 void AddressSpace::quiesce_pages_locked(const std::vector<uintptr_t>& vas) {
   if (broken(VTA_DEBUG_BREAK_QUIESCE)) return;
   std::vector<StreamHandle> streams;
-  auto add = [&](StreamHandle s) {
-    if (std::find(streams.begin(), streams.end(), s) == streams.end()) streams.push_back(s);
-  };
   for (uintptr_t va : vas) {
-    for_each_alloc_on_page_locked(va, [&](uintptr_t, const Allocation& a) { add(a.stream); });
+    add_page_streams_locked(va, &streams);
     auto it = away_.find(va);
     if (it != away_.end())
-      for (StreamHandle s : it->second.consumers) add(s);
+      for (StreamHandle s : it->second.consumers) add_stream(&streams, s);
   }
   if (pending_count_) {  // a freed block's work may still run until its free completes
     for (auto& [stream, queue] : pending_)
       for (const PendingFree& f : queue)
         for (uintptr_t va : vas)
-          if (f.address < va + page_bytes_ && f.address + f.size > va) add(stream);
+          if (f.address < va + page_bytes_ && f.address + f.size > va) add_stream(&streams, stream);
   }
   for (StreamHandle s : streams) {
     EventHandle e = take_event_locked();
@@ -190,24 +192,23 @@ void AddressSpace::quiesce_pages_locked(const std::vector<uintptr_t>& vas) {
   }
 }
 
+void AddressSpace::map_host_copy_locked(uintptr_t va, AwayPage& p) {
+  Status s = backend_->map(va, page_bytes_, p.slot.page);
+  if (s.is_ok()) {
+    s = backend_->set_access(va, page_bytes_);
+    if (!s.is_ok()) (void)backend_->unmap(va, page_bytes_);
+  }
+  p.host_mapped = s.is_ok();  // if not, the bytes are still safe in the slot (copy-mode semantics)
+}
+
 void AddressSpace::release_held_page_locked(uintptr_t va, AwayPage& p) {
   pages_.unmap_range(va, page_bytes_);
   p.device_held = false;
-  if (mapped_mode_) {
-    // Keep the address valid: map the host-located copy there.
-    Status s = backend_->map(va, page_bytes_, p.slot.page);
-    if (s.is_ok()) {
-      s = backend_->set_access(va, page_bytes_);
-      if (!s.is_ok()) (void)backend_->unmap(va, page_bytes_);
-    }
-    p.host_mapped = s.is_ok();  // if not, the bytes are still safe in the slot (copy-mode semantics)
-  }
+  if (mapped_mode_) map_host_copy_locked(va, p);  // keep the address valid
 }
 
 size_t AddressSpace::release_evicted_locked() {
-  std::vector<uintptr_t> vas;
-  for (auto& [va, p] : away_)
-    if (p.state == Residency::evicted && p.device_held) vas.push_back(va);
+  auto vas = away_where_locked([](const AwayPage& p) { return p.state == Residency::evicted && p.device_held; });
   if (vas.empty()) return 0;
   quiesce_pages_locked(vas);
   for (uintptr_t va : vas) release_held_page_locked(va, away_.at(va));
@@ -215,9 +216,7 @@ size_t AddressSpace::release_evicted_locked() {
 }
 
 bool AddressSpace::finish_evictions_locked() {
-  std::vector<uintptr_t> vas;
-  for (auto& [va, p] : away_)
-    if (p.state == Residency::evicting) vas.push_back(va);
+  auto vas = away_where_locked([](const AwayPage& p) { return p.state == Residency::evicting; });
   for (uintptr_t va : vas) finish_inflight_locked(va, true);
   return !vas.empty();
 }
@@ -276,7 +275,7 @@ void AddressSpace::restore_page_locked(uintptr_t va, StreamHandle consumer) {
         window_bytes_ = capacity_ / page_bytes_ * page_bytes_;
         check(backend_->reserve(window_bytes_, page_bytes_, &window_));
       }
-      dst = window_ + static_cast<uintptr_t>(id) * page_bytes_;
+      dst = window_of(id);
       VTA_INVARIANT(dst + page_bytes_ <= window_ + window_bytes_);
       check(backend_->map(dst, page_bytes_, pages_.handle_of(id)));
       mapped_at_window = true;
@@ -339,7 +338,7 @@ void AddressSpace::swap_restored_page_locked(uintptr_t va, AwayPage& p) {
   VTA_INVARIANT(p.state == Residency::restored);
   // Each step is recorded in `p` as it succeeds, so a failure can be retried or undone.
   if (p.window_mapped) {
-    check(backend_->unmap(window_ + static_cast<uintptr_t>(p.device_page) * page_bytes_, page_bytes_));
+    check(backend_->unmap(window_of(p.device_page), page_bytes_));
     p.window_mapped = false;
   }
   if (p.host_mapped) {
@@ -353,12 +352,7 @@ void AddressSpace::swap_restored_page_locked(uintptr_t va, AwayPage& p) {
     p.state = Residency::evicted;
     p.device_page = -1;
     p.consumers.clear();
-    Status s = backend_->map(va, page_bytes_, p.slot.page);
-    if (s.is_ok()) {
-      s = backend_->set_access(va, page_bytes_);
-      if (!s.is_ok()) (void)backend_->unmap(va, page_bytes_);
-    }
-    p.host_mapped = s.is_ok();
+    map_host_copy_locked(va, p);
     throw;
   }
   host_pool_->release(p.slot);
@@ -366,9 +360,7 @@ void AddressSpace::swap_restored_page_locked(uintptr_t va, AwayPage& p) {
 }
 
 void AddressSpace::swap_restored_locked() {
-  std::vector<uintptr_t> vas;
-  for (auto& [va, p] : away_)
-    if (p.state == Residency::restored) vas.push_back(va);
+  auto vas = away_where_locked([](const AwayPage& p) { return p.state == Residency::restored; });
   if (vas.empty()) return;
   quiesce_pages_locked(vas);
   for (uintptr_t va : vas) swap_restored_page_locked(va, away_.at(va));
@@ -377,7 +369,7 @@ void AddressSpace::swap_restored_locked() {
 void AddressSpace::unrestore_locked(AwayPage& p) {
   VTA_INVARIANT(p.state == Residency::restored);
   if (p.window_mapped) {  // only the copy stream used the window, and its copy completed
-    check(backend_->unmap(window_ + static_cast<uintptr_t>(p.device_page) * page_bytes_, page_bytes_));
+    check(backend_->unmap(window_of(p.device_page), page_bytes_));
     p.window_mapped = false;
   }
   pages_.return_page(p.device_page);
@@ -400,9 +392,8 @@ void AddressSpace::finish_inflight_locked(uintptr_t va, bool wait) {
 
 void AddressSpace::drain_inflight_locked(bool wait) {
   if (in_flight_ == 0) return;
-  std::vector<uintptr_t> vas;
-  for (auto& [va, p] : away_)
-    if (p.state == Residency::evicting || p.state == Residency::restoring) vas.push_back(va);
+  auto vas = away_where_locked(
+      [](const AwayPage& p) { return p.state == Residency::evicting || p.state == Residency::restoring; });
   for (uintptr_t va : vas) finish_inflight_locked(va, wait);
 }
 
@@ -468,7 +459,7 @@ void AddressSpace::release_eviction_locked() {
     if ((p.state == Residency::evicting || p.state == Residency::restoring) && p.event)
       keep(backend_->event_synchronize(p.event));
     if (p.host_mapped) keep(backend_->unmap(va, page_bytes_));
-    if (p.window_mapped) keep(backend_->unmap(window_ + static_cast<uintptr_t>(p.device_page) * page_bytes_, page_bytes_));
+    if (p.window_mapped) keep(backend_->unmap(window_of(p.device_page), page_bytes_));
     if (p.device_page >= 0 && p.window_mapped) pages_.return_page(p.device_page);
   }
   away_.clear();
