@@ -6,8 +6,7 @@ import pytest
 
 from vtalloc.allocator import AddressSpace, BackendUnavailableError, backend_available
 from vtalloc.allocator.device_info import device_info
-
-MiB = 1 << 20
+from helpers.sizes import MiB
 
 
 def test_without_a_driver_the_error_is_typed():

@@ -4,7 +4,6 @@ byte last written, addresses never change, and the accounting closes."""
 from __future__ import annotations
 
 import random
-import threading
 
 import hypothesis.strategies as st
 import pytest
@@ -13,58 +12,51 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 
 from vtalloc.allocator import AddressSpace, HostPoolExhaustedError, InvalidArgumentError, OutOfMemoryError
 from helpers.spaces import MiB, pattern
+from helpers.threads import run_threads
 
 
 @pytest.mark.parametrize("mode", ["mapped", "copy"])
 def test_threads_offload_prefetch_alloc_free(mode):
-    errors: list[BaseException] = []
     with AddressSpace(backend="host", capacity=24 * MiB, host_capacity=96 * MiB, evict_mode=mode) as space:
         def worker(seed: int) -> None:
             rng = random.Random(seed)
             mine: list[tuple[int, int, int]] = []
-            try:
-                for step in range(150):
-                    r = rng.random()
-                    if mine and r < 0.25:
-                        a, n, tag = mine.pop(rng.randrange(len(mine)))
-                        assert space.read(a, n) == pattern(tag, n)
-                        space.free(a)
-                    elif mine and r < 0.45:
-                        a, _, _ = rng.choice(mine)
-                        try:
-                            space.offload(a)
-                        except (InvalidArgumentError, HostPoolExhaustedError):
-                            pass  # shared with another thread's pinned block / pool full: refused, nothing lost
-                    elif mine and r < 0.6:
-                        a, _, _ = rng.choice(mine)
-                        try:
-                            space.prefetch(a) if rng.random() < 0.5 else space.ensure_resident(a)
-                        except OutOfMemoryError:
-                            pass
-                    elif mine and r < 0.7:
-                        a, n, tag = rng.choice(mine)
-                        assert space.read(a, n) == pattern(tag, n)
-                    else:
-                        n = rng.choice([512, 5000, 300_000, 2 * MiB, 3 * MiB + 7])
-                        try:
-                            a = space.malloc(n)
-                        except OutOfMemoryError:
-                            continue
-                        tag = seed * 10_000 + step
-                        space.write(a, pattern(tag, n))
-                        space.set_evictable(a)
-                        mine.append((a, n, tag))
-                for a, n, tag in mine:
+            for step in range(150):
+                r = rng.random()
+                if mine and r < 0.25:
+                    a, n, tag = mine.pop(rng.randrange(len(mine)))
                     assert space.read(a, n) == pattern(tag, n)
                     space.free(a)
-            except BaseException as e:
-                errors.append(e)
+                elif mine and r < 0.45:
+                    a, _, _ = rng.choice(mine)
+                    try:
+                        space.offload(a)
+                    except (InvalidArgumentError, HostPoolExhaustedError):
+                        pass  # shared with another thread's pinned block / pool full: refused, nothing lost
+                elif mine and r < 0.6:
+                    a, _, _ = rng.choice(mine)
+                    try:
+                        space.prefetch(a) if rng.random() < 0.5 else space.ensure_resident(a)
+                    except OutOfMemoryError:
+                        pass
+                elif mine and r < 0.7:
+                    a, n, tag = rng.choice(mine)
+                    assert space.read(a, n) == pattern(tag, n)
+                else:
+                    n = rng.choice([512, 5000, 300_000, 2 * MiB, 3 * MiB + 7])
+                    try:
+                        a = space.malloc(n)
+                    except OutOfMemoryError:
+                        continue
+                    tag = seed * 10_000 + step
+                    space.write(a, pattern(tag, n))
+                    space.set_evictable(a)
+                    mine.append((a, n, tag))
+            for a, n, tag in mine:
+                assert space.read(a, n) == pattern(tag, n)
+                space.free(a)
 
-        threads = [threading.Thread(target=worker, args=(i,)) for i in range(4)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
+        errors = run_threads(worker, [(i,) for i in range(4)])
         assert not errors, repr(errors[0])
         space.synchronize()
         s = space.stats()

@@ -11,8 +11,7 @@ torch = pytest.importorskip("torch")
 
 from vtalloc.allocator import AddressSpace, InvalidArgumentError  # noqa: E402
 from vtalloc.allocator.torch import paged_activations  # noqa: E402
-
-MiB = 1 << 20
+from helpers.sizes import MiB
 
 
 def mlp() -> torch.nn.Module:

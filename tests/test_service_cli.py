@@ -10,12 +10,11 @@ import textwrap
 
 import pytest
 from helpers.service import ClientProc, Daemon, child_env, wait_until
-from helpers.spaces import MiB
+from helpers.spaces import MiB, PAGE
 from typer.testing import CliRunner
 
 from vtalloc.client.cli import app
 
-PAGE = 2 * MiB
 runner = CliRunner()
 
 

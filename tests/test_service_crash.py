@@ -18,12 +18,11 @@ import time
 
 import pytest
 from helpers.service import ClientProc, Daemon, Observer, short_dir, wait_until
-from helpers.spaces import MiB, pattern
+from helpers.spaces import MiB, PAGE, pattern
 
 from vtalloc.allocator import AddressSpace
 from vtalloc.server.errors import ServiceUnavailableError
 
-PAGE = 2 * MiB
 RECLAIM_S = 1.0
 
 

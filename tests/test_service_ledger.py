@@ -17,8 +17,7 @@ from vtalloc.server.errors import (
 )
 from vtalloc.server.ledger import ClientReport, Ledger, NodeGeometry
 from vtalloc.server.quota import PrincipalMap, Quota, parse_named_quota, parse_principal_map, parse_quota
-
-PAGE = 2 << 20
+from helpers.sizes import PAGE
 
 
 def geometry(pages: int = 16) -> NodeGeometry:

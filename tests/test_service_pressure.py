@@ -13,12 +13,11 @@ import time
 
 import pytest
 from helpers.service import NOGROUP, ClientProc, Daemon, Observer, wait_until
-from helpers.spaces import MiB, pattern
+from helpers.spaces import MiB, PAGE, pattern
 
 from vtalloc.allocator import AddressSpace
 from vtalloc.client.pressure import engine_counters, evict_for_pressure
 
-PAGE = 2 * MiB
 UID_A, UID_B = 1, 2   # "daemon" and "bin" on Debian-like systems: any two unprivileged uids do
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="running clients as other uids needs root")
 

@@ -19,13 +19,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from helpers.service import NOBODY, NOGROUP, ClientProc, Daemon, Observer, child_env, short_dir
-from helpers.spaces import MiB
+from helpers.spaces import MiB, PAGE
 
 from vtalloc.server.proto.vtalloc.v1 import admin_pb2, pages_pb2
 from vtalloc.server.service import SESSION_KEY
 from vtalloc.server.side_channel import MAX_MESSAGE_BYTES
 
-PAGE = 2 * MiB
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="clients of other uids need root to start")
 
 PAGES_METHODS = ("GetSession", "Lease", "Return", "Report", "Watch", "GetStats", "ListPages")

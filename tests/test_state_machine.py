@@ -13,10 +13,9 @@ from hypothesis import HealthCheck, settings
 from hypothesis.stateful import Bundle, RuleBasedStateMachine, consumes, invariant, precondition, rule
 
 from vtalloc.allocator import OutOfMemoryError
-from helpers.spaces import MiB, host_space, pattern
+from helpers.spaces import MiB, PAGE, host_space, pattern
 
 CAPACITY = 16 * MiB
-PAGE = 2 * MiB
 SMALL = MiB
 
 SIZES = st.one_of(

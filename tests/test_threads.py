@@ -6,40 +6,33 @@ import random
 import threading
 
 from helpers.spaces import MiB, host_space, pattern
+from helpers.threads import run_threads
 
 
 def test_concurrent_malloc_free_keeps_every_byte():
-    errors: list[BaseException] = []
     with host_space(128 * MiB) as space:
         def worker(seed: int) -> None:
             rng = random.Random(seed)
             mine: list[tuple[int, int, int]] = []
-            try:
-                for step in range(400):
-                    if mine and rng.random() < 0.45:
-                        a, n, tag = mine.pop(rng.randrange(len(mine)))
-                        assert space.read(a, n) == pattern(tag, n)
-                        space.free(a)
-                    else:
-                        n = rng.choice([64, 512, 3000, 70_000, MiB, 2 * MiB + 5])
-                        try:
-                            a = space.malloc(n)
-                        except MemoryError:
-                            continue
-                        tag = seed * 100_000 + step
-                        space.write(a, pattern(tag, n))
-                        mine.append((a, n, tag))
-                for a, n, tag in mine:
+            for step in range(400):
+                if mine and rng.random() < 0.45:
+                    a, n, tag = mine.pop(rng.randrange(len(mine)))
                     assert space.read(a, n) == pattern(tag, n)
                     space.free(a)
-            except BaseException as e:  # surfaced to the main thread below
-                errors.append(e)
+                else:
+                    n = rng.choice([64, 512, 3000, 70_000, MiB, 2 * MiB + 5])
+                    try:
+                        a = space.malloc(n)
+                    except MemoryError:
+                        continue
+                    tag = seed * 100_000 + step
+                    space.write(a, pattern(tag, n))
+                    mine.append((a, n, tag))
+            for a, n, tag in mine:
+                assert space.read(a, n) == pattern(tag, n)
+                space.free(a)
 
-        threads = [threading.Thread(target=worker, args=(i,)) for i in range(8)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
+        errors = run_threads(worker, [(i,) for i in range(8)])
         assert not errors, errors[0]
         s = space.stats()
         assert s.num_live_allocs == 0 and s.allocated_bytes == 0 and s.active_bytes == 0
@@ -66,11 +59,9 @@ def test_close_while_other_threads_allocate_is_safe():
                 seen.append(repr(e))
                 return
 
-    threads = [threading.Thread(target=hammer) for _ in range(4)]
-    for t in threads:
-        t.start()
-    space.close()
-    stop.set()
-    for t in threads:
-        t.join()
+    def close_under_them() -> None:
+        space.close()
+        stop.set()
+
+    assert run_threads(hammer, [()] * 4, between=close_under_them) == []
     assert seen and all(s == "closed" for s in seen), seen

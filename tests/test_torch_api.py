@@ -18,8 +18,8 @@ from helpers.subproc import run_python
 import vtalloc.allocator.torch as vt
 from vtalloc.allocator import BackendUnavailableError, Config, InvalidArgumentError, OutOfMemoryError
 from vtalloc.allocator import _torch_shim as shim
+from helpers.sizes import MiB
 
-MiB = 1 << 20
 no_cuda = pytest.mark.skipif(torch.cuda.is_available(), reason="checks the behaviour without a CUDA device")
 
 PYTORCH_KEYS = {

@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import pytest
 
+from helpers.sizes import MiB
 from helpers.subproc import run_python
 
 pytestmark = pytest.mark.gpu
 
-MiB = 1 << 20
 
 # Shared by the training scripts: same seeds, deterministic kernels, no TF32, so that the only
 # difference between two runs is the allocator (argv[1]: "native" or "vtalloc").
@@ -303,17 +303,20 @@ def test_cudnn_benchmark_is_refused_at_enable_and_fails_clearly_later():
         vt.enable()
         conv = torch.nn.Conv2d(3, 8, 3).cuda()
         x = torch.randn(2, 3, 16, 16, device="cuda")
-        plain = conv(x).sum().item()      # cudnn without benchmark: works
+        y = conv(x)                       # cudnn without benchmark: works, and computes the convolution
+        ref = torch.nn.functional.conv2d(x.cpu(), conv.weight.detach().cpu(), conv.bias.detach().cpu())
+        plain = y.sum().item()
+        plain_ok = bool(torch.allclose(y.detach().cpu(), ref, rtol=1e-2, atol=1e-2))
         torch.backends.cudnn.benchmark = True
         try:
             conv(torch.randn(2, 3, 20, 20, device="cuda"))
             later = ""
         except RuntimeError as e:
             later = str(e)
-        print(json.dumps({"at_enable": at_enable, "plain": plain, "later": later}))
+        print(json.dumps({"at_enable": at_enable, "plain": plain, "plain_ok": plain_ok, "later": later}))
     """)
     assert "cudnn.benchmark" in out["at_enable"]
-    assert isinstance(out["plain"], float)
+    assert isinstance(out["plain"], float) and out["plain_ok"]  # same as the CPU convolution (TF32 tolerance)
     assert "cacheInfo" in out["later"]  # PyTorch's own refusal (CUDAPluggableAllocator)
 
 

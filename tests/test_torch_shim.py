@@ -18,8 +18,8 @@ from helpers.subproc import run_python
 
 from vtalloc.allocator import BackendUnavailableError, Config, InvalidArgumentError
 from vtalloc.allocator import _torch_shim as shim
-
-MiB = 1 << 20
+from helpers.sizes import MiB
+from helpers.threads import run_threads
 
 
 @pytest.fixture
@@ -323,11 +323,7 @@ def test_threads_race_to_create_spaces_and_allocate(host_shim):
                 errors.append(f"thread {seed}: bytes changed under it")
             shim.free_for_test(p, size, device=device)
 
-    threads = [threading.Thread(target=work, args=(s,)) for s in range(8)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    assert run_threads(work, [(s,) for s in range(8)]) == []
     assert errors == []
     assert shim.devices() == [0, 1, 2, 3]
     stats = [shim.device_stats(d) for d in range(4)]

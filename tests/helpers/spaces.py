@@ -7,8 +7,7 @@ import hashlib
 
 from vtalloc.allocator import AddressSpace
 
-MiB = 1 << 20
-PAGE = 2 * MiB
+from .sizes import MiB, PAGE
 
 
 def host_space(capacity: int | str = 64 * MiB, **kw) -> AddressSpace:
