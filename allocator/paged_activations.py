@@ -21,6 +21,8 @@ allocator: the saved tensor's own allocation is paged in place: no copy, no new 
 address). Tensors that are parameters (or views of one), smaller than ``min_bytes``, or not
 on the pager's device are saved as they are.
 
+Layer: torch glue, below ``vtalloc.allocator.torch`` (which re-exports it); it reads the torch
+mode from ``_torch_mode`` and never imports ``torch.py``.
 Invariants: a value unpacked is bit-identical to the value packed; a tensor is never
 offloaded while autograd holds its unpacked value (unpack makes it resident and it is no
 longer counted); every allocation a pager made is freed when autograd drops the saved tensor.
@@ -35,6 +37,7 @@ import time
 import weakref
 from typing import Any, Protocol
 
+from . import _torch_mode, _torch_shim
 from .config import parse_size
 from .errors import InvalidArgumentError, OutOfMemoryError
 
@@ -109,9 +112,7 @@ class DevicePager:
     """
 
     def __init__(self, min_bytes: int = 1024) -> None:
-        from . import _torch_shim, torch as vt
-
-        if vt.mode() != "global":
+        if _torch_mode.state.mode != _torch_mode.GLOBAL:
             raise InvalidArgumentError(
                 "paged_activations() without a space pages torch's own CUDA tensors: call "
                 "vtalloc.allocator.torch.enable() first (MemPool allocations are sub-allocated by torch and "
@@ -124,11 +125,9 @@ class DevicePager:
     def _check_mode(self, device: int) -> None:
         if device in self._checked:
             return
-        from .torch import UnsupportedError
-
         mode = self._shim.device_stats(device).evict_mode
         if mode != "mapped":
-            raise UnsupportedError(
+            raise _torch_mode.UnsupportedError(
                 f"paging torch's CUDA activations in place needs evict_mode 'mapped' (host-located pages, "
                 f"CUDA >= 12.2); device {device} runs '{mode}', where a tensor still read by the forward pass "
                 "after being offloaded would fault. Use enable(evict_mode='mapped') on a driver that supports it"
@@ -354,8 +353,6 @@ def paged_activations(space: Any = None, budget: int | str | None = None, *, min
     """
     if space is None:
         pager = DevicePager(min_bytes=min_bytes)
-        from . import _torch_shim
-
         devices = _torch_shim.devices()
         hint = _torch_shim.device_stats(devices[0]).capacity_bytes if devices else None
         return PagedActivations(pager, budget, capacity_hint=hint)
