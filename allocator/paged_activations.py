@@ -43,6 +43,8 @@ from .errors import InvalidArgumentError, OutOfMemoryError
 
 __all__ = ["PagedActivations", "PagedStats", "HostPager", "DevicePager", "paged_activations"]
 
+DEFAULT_MIN_BYTES = 1024  # smaller saved tensors are left as they are: paging them costs more than it saves
+
 
 @dataclasses.dataclass(frozen=True)
 class PagedStats:
@@ -73,7 +75,7 @@ class Pager(Protocol):
 class HostPager:
     """Saved CPU tensors copied into a host-backend :class:`AddressSpace` and paged there."""
 
-    def __init__(self, space: Any, min_bytes: int = 1024) -> None:
+    def __init__(self, space: Any, min_bytes: int = DEFAULT_MIN_BYTES) -> None:
         if space.backend != "host":
             raise InvalidArgumentError("HostPager needs a host-backend AddressSpace (CPU tensors)")
         self.space = space
@@ -111,7 +113,7 @@ class DevicePager:
     the host copy, where in "copy" mode the unmapped address would fault the CUDA context.
     """
 
-    def __init__(self, min_bytes: int = 1024) -> None:
+    def __init__(self, min_bytes: int = DEFAULT_MIN_BYTES) -> None:
         if _torch_mode.state.mode != _torch_mode.GLOBAL:
             raise InvalidArgumentError(
                 "paged_activations() without a space pages torch's own CUDA tensors: call "
@@ -336,7 +338,9 @@ class PagedActivations:
                 self._counts["prefetches"] += 1
 
 
-def paged_activations(space: Any = None, budget: int | str | None = None, *, min_bytes: int = 1024) -> PagedActivations:
+def paged_activations(
+    space: Any = None, budget: int | str | None = None, *, min_bytes: int = DEFAULT_MIN_BYTES
+) -> PagedActivations:
     """Page the activations autograd saves within ``budget`` resident bytes.
 
     ``space=None`` pages torch's own CUDA tensors in place (vtalloc must be torch's allocator

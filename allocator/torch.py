@@ -432,7 +432,7 @@ def prefetch(tensor: Any, space: Any = None, wait: bool = False) -> None:
 class _TorchSpacesView:
     """What the stats publisher sees of the spaces serving torch: their Stats summed over devices."""
 
-    backend, device, closed, leased = "cuda", -1, False, False
+    backend, device, closed, leased = "cuda", _torch_shim.ALL_DEVICES, False, False
 
     def stats(self) -> Stats:
         return stats()
