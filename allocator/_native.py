@@ -1,8 +1,9 @@
 """Loader for the C++ core (``_vtalloc*.so``) and its C ABI, through ctypes.
 
 Owns: the ctypes mirror of ``csrc/include/vtalloc/vtalloc.h`` (structs and prototypes) and
-:func:`check`, which turns a non-zero status into the matching exception. ctypes releases
-the GIL for the duration of every call, so no core operation holds it.
+:func:`check`, which turns a non-zero status into the matching exception (declared and
+read back through ``_cabi``, the edge it shares with ``_torch_shim``). ctypes releases the
+GIL for the duration of every call, so no core operation holds it.
 Invariant: the structs below match the header field for field; ``load()`` refuses a
 library whose ABI version differs.
 """
@@ -15,7 +16,8 @@ import os
 import threading
 from pathlib import Path
 
-from .errors import InternalError, error_for_status
+from . import _cabi
+from .errors import InternalError
 
 ABI_VERSION = 1
 BACKEND_CODES = {"auto": 0, "host": 1, "cuda": 2}
@@ -189,10 +191,7 @@ def load() -> ctypes.CDLL:
     with _lock:
         if _lib is None:
             lib = ctypes.CDLL(library_path())
-            for name, (restype, argtypes) in _PROTOTYPES.items():
-                fn = getattr(lib, name)
-                fn.restype = restype
-                fn.argtypes = argtypes
+            _cabi.declare(lib, _PROTOTYPES)
             version = lib.vta_abi_version()
             if version != ABI_VERSION:
                 raise InternalError(f"native library ABI {version} does not match the Python package's {ABI_VERSION}")
@@ -202,16 +201,7 @@ def load() -> ctypes.CDLL:
 
 def check(status: int) -> None:
     """Raise the exception for a non-zero status returned on this thread."""
-    if status == 0:
-        return
-    lib = load()
-    message = (lib.vta_last_error() or b"").decode("utf-8", "replace")
-    oom = None
-    if status == 2:
-        r, c, m = u64(), u64(), u64()
-        lib.vta_last_oom(ctypes.byref(r), ctypes.byref(c), ctypes.byref(m))
-        oom = (r.value, c.value, m.value)
-    raise error_for_status(status, message, oom)
+    _cabi.check(load(), status)
 
 
 def stats_from_struct(raw: VtaStats):

@@ -2,9 +2,13 @@
 
 Owns: the ctypes mirror of the shim's structs and prototypes (declared on the library that
 ``_native.load()`` returns, so it is the very copy PyTorch's CUDAPluggableAllocator loads),
-and small typed wrappers: configure, per-device stats and failures, trim, release, and how an
-out-of-memory is bound to c10::OutOfMemoryError (``oom_binding``, ``exception_selftest``).
-Invariants: the structs below match the header field for field; no wrapper ever calls
+the one check of a device ordinal (:func:`check_device`), and small typed wrappers:
+configure, per-device stats and failures, trim, release, and how an out-of-memory is bound
+to c10::OutOfMemoryError (``oom_binding``, ``exception_selftest``).
+Invariants: the structs below match the header field for field; the options are passed as
+the caller gave them and their defaults are the shim's (``vta_torch_normalize_config``, the
+one place they are applied): :func:`normalized` and :func:`configure` return them as it
+keeps them; no wrapper ever calls
 ``vta_torch_alloc`` (it may throw a C++ exception by design, which ctypes cannot carry) except
 ``alloc_for_test`` which refuses unless the policy is return-NULL.
 """
@@ -15,24 +19,31 @@ import ctypes
 import dataclasses
 import threading
 
-from . import _native
+from . import _cabi, _native
 from .config import Config
-from .errors import InvalidArgumentError, error_for_status
+from .errors import InvalidArgumentError
 from .stats import Stats
 
 __all__ = [
-    "MAX_DEVICES", "FAIL_RETURN_NULL", "FAIL_THROW", "Failures", "configure", "current_config",
-    "devices", "device_stats", "reset_peak_stats", "trim", "failures", "release", "exception_kind",
-    "OomBinding", "oom_binding", "ExceptionSelftest", "exception_selftest", "alloc_for_test", "free_for_test",
+    "MAX_DEVICES", "ALL_DEVICES", "FAIL_RETURN_NULL", "FAIL_THROW", "Failures", "check_device", "normalized",
+    "configure", "current_config", "devices", "device_stats", "reset_peak_stats", "trim", "failures", "release",
+    "exception_kind", "OomBinding", "oom_binding", "ExceptionSelftest", "exception_selftest", "alloc_for_test",
+    "free_for_test",
 ]
 
-MAX_DEVICES = 64
+MAX_DEVICES = 64  # VTA_TORCH_MAX_DEVICES: ordinals 0..MAX_DEVICES - 1
+ALL_DEVICES = -1  # the device argument of reset_peak_stats / trim that means every device
 FAIL_RETURN_NULL, FAIL_THROW = 0, 1
 EXC_C10_OOM, EXC_STD_BAD_ALLOC = 1, 2
 # VTA_TORCH_OOM_ROUTE_* and VTA_TORCH_OOM_ABI_*, by value; VTA_TORCH_CAUGHT_* bits.
 ROUTES = (None, "constructor", "base+vtable")
 ABIS = (None, "cxx11", "old")
 CAUGHT_AS_C10_OOM, CAUGHT_AS_C10_ERROR = 1, 2
+# Room for what the shim copies out (it cuts to fit).
+MESSAGE_CAPACITY = 4096
+LIBRARIES_CAPACITY = 1024
+TYPE_NAME_CAPACITY = 256
+WHAT_CAPACITY = 1 << 16
 
 u32, i32, u64 = ctypes.c_uint32, ctypes.c_int32, ctypes.c_uint64
 
@@ -93,6 +104,7 @@ _PROTOTYPES = {
     "vta_torch_last_error": (ctypes.c_char_p, []),
     "vta_torch_configure": (i32, [_P(VtaTorchConfig)]),
     "vta_torch_get_config": (i32, [_P(VtaTorchConfig), _P(i32)]),
+    "vta_torch_normalize_config": (i32, [_P(VtaTorchConfig), _P(VtaTorchConfig)]),
     "vta_torch_alloc": (ctypes.c_void_p, [ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p]),
     "vta_torch_free": (None, [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p]),
     "vta_torch_devices": (i32, [_P(u64)]),
@@ -120,37 +132,64 @@ def lib() -> ctypes.CDLL:
         with _lock:
             if _lib is None:
                 loaded = _native.load()
-                for name, (restype, argtypes) in _PROTOTYPES.items():
-                    fn = getattr(loaded, name)
-                    fn.restype = restype
-                    fn.argtypes = argtypes
+                _cabi.declare(loaded, _PROTOTYPES)
                 _lib = loaded
     return _lib
 
 
 def check(status: int) -> None:
     """Raise the vtalloc exception for a non-zero status of a shim function on this thread."""
-    if status == 0:
+    _cabi.check(lib(), status)
+
+
+def check_device(device: int | None, *, every: bool = False) -> None:
+    """InvalidArgumentError unless ``device`` is an ordinal the shim serves (or, with ``every``, None)."""
+    if every and device is None:
         return
-    message = (lib().vta_torch_last_error() or b"").decode("utf-8", "replace")
-    raise error_for_status(status, message)
+    if isinstance(device, bool) or not isinstance(device, int) or not 0 <= device < MAX_DEVICES:
+        what = "None (every device) or an ordinal" if every else "an ordinal"
+        raise InvalidArgumentError(f"device must be {what} in 0..{MAX_DEVICES - 1}, got {device!r}")
 
 
-def _space_struct(config: Config) -> _native.VtaConfig:
-    c = _native.make_config(config)
-    c.device = 0  # the shim serves every device; the ordinal comes with each request
-    return c
-
-
-def configure(config: Config, on_failure: int) -> None:
-    """Set the options of the per-device spaces (InvalidArgumentError once others are in use)."""
-    if on_failure not in (FAIL_RETURN_NULL, FAIL_THROW):
-        raise InvalidArgumentError(f"unknown failure policy {on_failure!r}")
+def _config_struct(config: Config, on_failure: int) -> VtaTorchConfig:
+    """The options as the caller gave them (space.device included: the shim ignores it)."""
     c = VtaTorchConfig()
     c.struct_size = ctypes.sizeof(c)
     c.on_failure = on_failure
-    c.space = _space_struct(config)
-    check(lib().vta_torch_configure(ctypes.byref(c)))
+    c.space = _native.make_config(config)
+    return c
+
+
+def _config_of(raw: _native.VtaConfig) -> Config:
+    """The Config a vta_config_t mirrors (the inverse of ``_native.make_config``; 0 is the default)."""
+    return Config(
+        backend=_native.BACKEND_NAMES[raw.backend],
+        device=raw.device,
+        capacity=raw.capacity_bytes or None,
+        page_size=raw.page_bytes or None,
+        small_threshold=raw.small_threshold_bytes or None,
+        host_granularity=raw.host_granularity_bytes or None,
+        host_capacity=raw.host_capacity_bytes or None,
+        reservation_size=raw.reservation_bytes or None,
+        evict_mode=_native.EVICT_MODE_NAMES[raw.evict_mode],
+    )
+
+
+def normalized(config: Config, on_failure: int = FAIL_THROW) -> Config:
+    """The space options the shim would keep for ``config`` (device 0, backend "auto" -> "cuda"),
+    changing nothing; InvalidArgumentError for what configure() would refuse."""
+    out = VtaTorchConfig()
+    check(lib().vta_torch_normalize_config(ctypes.byref(_config_struct(config, on_failure)), ctypes.byref(out)))
+    return _config_of(out.space)
+
+
+def configure(config: Config, on_failure: int) -> Config:
+    """Set the options of the per-device spaces (InvalidArgumentError once others are in use);
+    returns them as the shim keeps them."""
+    check(lib().vta_torch_configure(ctypes.byref(_config_struct(config, on_failure))))
+    c = VtaTorchConfig()
+    check(lib().vta_torch_get_config(ctypes.byref(c), None))
+    return _config_of(c.space)
 
 
 def current_config() -> tuple[bool, int, dict[str, int]]:
@@ -170,30 +209,30 @@ def devices() -> list[int]:
 
 
 def device_stats(device: int) -> Stats:
-    _check_device(device)
+    check_device(device)
     raw = _native.VtaStats()
     check(lib().vta_torch_stats(device, ctypes.byref(raw)))
     return _native.stats_from_struct(raw)
 
 
 def reset_peak_stats(device: int | None = None) -> None:
-    if device is not None:
-        _check_device(device)
-    check(lib().vta_torch_reset_peak_stats(-1 if device is None else device))
+    """Peaks restart from the current values: one device, or every device (None)."""
+    check_device(device, every=True)
+    check(lib().vta_torch_reset_peak_stats(ALL_DEVICES if device is None else device))
 
 
 def trim(device: int | None = None) -> int:
-    if device is not None:
-        _check_device(device)
+    """Give cached and unused pages back: one device, or every device (None); bytes released."""
+    check_device(device, every=True)
     out = u64()
-    check(lib().vta_torch_trim(-1 if device is None else device, ctypes.byref(out)))
+    check(lib().vta_torch_trim(ALL_DEVICES if device is None else device, ctypes.byref(out)))
     return out.value
 
 
 def failures(device: int) -> Failures:
-    _check_device(device)
+    check_device(device)
     raw = VtaTorchFailures()
-    buf = ctypes.create_string_buffer(4096)
+    buf = ctypes.create_string_buffer(MESSAGE_CAPACITY)
     check(lib().vta_torch_failures(device, ctypes.byref(raw), buf, ctypes.sizeof(buf)))
     counts = {name: getattr(raw, name) for name, _ in VtaTorchFailures._fields_ if name not in ("struct_size", "reserved0")}
     return Failures(**counts, last_message=buf.value.decode("utf-8", "replace"))
@@ -213,8 +252,8 @@ def oom_binding() -> OomBinding:
     """How the shim's out-of-memory exception is bound now (it tries to bind first if it has
     not yet). Never imports torch: before torch is imported it says so."""
     route, abi = i32(), i32()
-    libraries = ctypes.create_string_buffer(1024)
-    reason = ctypes.create_string_buffer(4096)
+    libraries = ctypes.create_string_buffer(LIBRARIES_CAPACITY)
+    reason = ctypes.create_string_buffer(MESSAGE_CAPACITY)
     check(lib().vta_torch_oom_binding(ctypes.byref(route), ctypes.byref(abi), libraries, ctypes.sizeof(libraries),
                                       reason, ctypes.sizeof(reason)))
     bound = ROUTES[route.value]
@@ -232,8 +271,8 @@ def exception_selftest(message: str, route: str | None = None) -> ExceptionSelft
     None), or the one a given route builds (BackendUnavailableError when it does not bind here)."""
     if route not in ROUTES:
         raise InvalidArgumentError(f"unknown route {route!r}; one of {ROUTES}")
-    type_buf = ctypes.create_string_buffer(256)
-    what_buf = ctypes.create_string_buffer(1 << 16)
+    type_buf = ctypes.create_string_buffer(TYPE_NAME_CAPACITY)
+    what_buf = ctypes.create_string_buffer(WHAT_CAPACITY)
     caught = i32()
     check(lib().vta_torch_exception_selftest(message.encode(), ROUTES.index(route), type_buf, ctypes.sizeof(type_buf),
                                              what_buf, ctypes.sizeof(what_buf), ctypes.byref(caught)))
@@ -259,13 +298,9 @@ def free_for_test(ptr: int, size: int, device: int = 0, stream: int = 0) -> None
 
 def residency_op(device: int, op: int, address: int, stream: int | None = None) -> str | None:
     """Run one eviction-engine call on the shim's space of ``device``; OP_RESIDENCY returns the state."""
-    _check_device(device)
+    check_device(device)
     out = ctypes.c_int32()
     check(lib().vta_torch_residency_op(device, op, address, 0 if stream is None else stream,
                                        0 if stream is None else 1, ctypes.byref(out)))
     return _native.RESIDENCY_NAMES[out.value] if op == OP_RESIDENCY else None
 
-
-def _check_device(device: int) -> None:
-    if isinstance(device, bool) or not isinstance(device, int) or not 0 <= device < MAX_DEVICES:
-        raise InvalidArgumentError(f"device must be an ordinal in 0..{MAX_DEVICES - 1}, got {device!r}")

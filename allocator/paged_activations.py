@@ -21,6 +21,8 @@ allocator: the saved tensor's own allocation is paged in place: no copy, no new 
 address). Tensors that are parameters (or views of one), smaller than ``min_bytes``, or not
 on the pager's device are saved as they are.
 
+Layer: torch glue, below ``vtalloc.allocator.torch`` (which re-exports it); it reads the torch
+mode from ``_torch_mode`` and never imports ``torch.py``.
 Invariants: a value unpacked is bit-identical to the value packed; a tensor is never
 offloaded while autograd holds its unpacked value (unpack makes it resident and it is no
 longer counted); every allocation a pager made is freed when autograd drops the saved tensor.
@@ -35,10 +37,13 @@ import time
 import weakref
 from typing import Any, Protocol
 
+from . import _torch_mode, _torch_shim
 from .config import parse_size
 from .errors import InvalidArgumentError, OutOfMemoryError
 
 __all__ = ["PagedActivations", "PagedStats", "HostPager", "DevicePager", "paged_activations"]
+
+DEFAULT_MIN_BYTES = 1024  # smaller saved tensors are left as they are: paging them costs more than it saves
 
 
 @dataclasses.dataclass(frozen=True)
@@ -70,7 +75,7 @@ class Pager(Protocol):
 class HostPager:
     """Saved CPU tensors copied into a host-backend :class:`AddressSpace` and paged there."""
 
-    def __init__(self, space: Any, min_bytes: int = 1024) -> None:
+    def __init__(self, space: Any, min_bytes: int = DEFAULT_MIN_BYTES) -> None:
         if space.backend != "host":
             raise InvalidArgumentError("HostPager needs a host-backend AddressSpace (CPU tensors)")
         self.space = space
@@ -108,10 +113,8 @@ class DevicePager:
     the host copy, where in "copy" mode the unmapped address would fault the CUDA context.
     """
 
-    def __init__(self, min_bytes: int = 1024) -> None:
-        from . import _torch_shim, torch as vt
-
-        if vt.mode() != "global":
+    def __init__(self, min_bytes: int = DEFAULT_MIN_BYTES) -> None:
+        if _torch_mode.state.mode != _torch_mode.GLOBAL:
             raise InvalidArgumentError(
                 "paged_activations() without a space pages torch's own CUDA tensors: call "
                 "vtalloc.allocator.torch.enable() first (MemPool allocations are sub-allocated by torch and "
@@ -124,11 +127,9 @@ class DevicePager:
     def _check_mode(self, device: int) -> None:
         if device in self._checked:
             return
-        from .torch import UnsupportedError
-
         mode = self._shim.device_stats(device).evict_mode
         if mode != "mapped":
-            raise UnsupportedError(
+            raise _torch_mode.UnsupportedError(
                 f"paging torch's CUDA activations in place needs evict_mode 'mapped' (host-located pages, "
                 f"CUDA >= 12.2); device {device} runs '{mode}', where a tensor still read by the forward pass "
                 "after being offloaded would fault. Use enable(evict_mode='mapped') on a driver that supports it"
@@ -337,7 +338,9 @@ class PagedActivations:
                 self._counts["prefetches"] += 1
 
 
-def paged_activations(space: Any = None, budget: int | str | None = None, *, min_bytes: int = 1024) -> PagedActivations:
+def paged_activations(
+    space: Any = None, budget: int | str | None = None, *, min_bytes: int = DEFAULT_MIN_BYTES
+) -> PagedActivations:
     """Page the activations autograd saves within ``budget`` resident bytes.
 
     ``space=None`` pages torch's own CUDA tensors in place (vtalloc must be torch's allocator
@@ -354,8 +357,6 @@ def paged_activations(space: Any = None, budget: int | str | None = None, *, min
     """
     if space is None:
         pager = DevicePager(min_bytes=min_bytes)
-        from . import _torch_shim
-
         devices = _torch_shim.devices()
         hint = _torch_shim.device_stats(devices[0]).capacity_bytes if devices else None
         return PagedActivations(pager, budget, capacity_hint=hint)

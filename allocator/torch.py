@@ -2,10 +2,11 @@
 
 Owns: the process's choice of how torch uses vtalloc (one of: not at all, the global allocator
 through ``torch.cuda.memory.change_current_allocator``, or the allocator of
-``torch.cuda.MemPool`` objects), the options in force, the CUDAPluggableAllocator object
-(kept alive for the life of the process: torch's MemPool holds a raw pointer to it), and the
-statistics in PyTorch's vocabulary. torch is imported inside functions only, so
-``import vtalloc.allocator`` never imports it.
+``torch.cuda.MemPool`` objects; kept in ``_torch_mode.state`` with the options in force and the
+CUDAPluggableAllocator object, alive for the life of the process: torch's MemPool holds a raw
+pointer to it), and the statistics in PyTorch's vocabulary. torch is imported inside functions
+only, so ``import vtalloc.allocator`` never imports it. The options' defaults are the shim's
+(``_torch_shim.normalized``); this module only refuses what the torch API does not take.
 
 Invariants: one vtalloc configuration per process (the shim has one address space per device);
 ``enable()`` and ``mempool()`` exclude each other (enable() replaces the caching allocator that
@@ -16,13 +17,15 @@ How failures reach the user, and what works with which torch feature, is in docs
 from __future__ import annotations
 
 import dataclasses
-import threading
 from typing import Any
 
 from . import _native, _torch_shim
+from ._torch_mode import GLOBAL, MEMPOOL, AllocatorConflictError, UnsupportedError
+from ._torch_mode import lock as _lock
+from ._torch_mode import state as _state
 from ._torch_shim import OomBinding
 from .config import Config, format_size
-from .errors import BackendUnavailableError, InvalidArgumentError, VtallocError
+from .errors import BackendUnavailableError, InvalidArgumentError
 from .probe import backend_available
 from .paged_activations import PagedActivations, PagedStats, paged_activations
 from .publish import publish_from_env
@@ -39,26 +42,6 @@ __all__ = [
 ]
 
 
-class AllocatorConflictError(VtallocError, RuntimeError):
-    """torch's allocator is already set up in a way this call cannot change (nothing was changed)."""
-
-
-class UnsupportedError(VtallocError, NotImplementedError):
-    """A torch feature that cannot work with vtalloc as torch's allocator; the message says why."""
-
-
-@dataclasses.dataclass
-class _State:
-    mode: str | None = None            # None, "global" (enable) or "mempool"
-    config: Config | None = None
-    allocator: Any = None              # torch.cuda.memory.CUDAPluggableAllocator, never released
-    original_record_stream: Any = None
-
-
-_state = _State()
-_lock = threading.RLock()
-
-
 def _torch() -> Any:
     import torch  # deferred on purpose: importing vtalloc.allocator must not import torch
 
@@ -69,7 +52,8 @@ def resolve_config(**config: Any) -> Config:
     """The options for torch's allocator: ``VTALLOC_*`` variables, then keyword arguments (which win).
 
     The torch allocator serves every CUDA device (one address space each), so ``device`` is
-    not an option here and ``VTALLOC_DEVICE`` is ignored; the backend is always cuda.
+    not an option here and ``VTALLOC_DEVICE`` is ignored; the backend is always cuda (the shim
+    normalizes both: what is returned is what it keeps).
     """
     if "device" in config:
         raise InvalidArgumentError(
@@ -81,7 +65,7 @@ def resolve_config(**config: Any) -> Config:
             "torch's CUDA allocator needs the cuda backend (host memory cannot back CUDA tensors); "
             "for CPU tensors over a host space use AddressSpace(backend='host').tensor(...)"
         )
-    return cfg.replace(backend="cuda", device=0)
+    return _torch_shim.normalized(cfg)
 
 
 def _require_cuda(torch: Any) -> None:
@@ -115,14 +99,14 @@ def enable(**config: Any) -> Config:
     """
     cfg = resolve_config(**config)
     with _lock:
-        if _state.mode == "global":
+        if _state.mode == GLOBAL:
             if cfg == _state.config:
                 return cfg
             raise AllocatorConflictError(
                 f"vtalloc is already torch's allocator with options ({_describe(_state.config)}); "
                 f"it cannot switch to ({_describe(cfg)}) in a running process"
             )
-        if _state.mode == "mempool":
+        if _state.mode == MEMPOOL:
             raise AllocatorConflictError(
                 "mempool() is in use in this process: enable() would replace the caching allocator its MemPools live "
                 "in. Use either enable() or mempool() in one process"
@@ -153,14 +137,14 @@ def enable(**config: Any) -> Config:
         except BaseException:
             _torch_shim.release()
             raise
-        _state.mode, _state.config, _state.allocator = "global", cfg, allocator
+        _state.mode, _state.config, _state.allocator = GLOBAL, cfg, allocator
         _guard_record_stream(torch)
     return cfg
 
 
 def is_enabled() -> bool:
     """True once enable() made vtalloc torch's allocator in this process."""
-    return _state.mode == "global"
+    return _state.mode == GLOBAL
 
 
 def mode() -> str | None:
@@ -177,12 +161,12 @@ def mempool(**config: Any) -> Any:
     """
     cfg = resolve_config(**config)
     with _lock:
-        if _state.mode == "global":
+        if _state.mode == GLOBAL:
             raise AllocatorConflictError(
                 "enable() made vtalloc torch's global allocator, which replaced the caching allocator MemPools need; "
                 "use either enable() or mempool() in one process"
             )
-        if _state.mode == "mempool" and cfg != _state.config:
+        if _state.mode == MEMPOOL and cfg != _state.config:
             raise AllocatorConflictError(
                 f"vtalloc pools in this process use options ({_describe(_state.config)}); a pool with "
                 f"({_describe(cfg)}) cannot be made: one vtalloc configuration per process"
@@ -199,7 +183,7 @@ def mempool(**config: Any) -> Any:
             except BaseException:
                 _torch_shim.release()  # no space exists yet: back to the defaults
                 raise
-            _state.mode, _state.config = "mempool", cfg
+            _state.mode, _state.config = MEMPOOL, cfg
         return torch.cuda.MemPool(_state.allocator.allocator())
 
 
@@ -224,15 +208,8 @@ def _guard_record_stream(torch: Any) -> None:
 
 # -- statistics ------------------------------------------------------------------------------
 
-def _check_device(device: int | None) -> None:
-    if device is None:
-        return
-    if isinstance(device, bool) or not isinstance(device, int) or not 0 <= device < _torch_shim.MAX_DEVICES:
-        raise InvalidArgumentError(f"device must be None (every device) or an ordinal in 0..63, got {device!r}")
-
-
 def _device_list(device: int | None) -> list[int]:
-    _check_device(device)
+    _torch_shim.check_device(device, every=True)
     return _torch_shim.devices() if device is None else [device]
 
 
@@ -324,7 +301,6 @@ def memory_reserved(device: int | None = None) -> int:
 
 def reset_peak_memory_stats(device: int | None = None) -> None:
     """Peaks (allocated, requested, mapped) restart from the current values."""
-    _check_device(device)
     _torch_shim.reset_peak_stats(device)
 
 
@@ -333,13 +309,11 @@ def empty_cache(device: int | None = None) -> int:
 
     ``torch.cuda.empty_cache()`` does nothing under a pluggable allocator: call this instead.
     """
-    _check_device(device)
     return _torch_shim.trim(device)
 
 
 def failures(device: int = 0) -> _torch_shim.Failures:
     """What the allocator could not do on ``device``: counts and the last message (OOM numbers included)."""
-    _check_device(device)
     return _torch_shim.failures(device)
 
 
@@ -427,7 +401,7 @@ def _residency(tensor: Any, space: Any, op: int, wait: bool = False) -> None:
         {_torch_shim.OP_OFFLOAD: space.offload,
          _torch_shim.OP_PREFETCH: space.ensure_resident if wait else space.prefetch}[op](address)
         return
-    if not tensor.is_cuda or _state.mode != "global":
+    if not tensor.is_cuda or _state.mode != GLOBAL:
         raise InvalidArgumentError(
             "without a space, offload()/prefetch() take CUDA tensors allocated by vtalloc as torch's allocator "
             "(enable()); for tensors made by space.tensor(), pass the space"
@@ -458,7 +432,7 @@ def prefetch(tensor: Any, space: Any = None, wait: bool = False) -> None:
 class _TorchSpacesView:
     """What the stats publisher sees of the spaces serving torch: their Stats summed over devices."""
 
-    backend, device, closed, leased = "cuda", -1, False, False
+    backend, device, closed, leased = "cuda", _torch_shim.ALL_DEVICES, False, False
 
     def stats(self) -> Stats:
         return stats()

@@ -14,7 +14,8 @@
 //  - free_va() takes exactly a (base, size) that reserve() returned, with nothing mapped;
 //  - release_page() of a mapped page is legal: its memory lives until the last unmap;
 //  - copy() is ordered on `stream`; event_* order work between streams; on the host
-//    backend all work is synchronous and events are complete when recorded.
+//    backend all work is synchronous and events are complete when recorded;
+//  - a stream of the host backend never captures a graph (stream_is_capturing).
 // Every operation returns a Status; none throws.
 #pragma once
 
@@ -95,6 +96,12 @@ class Backend {
     return test_kernels_unavailable();
   }
 
+  // Whether `stream` of a backend of `kind` (VTA_BACKEND_HOST or VTA_BACKEND_CUDA) is capturing
+  // a graph right now. Asked of streams the caller owns (torch's), so no Backend object is
+  // needed: cuda asks the driver (cuStreamIsCapturing, on the calling thread's context); host
+  // streams never capture. *capturing is false whenever the driver cannot be asked.
+  static Status stream_is_capturing(int kind, StreamHandle stream, bool* capturing);
+
  private:
   static Status test_kernels_unavailable() {
     return Status(VTA_ERR_BACKEND_UNAVAILABLE, "test kernels run on the host backend only");
@@ -105,5 +112,7 @@ class Backend {
 Status make_backend(const BackendOptions& options, std::unique_ptr<Backend>* out);
 Status make_host_backend(const BackendOptions& options, std::unique_ptr<Backend>* out);
 Status make_cuda_backend(const BackendOptions& options, std::unique_ptr<Backend>* out);
+// Backend::stream_is_capturing for VTA_BACKEND_CUDA (cuda_backend.cpp).
+Status cuda_stream_is_capturing(StreamHandle stream, bool* capturing);
 
 }  // namespace vta

@@ -1,6 +1,7 @@
 // Backend selection: which implementation of the driver seam an address space gets.
 //
-// Owns: the "auto" rule (cuda when a CUDA device is usable, else host) and the
+// Owns: the "auto" rule (cuda when a CUDA device is usable, else host), the dispatch by kind
+// of the questions asked without a backend object (stream_is_capturing), and the
 // process-wide counters every backend reports into.
 #include "backend/backend.hpp"
 #include "backend/counters.hpp"
@@ -26,6 +27,18 @@ Status make_backend(const BackendOptions& options, std::unique_ptr<Backend>* out
     }
     default:
       return Status(VTA_ERR_INVALID_ARGUMENT, "unknown backend kind " + std::to_string(options.kind));
+  }
+}
+
+Status Backend::stream_is_capturing(int kind, StreamHandle stream, bool* capturing) {
+  *capturing = false;
+  switch (kind) {
+    case VTA_BACKEND_HOST:
+      return Status::ok();  // host streams never capture
+    case VTA_BACKEND_CUDA:
+      return cuda_stream_is_capturing(stream, capturing);
+    default:
+      return Status(VTA_ERR_INVALID_ARGUMENT, "unknown backend kind " + std::to_string(kind));
   }
 }
 

@@ -13,12 +13,14 @@
 // what a driver wrongly accepts); every report line of a check carries its evidence tag.
 #include <algorithm>
 #include <cstring>
+#include <memory>
 #include <string>
 #include <unistd.h>
 #include <vector>
 
+#include "backend/conformance.hpp"
+
 #include "backend/backend.hpp"
-#include "capi/guard.hpp"
 #include "vtalloc/vtalloc.h"
 
 namespace vta {
@@ -408,28 +410,21 @@ class Checker {
 }  // namespace
 }  // namespace vta
 
-extern "C" vta_status_t vta_backend_conformance(int32_t backend, int32_t device, char* report, uint64_t report_len,
-                                                int32_t* out_failures) {
-  return vta::capi::guarded([&] {
-    vta::capi::need(out_failures, "failures output");
-    vta::BackendOptions opts;
-    opts.kind = backend;
-    opts.device = device;
-    opts.host_device_bytes = 64ull << 20;
-    std::unique_ptr<vta::Backend> b;
-    vta::check(vta::make_backend(opts, &b));
-    std::string text;
-    {
-      vta::Checker c(*b);
-      c.run();
-      *out_failures = c.failures();
-      text = std::string(b->name()) + ": " + std::to_string(c.checks()) + " checks, " +
-             std::to_string(c.failures()) + " failed\n" + c.report() + c.summary();
-    }
-    if (report && report_len) {
-      size_t n = std::min<size_t>(text.size(), report_len - 1);
-      std::memcpy(report, text.data(), n);
-      report[n] = 0;
-    }
-  });
+namespace vta {
+
+Status run_conformance(int kind, int device, std::string* report, int* failures) {
+  BackendOptions opts;
+  opts.kind = kind;
+  opts.device = device;
+  opts.host_device_bytes = 64ull << 20;
+  std::unique_ptr<Backend> b;
+  if (Status s = make_backend(opts, &b); !s.is_ok()) return s;
+  Checker c(*b);
+  c.run();
+  *failures = c.failures();
+  *report = std::string(b->name()) + ": " + std::to_string(c.checks()) + " checks, " +
+            std::to_string(c.failures()) + " failed\n" + c.report() + c.summary();
+  return Status::ok();
 }
+
+}  // namespace vta

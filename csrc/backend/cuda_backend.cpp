@@ -1,8 +1,9 @@
 // The cuda backend: the driver seam on the CUDA virtual memory management API.
 //
-// Owns: a retained primary context of one device, the allocation properties used for every
-// page (device-located, POSIX-fd exportable where the device supports it), and the
-// translation of CUresult into Status. The driver is loaded at run time, so this file
+// Owns: the one load of the driver (driver_api()), a retained primary context of one device,
+// the allocation properties used for every page (device-located, POSIX-fd exportable where
+// the device supports it), the capture state of a stream, and the translation of CUresult
+// into Status. The driver is loaded at run time, so this file
 // builds without CUDA and, on a machine without a driver, make_cuda_backend() reports
 // VTA_ERR_BACKEND_UNAVAILABLE instead of failing to load.
 // Invariant: every call runs with this backend's context current on the calling thread.
@@ -66,6 +67,16 @@ const DriverApi* driver_api(const char** why) {
 }
 
 }  // namespace cu
+
+Status cuda_stream_is_capturing(StreamHandle stream, bool* capturing) {
+  *capturing = false;
+  const cu::DriverApi* api = cu::driver_api(nullptr);
+  if (!api) return Status::ok();  // no driver: nothing can be capturing
+  int status = cu::CU_STREAM_CAPTURE_STATUS_NONE;
+  if (api->cuStreamIsCapturing(reinterpret_cast<cu::CUstream>(stream), &status) == cu::CUDA_SUCCESS)
+    *capturing = status != cu::CU_STREAM_CAPTURE_STATUS_NONE;
+  return Status::ok();
+}
 
 namespace {
 

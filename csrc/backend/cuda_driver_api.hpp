@@ -3,7 +3,8 @@
 //
 // Owns: ABI-compatible type declarations and the table of function pointers resolved at run
 // time with dlopen("libcuda.so.1") + cuGetProcAddress. Values and layouts follow the CUDA 12/13
-// driver ABI (cuda.h); only what cuda_backend.cpp uses is declared.
+// driver ABI (cuda.h); only what the backend layer uses is declared. The only dlopen of
+// libcuda in the library.
 #pragma once
 
 #include <cstddef>
@@ -39,6 +40,7 @@ constexpr int CU_MEM_ALLOC_GRANULARITY_RECOMMENDED = 0x1;
 constexpr unsigned CU_STREAM_NON_BLOCKING = 0x1;
 constexpr unsigned CU_EVENT_DISABLE_TIMING = 0x2;
 constexpr unsigned CU_MEMHOSTALLOC_PORTABLE = 0x1;
+constexpr int CU_STREAM_CAPTURE_STATUS_NONE = 0;
 
 struct CUmemLocation {
   int type;
@@ -98,6 +100,7 @@ static_assert(sizeof(CUmemAccessDesc) == 12, "CUmemAccessDesc layout");
   _(cuStreamDestroy, (CUstream))                                                                  \
   _(cuStreamSynchronize, (CUstream))                                                              \
   _(cuStreamWaitEvent, (CUstream, CUevent, unsigned int))                                         \
+  _(cuStreamIsCapturing, (CUstream, int*))                                                        \
   _(cuEventCreate, (CUevent*, unsigned int))                                                      \
   _(cuEventDestroy, (CUevent))                                                                    \
   _(cuEventRecord, (CUevent, CUstream))                                                           \

@@ -1,10 +1,15 @@
 // The C ABI guard: how every entry point turns exceptions into a status and a message.
 //
-// Owns: the thread-local last error and last out-of-memory numbers, and `guarded()`, which
-// runs a body and catches everything, so no exception ever crosses the C ABI.
+// Owns: the thread-local last error and last out-of-memory numbers (one pair for the whole C
+// ABI: vta_last_error and vta_torch_last_error read the same message), `guarded()`, which runs
+// a body and catches everything, so no exception ever crosses the C ABI, and the small helpers
+// every entry point uses at the edge (need, copy_out).
+// Invariant: every extern "C" function that returns a vta_status_t runs its body in guarded().
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
+#include <cstring>
 #include <new>
 #include <string>
 
@@ -22,7 +27,6 @@ inline uint64_t* last_oom() {
   thread_local uint64_t numbers[3] = {0, 0, 0};
   return numbers;
 }
-
 
 template <typename F>
 inline vta_status_t guarded(F&& body) noexcept {
@@ -53,6 +57,15 @@ inline vta_status_t guarded(F&& body) noexcept {
 template <typename T>
 inline void need(T* p, const char* what) {
   if (!p) vta::fail(VTA_ERR_INVALID_ARGUMENT, std::string("null ") + what);
+}
+
+// Copies `s` into a caller's buffer of `capacity` bytes: cut to fit, always NUL-terminated;
+// nothing when the buffer is null or empty.
+inline void copy_out(const std::string& s, char* buf, uint64_t capacity) {
+  if (!buf || capacity == 0) return;
+  size_t n = std::min<uint64_t>(s.size(), capacity - 1);
+  std::memcpy(buf, s.data(), n);
+  buf[n] = '\0';
 }
 
 }  // namespace vta::capi

@@ -1,59 +1,46 @@
-// The PyTorch shim (torch_shim.h): per-device address spaces behind CUDAPluggableAllocator.
+// The PyTorch shim (torch_shim.h): the C ABI of torch's allocator over one space per device.
 //
-// Owns: the process-wide shim state (options, one lazily created AddressSpace per device,
-// failure records, frees parked during CUDA graph capture) and the thread-local last error of
-// the shim's status functions. The exception of an out-of-memory is c10_oom.hpp's.
+// Owns: the process-wide shim state (the torch options and their normalization, the failure
+// records of each device) and the entry points of torch_shim.h. The per-device spaces are
+// space/device_spaces.hpp's, frees parked during CUDA graph capture capture_parking.hpp's,
+// the exception of an out-of-memory c10_oom.hpp's, the last error guard.hpp's.
 // Invariants: the state is immortal (never destroyed at exit: torch frees tensors during its
-// own static destruction); a space pointer, once published, stays valid for the life of the
-// process (release() closes spaces but keeps the objects); the calling thread's current CUDA
-// context is the same after every call as before it (the cuda backend switches contexts).
-#include <dlfcn.h>
-
-#include <algorithm>
+// own static destruction), so a space pointer, once published, stays valid for the life of the
+// process; normalized() is the one place the torch options get their defaults; the calling
+// thread's current CUDA context is the same after every call as before it (the cuda backend
+// switches contexts: CudaContextGuard).
 #include <atomic>
 #include <cstring>
-#include <memory>
 #include <mutex>
-#include <new>
 #include <stdexcept>
 #include <string>
-#include <vector>
 
 #include "alloc/address_space.hpp"
-#include "backend/cuda_driver_api.hpp"
+#include "backend/cuda_context_guard.hpp"
 #include "capi/c10_oom.hpp"
+#include "capi/capture_parking.hpp"
+#include "capi/guard.hpp"
+#include "space/device_spaces.hpp"
 #include "vtalloc/torch_shim.h"
 
 namespace {
 
 using vta::AddressSpace;
+using vta::CudaContextGuard;
+using vta::DeviceSpaces;
+using vta::capi::copy_out;
+using vta::capi::guarded;
+using vta::capi::need;
 
-thread_local std::string t_last_error;
+static_assert(DeviceSpaces::kMaxDevices == VTA_TORCH_MAX_DEVICES, "one device range for the shim and its spaces");
 
 enum class FailureKind { oom, capture, other };
 
-struct Parked {
-  uintptr_t ptr;
-  void* stream;
-};
-
-struct DeviceSlot {
-  std::atomic<AddressSpace*> space{nullptr};
-  std::atomic<size_t> parked_count{0};
+// What the shim could not do on one device (vta_torch_failures).
+struct FailureRecord {
   std::mutex mu;  // guards the fields below
   vta_torch_failures_t failures{};
   std::string last_message;
-  std::vector<Parked> parked;
-};
-
-struct Shim {
-  std::mutex mu;  // configuration, space creation, release
-  bool configured = false;
-  vta_torch_config_t config{};
-  std::atomic<uint32_t> on_failure{VTA_TORCH_FAIL_THROW};
-  std::atomic<bool> cuda{true};  // the configured backend is cuda (contexts and capture matter)
-  DeviceSlot slots[VTA_TORCH_MAX_DEVICES];
-  std::vector<std::unique_ptr<AddressSpace>> retired;  // closed by release(), never freed
 };
 
 vta_torch_config_t default_config() {
@@ -65,42 +52,7 @@ vta_torch_config_t default_config() {
   return c;
 }
 
-Shim& shim() {
-  static Shim* s = [] {
-    auto* p = new Shim();  // immortal, see the file comment
-    p->config = default_config();
-    return p;
-  }();
-  return *s;
-}
-
-template <typename F>
-vta_status_t guarded(F&& body) noexcept {
-  try {
-    body();
-    return VTA_OK;
-  } catch (const vta::Error& e) {
-    t_last_error = e.what();
-    return e.code();
-  } catch (const std::bad_alloc&) {
-    t_last_error = "vtalloc: out of host memory for bookkeeping";
-    return VTA_ERR_INTERNAL;
-  } catch (const std::exception& e) {
-    t_last_error = std::string("vtalloc internal error: ") + e.what();
-    return VTA_ERR_INTERNAL;
-  } catch (...) {
-    t_last_error = "vtalloc internal error: unknown exception";
-    return VTA_ERR_INTERNAL;
-  }
-}
-
-void check_device(int device) {
-  if (device < 0 || device >= VTA_TORCH_MAX_DEVICES)
-    vta::fail(VTA_ERR_INVALID_ARGUMENT, "device " + std::to_string(device) + " is out of range (vtalloc serves 0.." +
-                                            std::to_string(VTA_TORCH_MAX_DEVICES - 1) + ")");
-}
-
-// Options as stored: fields that do not matter zeroed, so equal options compare equal.
+// The options as stored: fields that do not matter zeroed, so equal options compare equal.
 vta_torch_config_t normalized(const vta_torch_config_t& in) {
   if (in.struct_size < sizeof(vta_torch_config_t))
     vta::fail(VTA_ERR_INVALID_ARGUMENT, "vta_torch_config_t: struct_size too small");
@@ -110,8 +62,8 @@ vta_torch_config_t normalized(const vta_torch_config_t& in) {
   c.on_failure = in.on_failure;
   c.space = in.space;
   c.space.struct_size = sizeof c.space;
-  c.space.device = 0;
-  c.space.flags = 0;  // torch spaces create their own pages (never leased)
+  c.space.device = 0;  // the ordinal comes with each request
+  c.space.flags = 0;   // torch spaces create their own pages (never leased)
   // Torch hands these pointers to CUDA kernels: "auto" must never fall back to host memory.
   if (c.space.backend == VTA_BACKEND_AUTO) c.space.backend = VTA_BACKEND_CUDA;
   if (c.space.backend != VTA_BACKEND_CUDA && c.space.backend != VTA_BACKEND_HOST)
@@ -119,140 +71,106 @@ vta_torch_config_t normalized(const vta_torch_config_t& in) {
   return c;
 }
 
-bool any_space_locked(Shim& s) {
-  for (auto& slot : s.slots)
-    if (slot.space.load(std::memory_order_acquire)) return true;
-  return false;
-}
-
-AddressSpace* space_for(int device) {
-  Shim& s = shim();
-  DeviceSlot& slot = s.slots[device];
-  AddressSpace* space = slot.space.load(std::memory_order_acquire);
-  if (space) return space;
-  std::lock_guard<std::mutex> lk(s.mu);
-  space = slot.space.load(std::memory_order_acquire);
-  if (space) return space;
-  vta_config_t c = s.config.space;
-  c.device = device;
-  space = AddressSpace::create(c).release();
-  slot.space.store(space, std::memory_order_release);
-  return space;
-}
-
-// Restores the calling thread's current CUDA context on scope exit (the cuda backend makes its
-// own device's primary context current and leaves it so; torch must not see its device change).
-class ContextGuard {
- public:
-  explicit ContextGuard(bool cuda) {
-    if (!cuda) return;
-    api_ = vta::cu::driver_api(nullptr);
-    if (api_ && api_->cuCtxGetCurrent(&saved_) != vta::cu::CUDA_SUCCESS) api_ = nullptr;
-  }
-  ~ContextGuard() {
-    if (!api_) return;
-    vta::cu::CUcontext now = nullptr;
-    if (api_->cuCtxGetCurrent(&now) == vta::cu::CUDA_SUCCESS && now != saved_) api_->cuCtxSetCurrent(saved_);
-  }
-  ContextGuard(const ContextGuard&) = delete;
-  ContextGuard& operator=(const ContextGuard&) = delete;
-
- private:
-  const vta::cu::DriverApi* api_ = nullptr;
-  vta::cu::CUcontext saved_ = nullptr;
+struct Shim {
+  std::mutex mu;  // the options: configure, get_config, release
+  bool configured = false;
+  vta_torch_config_t config = default_config();
+  std::atomic<uint32_t> on_failure{VTA_TORCH_FAIL_THROW};
+  std::atomic<bool> cuda{true};  // the configured backend is cuda (contexts and capture matter)
+  DeviceSpaces spaces{default_config().space};
+  vta::capi::CaptureParking parking;
+  FailureRecord records[VTA_TORCH_MAX_DEVICES];
 };
 
-// Whether `stream` is capturing a CUDA graph. Resolved once libcuda is loaded (it is, once a
-// cuda space exists); false when it cannot be asked.
-bool capturing(void* stream) {
-  using IsCapturing = int (*)(void*, int*);
-  static IsCapturing fn = []() -> IsCapturing {
-    void* lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
-    if (!lib) return nullptr;
-    return reinterpret_cast<IsCapturing>(dlsym(lib, "cuStreamIsCapturing"));
-  }();
-  if (!fn) return false;
-  int status = 0;  // CU_STREAM_CAPTURE_STATUS_NONE
-  return fn(stream, &status) == vta::cu::CUDA_SUCCESS && status != 0;
+Shim& shim() {
+  static Shim* s = new Shim();  // immortal, see the file comment
+  return *s;
+}
+
+// The space of a device, which must exist already (only vta_torch_alloc creates spaces).
+AddressSpace& existing_space(int device, const std::string& why) {
+  DeviceSpaces::check_device(device);
+  AddressSpace* space = shim().spaces.get(device);
+  if (!space) vta::fail(VTA_ERR_INVALID_ARGUMENT, why);
+  return *space;
 }
 
 void record_failure(int device, FailureKind kind, const std::string& message, const vta::OutOfMemory* oom) {
   if (device < 0 || device >= VTA_TORCH_MAX_DEVICES) return;
-  DeviceSlot& slot = shim().slots[device];
-  std::lock_guard<std::mutex> lk(slot.mu);
-  slot.failures.alloc_failures++;
-  if (kind == FailureKind::oom) slot.failures.ooms++;
-  if (kind == FailureKind::capture) slot.failures.capture_refusals++;
+  FailureRecord& r = shim().records[device];
+  std::lock_guard<std::mutex> lk(r.mu);
+  r.failures.alloc_failures++;
+  if (kind == FailureKind::oom) r.failures.ooms++;
+  if (kind == FailureKind::capture) r.failures.capture_refusals++;
   if (oom) {
-    slot.failures.last_oom_requested_bytes = oom->requested();
-    slot.failures.last_oom_capacity_bytes = oom->capacity();
-    slot.failures.last_oom_mapped_bytes = oom->mapped();
+    r.failures.last_oom_requested_bytes = oom->requested();
+    r.failures.last_oom_capacity_bytes = oom->capacity();
+    r.failures.last_oom_mapped_bytes = oom->mapped();
   }
-  slot.last_message = message;
+  r.last_message = message;
 }
 
 void record_free_failure(int device, const std::string& message) noexcept {
   try {
     if (device < 0 || device >= VTA_TORCH_MAX_DEVICES) return;
-    DeviceSlot& slot = shim().slots[device];
-    std::lock_guard<std::mutex> lk(slot.mu);
-    slot.failures.free_failures++;
-    slot.last_message = message;
+    FailureRecord& r = shim().records[device];
+    std::lock_guard<std::mutex> lk(r.mu);
+    r.failures.free_failures++;
+    r.last_message = message;
   } catch (...) {
   }
 }
 
-// Free what was parked during a capture, once its stream is no longer capturing.
-void flush_parked(int device, AddressSpace* space) {
-  DeviceSlot& slot = shim().slots[device];
-  if (slot.parked_count.load(std::memory_order_acquire) == 0) return;
-  std::vector<Parked> ready;
-  {
-    std::lock_guard<std::mutex> lk(slot.mu);
-    size_t keep = 0;
-    for (const Parked& p : slot.parked) {
-      if (capturing(p.stream))
-        slot.parked[keep++] = p;
-      else
-        ready.push_back(p);
-    }
-    slot.parked.resize(keep);
-    slot.parked_count.store(keep, std::memory_order_release);
-  }
-  for (const Parked& p : ready) {
-    try {
-      space->free(p.ptr);
-    } catch (const std::exception& e) {
-      record_free_failure(device, std::string("vtalloc: deferred free failed: ") + e.what());
-    }
-  }
+void count_deferred_free(int device) {
+  FailureRecord& r = shim().records[device];
+  std::lock_guard<std::mutex> lk(r.mu);
+  r.failures.deferred_frees++;
 }
 
-void copy_out(const std::string& s, char* buf, uint64_t capacity) {
-  if (!buf || capacity == 0) return;
-  size_t n = std::min<uint64_t>(s.size(), capacity - 1);
-  std::memcpy(buf, s.data(), n);
-  buf[n] = '\0';
+// Free what was parked during a capture on `device`, once its stream no longer captures.
+void flush_parked(int device, AddressSpace& space) {
+  for (const std::string& error : shim().parking.flush(device, space)) record_free_failure(device, error);
+}
+
+// Runs `body(space)` for `device`'s space, or for every space when device is -1.
+template <typename F>
+void for_devices(int32_t device, F&& body) {
+  if (device != -1) DeviceSpaces::check_device(device);
+  for (int d = 0; d < VTA_TORCH_MAX_DEVICES; ++d) {
+    if (device != -1 && d != device) continue;
+    AddressSpace* space = shim().spaces.get(d);
+    if (!space) continue;
+    CudaContextGuard guard(space->backend_kind() == VTA_BACKEND_CUDA);
+    body(*space);
+  }
 }
 
 }  // namespace
 
 extern "C" {
 
-const char* vta_torch_last_error(void) { return t_last_error.c_str(); }
+const char* vta_torch_last_error(void) { return vta::capi::last_error().c_str(); }
+
+vta_status_t vta_torch_normalize_config(const vta_torch_config_t* in, vta_torch_config_t* out) {
+  return guarded([&] {
+    need(in, "config");
+    need(out, "output");
+    *out = normalized(*in);
+  });
+}
 
 vta_status_t vta_torch_configure(const vta_torch_config_t* config) {
   return guarded([&] {
-    if (!config) vta::fail(VTA_ERR_INVALID_ARGUMENT, "null config");
+    need(config, "config");
     vta_torch_config_t c = normalized(*config);
     Shim& s = shim();
     std::lock_guard<std::mutex> lk(s.mu);
-    if (any_space_locked(s)) {
-      if (std::memcmp(&c, &s.config, sizeof c) == 0) return;  // the same options again: nothing to do
+    bool unchanged = std::memcmp(&c, &s.config, sizeof c) == 0;
+    if (!s.spaces.configure(c.space, unchanged))
       vta::fail(VTA_ERR_INVALID_ARGUMENT,
                 "vtalloc's torch allocator is already serving tensors with other options; options can only change "
                 "before the first allocation (or after vta_torch_release)");
-    }
+    if (unchanged && (s.configured || s.spaces.any())) return;  // the same options again: nothing to do
     s.config = c;
     s.configured = true;
     s.on_failure.store(c.on_failure, std::memory_order_release);
@@ -262,7 +180,7 @@ vta_status_t vta_torch_configure(const vta_torch_config_t* config) {
 
 vta_status_t vta_torch_get_config(vta_torch_config_t* out, int32_t* configured) {
   return guarded([&] {
-    if (!out) vta::fail(VTA_ERR_INVALID_ARGUMENT, "null output");
+    need(out, "output");
     Shim& s = shim();
     std::lock_guard<std::mutex> lk(s.mu);
     *out = s.config;
@@ -276,12 +194,12 @@ void* vta_torch_alloc(size_t size, int device, void* stream) {
   std::string message;
   Shim& s = shim();
   try {
-    check_device(device);
-    ContextGuard guard(s.cuda.load(std::memory_order_acquire));
-    AddressSpace* space = space_for(device);
+    DeviceSpaces::check_device(device);
+    CudaContextGuard guard(s.cuda.load(std::memory_order_acquire));
+    AddressSpace* space = s.spaces.get_or_create(device);
     if (space->backend_kind() == VTA_BACKEND_CUDA) {
-      flush_parked(device, space);
-      if (capturing(stream)) {
+      flush_parked(device, *space);
+      if (vta::capi::stream_capturing(VTA_BACKEND_CUDA, stream)) {
         kind = FailureKind::capture;
         vta::fail(VTA_ERR_INVALID_ARGUMENT,
                   "vtalloc cannot allocate while a CUDA graph is being captured on device " + std::to_string(device) +
@@ -315,24 +233,19 @@ void* vta_torch_alloc(size_t size, int device, void* stream) {
 void vta_torch_free(void* ptr, size_t /*size*/, int device, void* stream) {
   if (!ptr) return;
   try {
-    check_device(device);
-    DeviceSlot& slot = shim().slots[device];
-    AddressSpace* space = slot.space.load(std::memory_order_acquire);
-    if (!space) vta::fail(VTA_ERR_INVALID_ARGUMENT, "no vtalloc address space serves device " + std::to_string(device));
-    bool cuda = space->backend_kind() == VTA_BACKEND_CUDA;
-    ContextGuard guard(cuda);
+    AddressSpace& space = existing_space(device, "no vtalloc address space serves device " + std::to_string(device));
+    bool cuda = space.backend_kind() == VTA_BACKEND_CUDA;
+    CudaContextGuard guard(cuda);
     if (cuda) {
-      if (capturing(stream)) {
+      if (vta::capi::stream_capturing(VTA_BACKEND_CUDA, stream)) {
         // Recording the free's event on a capturing stream would put it in the graph; free later.
-        std::lock_guard<std::mutex> lk(slot.mu);
-        slot.parked.push_back(Parked{reinterpret_cast<uintptr_t>(ptr), stream});
-        slot.parked_count.store(slot.parked.size(), std::memory_order_release);
-        slot.failures.deferred_frees++;
+        shim().parking.park(device, reinterpret_cast<uintptr_t>(ptr), stream);
+        count_deferred_free(device);
         return;
       }
       flush_parked(device, space);
     }
-    space->free(reinterpret_cast<uintptr_t>(ptr));
+    space.free(reinterpret_cast<uintptr_t>(ptr));
   } catch (const std::exception& e) {
     record_free_failure(device, std::string("vtalloc could not free a tensor's memory: ") + e.what());
   } catch (...) {
@@ -342,51 +255,34 @@ void vta_torch_free(void* ptr, size_t /*size*/, int device, void* stream) {
 
 vta_status_t vta_torch_devices(uint64_t* mask) {
   return guarded([&] {
-    if (!mask) vta::fail(VTA_ERR_INVALID_ARGUMENT, "null output");
-    uint64_t m = 0;
-    for (int d = 0; d < VTA_TORCH_MAX_DEVICES; ++d)
-      if (shim().slots[d].space.load(std::memory_order_acquire)) m |= 1ull << d;
-    *mask = m;
+    need(mask, "output");
+    *mask = shim().spaces.mask();
   });
 }
 
 vta_status_t vta_torch_stats(int32_t device, vta_stats_t* out) {
   return guarded([&] {
-    if (!out) vta::fail(VTA_ERR_INVALID_ARGUMENT, "null output");
-    check_device(device);
-    AddressSpace* space = shim().slots[device].space.load(std::memory_order_acquire);
+    need(out, "output");
+    DeviceSpaces::check_device(device);
+    AddressSpace* space = shim().spaces.get(device);
     if (!space) {
       *out = vta_stats_t{};
       out->struct_size = sizeof *out;
       return;
     }
-    ContextGuard guard(space->backend_kind() == VTA_BACKEND_CUDA);
+    CudaContextGuard guard(space->backend_kind() == VTA_BACKEND_CUDA);
     *out = space->stats();
   });
 }
 
 vta_status_t vta_torch_reset_peak_stats(int32_t device) {
-  return guarded([&] {
-    if (device != -1) check_device(device);
-    for (int d = 0; d < VTA_TORCH_MAX_DEVICES; ++d) {
-      if (device != -1 && d != device) continue;
-      AddressSpace* space = shim().slots[d].space.load(std::memory_order_acquire);
-      if (space) space->reset_peak_stats();
-    }
-  });
+  return guarded([&] { for_devices(device, [](AddressSpace& space) { space.reset_peak_stats(); }); });
 }
 
 vta_status_t vta_torch_trim(int32_t device, uint64_t* out_released) {
   return guarded([&] {
-    if (device != -1) check_device(device);
     uint64_t released = 0;
-    for (int d = 0; d < VTA_TORCH_MAX_DEVICES; ++d) {
-      if (device != -1 && d != device) continue;
-      AddressSpace* space = shim().slots[d].space.load(std::memory_order_acquire);
-      if (!space) continue;
-      ContextGuard guard(space->backend_kind() == VTA_BACKEND_CUDA);
-      released += space->trim();
-    }
+    for_devices(device, [&](AddressSpace& space) { released += space.trim(); });
     if (out_released) *out_released = released;
   });
 }
@@ -396,20 +292,18 @@ vta_status_t vta_torch_trim(int32_t device, uint64_t* out_released) {
 vta_status_t vta_torch_residency_op(int32_t device, int32_t op, uint64_t address, uint64_t stream,
                                     int32_t use_stream, int32_t* out) {
   return guarded([&] {
-    check_device(device);
-    AddressSpace* space = shim().slots[device].space.load(std::memory_order_acquire);
-    if (!space) vta::fail(VTA_ERR_INVALID_ARGUMENT, "no vtalloc address space serves this device yet");
-    ContextGuard guard(space->backend_kind() == VTA_BACKEND_CUDA);
+    AddressSpace& space = existing_space(device, "no vtalloc address space serves this device yet");
+    CudaContextGuard guard(space.backend_kind() == VTA_BACKEND_CUDA);
     const uint64_t* consumer = use_stream ? &stream : nullptr;
     switch (op) {
-      case VTA_TORCH_OP_SET_EVICTABLE: space->set_evictable(address, true); break;
-      case VTA_TORCH_OP_CLEAR_EVICTABLE: space->set_evictable(address, false); break;
-      case VTA_TORCH_OP_OFFLOAD: space->offload(address); break;
-      case VTA_TORCH_OP_PREFETCH: space->prefetch(address, consumer); break;
-      case VTA_TORCH_OP_ENSURE_RESIDENT: space->ensure_resident(address, consumer); break;
+      case VTA_TORCH_OP_SET_EVICTABLE: space.set_evictable(address, true); break;
+      case VTA_TORCH_OP_CLEAR_EVICTABLE: space.set_evictable(address, false); break;
+      case VTA_TORCH_OP_OFFLOAD: space.offload(address); break;
+      case VTA_TORCH_OP_PREFETCH: space.prefetch(address, consumer); break;
+      case VTA_TORCH_OP_ENSURE_RESIDENT: space.ensure_resident(address, consumer); break;
       case VTA_TORCH_OP_RESIDENCY:
-        if (!out) vta::fail(VTA_ERR_INVALID_ARGUMENT, "null output");
-        *out = space->residency(address);
+        need(out, "output");
+        *out = space.residency(address);
         break;
       default: vta::fail(VTA_ERR_INVALID_ARGUMENT, "unknown residency operation " + std::to_string(op));
     }
@@ -418,13 +312,13 @@ vta_status_t vta_torch_residency_op(int32_t device, int32_t op, uint64_t address
 
 vta_status_t vta_torch_failures(int32_t device, vta_torch_failures_t* out, char* message, uint64_t message_capacity) {
   return guarded([&] {
-    if (!out) vta::fail(VTA_ERR_INVALID_ARGUMENT, "null output");
-    check_device(device);
-    DeviceSlot& slot = shim().slots[device];
-    std::lock_guard<std::mutex> lk(slot.mu);
-    *out = slot.failures;
+    need(out, "output");
+    DeviceSpaces::check_device(device);
+    FailureRecord& r = shim().records[device];
+    std::lock_guard<std::mutex> lk(r.mu);
+    *out = r.failures;
     out->struct_size = sizeof *out;
-    copy_out(slot.last_message, message, message_capacity);
+    copy_out(r.last_message, message, message_capacity);
   });
 }
 
@@ -432,40 +326,19 @@ vta_status_t vta_torch_release(void) {
   return guarded([&] {
     Shim& s = shim();
     std::lock_guard<std::mutex> lk(s.mu);
-    for (int d = 0; d < VTA_TORCH_MAX_DEVICES; ++d) {
-      DeviceSlot& slot = s.slots[d];
-      AddressSpace* space = slot.space.load(std::memory_order_acquire);
-      if (!space) continue;
-      ContextGuard guard(space->backend_kind() == VTA_BACKEND_CUDA);
-      uint64_t live = space->stats().num_live_allocs;
-      size_t parked = slot.parked_count.load(std::memory_order_acquire);
-      if (live || parked)
-        vta::fail(VTA_ERR_INVALID_ARGUMENT, "cannot release vtalloc's torch allocator: device " + std::to_string(d) +
-                                                " still has " + std::to_string(live + parked) + " live allocation(s)");
-    }
-    vta::Status first_error;
-    for (int d = 0; d < VTA_TORCH_MAX_DEVICES; ++d) {
-      DeviceSlot& slot = s.slots[d];
-      AddressSpace* space = slot.space.exchange(nullptr, std::memory_order_acq_rel);
-      {
-        std::lock_guard<std::mutex> slk(slot.mu);
-        slot.failures = vta_torch_failures_t{};
-        slot.last_message.clear();
-      }
-      if (!space) continue;
-      s.retired.emplace_back(space);  // a racing caller may still hold the pointer: keep the object
-      ContextGuard guard(space->backend_kind() == VTA_BACKEND_CUDA);
-      try {
-        space->close();
-      } catch (const vta::Error& e) {
-        if (first_error.is_ok()) first_error = vta::Status(e.code(), e.what());
-      }
+    CudaContextGuard guard(s.cuda.load(std::memory_order_acquire) && s.spaces.any());
+    vta::Status closed = s.spaces.release(
+        "vtalloc's torch allocator", [&](int d) { return s.parking.parked(d); }, default_config().space);
+    for (FailureRecord& r : s.records) {
+      std::lock_guard<std::mutex> rlk(r.mu);
+      r.failures = vta_torch_failures_t{};
+      r.last_message.clear();
     }
     s.config = default_config();
     s.configured = false;
     s.on_failure.store(VTA_TORCH_FAIL_THROW, std::memory_order_release);
     s.cuda.store(true, std::memory_order_release);
-    vta::check(first_error);
+    vta::check(closed);
   });
 }
 
@@ -481,7 +354,8 @@ int32_t vta_torch_exception_kind(void) {
 vta_status_t vta_torch_oom_binding(int32_t* route, int32_t* abi, char* libraries, uint64_t libraries_capacity,
                                    char* reason, uint64_t reason_capacity) {
   return guarded([&] {
-    if (!route || !abi) vta::fail(VTA_ERR_INVALID_ARGUMENT, "null output");
+    need(route, "output");
+    need(abi, "output");
     vta::c10_oom::Report r = vta::c10_oom::binding();
     *route = static_cast<int32_t>(r.route);
     *abi = static_cast<int32_t>(r.abi);
@@ -493,7 +367,8 @@ vta_status_t vta_torch_oom_binding(int32_t* route, int32_t* abi, char* libraries
 vta_status_t vta_torch_exception_selftest(const char* message, int32_t route, char* type_name, uint64_t type_capacity,
                                           char* what, uint64_t what_capacity, int32_t* caught) {
   return guarded([&] {
-    if (!message || !caught) vta::fail(VTA_ERR_INVALID_ARGUMENT, "null message or output");
+    need(message, "message");
+    need(caught, "output");
     if (route < VTA_TORCH_OOM_ROUTE_NONE || route > VTA_TORCH_OOM_ROUTE_BASE_VTABLE)
       vta::fail(VTA_ERR_INVALID_ARGUMENT, "unknown route " + std::to_string(route));
     vta::c10_oom::SelfTest t = vta::c10_oom::selftest(message, static_cast<vta::c10_oom::Route>(route));

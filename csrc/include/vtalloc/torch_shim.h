@@ -68,6 +68,11 @@ VTA_API const char* vta_torch_last_error(void);
 VTA_API vta_status_t vta_torch_configure(const vta_torch_config_t* config);
 /* The options in force; *configured = 0 when vta_torch_configure was never called. */
 VTA_API vta_status_t vta_torch_get_config(vta_torch_config_t* out, int32_t* configured);
+/* The options vta_torch_configure would keep for `in`, changing nothing: the one place the shim's
+ * defaults are applied (space.device and space.flags zeroed, backend AUTO becomes CUDA: torch
+ * hands the pointers to CUDA kernels, so "auto" never falls back to host memory). Refuses what
+ * vta_torch_configure refuses (struct_size, on_failure, backend). */
+VTA_API vta_status_t vta_torch_normalize_config(const vta_torch_config_t* in, vta_torch_config_t* out);
 
 /* PyTorch's CUDAPluggableAllocator signatures (cudaStream_t is a pointer). */
 VTA_API void* vta_torch_alloc(size_t size, int device, void* stream);
