@@ -61,6 +61,10 @@ class AddressSpace(NativeHandle):
         page_source: PageSource | None = None,
         service: str | None = None,
     ) -> None:
+        """Build a space from its settings, normalized once into one Config (or ``config``,
+        taken as it is). ``leased``: the space creates no pages; they are imported (by the
+        caller, or by ``page_source``, which it then asks when short). ``service=`` is
+        refused: :class:`vtalloc.client.ServiceAddressSpace` builds a service-backed space."""
         self._handle: int | None = None
         self._closed = True
         self._source: PageSource | None = None
