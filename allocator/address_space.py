@@ -4,41 +4,32 @@ Owns: one native ``vta_space`` handle and its lifetime (``close()`` is idempoten
 releases every page, mapping and reservation; the handle itself is freed when the object
 is collected). Every method validates its arguments before crossing into C, so bad input
 raises a typed error and changes nothing. No method holds the GIL while the core works.
+
+A leased space (``leased=True``) holds no pages of its own: they are imported. With a
+``page_source`` (allocator/page_source.py) it asks the source for pages when it runs short
+and tells it about frees, trims and its close; without one the caller imports pages.
 """
 
 from __future__ import annotations
 
 import bisect
 import ctypes
-import operator
-from typing import Any
+from typing import Any, Callable
 
 from . import _native
+from .checks import as_u64 as _as_u64
 from ._handle import NativeHandle
 from .config import Config
-from .errors import ClosedError, InvalidArgumentError
+from .errors import ClosedError, InvalidArgumentError, OutOfMemoryError
+from .page_source import PageSource
 from .publish import publish_from_env
 from .stats import PAGE_STATES, AllocationRecord, KernelCounters, PageRecord, Stats
 
 __all__ = ["AddressSpace"]
 
-_MAX_U64 = (1 << 64) - 1
-
-
-def _as_u64(value: Any, name: str, *, positive: bool = False) -> int:
-    if type(value) is int and (1 if positive else 0) <= value <= _MAX_U64:
-        return value  # the common case, checked in one comparison (bools are not exactly int)
-    if isinstance(value, bool):
-        raise InvalidArgumentError(f"{name} must be an integer, not a bool")
-    try:
-        n = operator.index(value)
-    except TypeError:
-        raise InvalidArgumentError(f"{name} must be an integer, not {type(value).__name__}") from None
-    if n < 0 or (positive and n == 0):
-        raise InvalidArgumentError(f"{name} must be {'positive' if positive else 'non-negative'}, got {n}")
-    if n > _MAX_U64:
-        raise InvalidArgumentError(f"{name} {n} does not fit in 64 bits")
-    return n
+# A malloc short of pages asks the page source this many times (each time it may get pages
+# another thread then takes) before it evicts or fails.
+_SHORTAGE_RETRIES = 3
 
 
 class AddressSpace(NativeHandle):
@@ -52,16 +43,6 @@ class AddressSpace(NativeHandle):
     """
 
     _CLOSE_FN, _DESTROY_FN = "vta_space_close", "vta_space_destroy"
-
-    def __new__(cls, *args: Any, service: str | None = None, **kwargs: Any) -> "AddressSpace":
-        # AddressSpace(service="unix:///run/vtalloc/vtalloc.sock") leases its pages from the
-        # per-node daemon; the client layer implements that (vtalloc.client.service_space) and is
-        # imported here only, lazily, so the allocator never imports the client at import time.
-        if service is not None and cls is AddressSpace:
-            from vtalloc.client.service_space import ServiceAddressSpace
-
-            cls = ServiceAddressSpace
-        return super().__new__(cls)
 
     def __init__(
         self,
@@ -77,10 +58,22 @@ class AddressSpace(NativeHandle):
         evict_mode: str = "auto",
         config: Config | None = None,
         leased: bool = False,
-        service: str | None = None,  # handled by __new__: a service-backed space is a ServiceAddressSpace
+        page_source: PageSource | None = None,
+        service: str | None = None,
     ) -> None:
+        """Build a space from its settings, normalized once into one Config (or ``config``,
+        taken as it is). ``leased``: the space creates no pages; they are imported (by the
+        caller, or by ``page_source``, which it then asks when short). ``service=`` is
+        refused: :class:`vtalloc.client.ServiceAddressSpace` builds a service-backed space."""
         self._handle: int | None = None
         self._closed = True
+        self._source: PageSource | None = None
+        if service is not None:
+            raise InvalidArgumentError(
+                "AddressSpace(service=...) is gone: build a service-backed space with "
+                "vtalloc.client.ServiceAddressSpace(address, ...)")
+        if page_source is not None and not leased:
+            raise InvalidArgumentError("a space with a page source is leased: pass leased=True")
         if config is None:
             config = Config(
                 backend=backend, device=device, capacity=capacity, page_size=page_size,
@@ -107,6 +100,14 @@ class AddressSpace(NativeHandle):
         self.capacity_bytes: int = s.capacity_bytes
         self.evict_mode: str = s.evict_mode  # the active mode: "mapped" or "copy"
         publish_from_env(self)  # VTALLOC_PUBLISH_STATS: stats for `vtalloc stats --pid`, off the hot path
+        if page_source is not None:
+            self._source = page_source  # first: what attach starts may look it up
+            page_source.attach(self)
+
+    @property
+    def page_source(self) -> PageSource | None:
+        """Where a leased space gets its pages (None: the space's own, or imported by the caller)."""
+        return self._source
 
     # -- lifetime -------------------------------------------------------------------------
     @property
@@ -118,16 +119,25 @@ class AddressSpace(NativeHandle):
         if self._handle is None or self._closed:
             return
         self._closed = True
-        if getattr(self, "_live_tensors", 0):
-            from .tensors import defer_close
+        source = self._source
+        if source is not None:
+            source.stop()
+        try:
+            if getattr(self, "_live_tensors", 0):
+                from .tensors import defer_close
 
-            if defer_close(self):  # tensors over its pages live: the last one's finalizer closes it
-                return
-        _native.check(self._lib.vta_space_close(self._handle))
+                if defer_close(self):  # tensors over its pages live: the last one's finalizer closes it
+                    return
+            _native.check(self._lib.vta_space_close(self._handle))
+        finally:
+            if source is not None:
+                source.close()
 
     def __repr__(self) -> str:
         state = "closed" if self._closed else f"capacity={self.capacity_bytes}, page={self.page_bytes}"
-        return f"<vtalloc AddressSpace {getattr(self, 'backend', '?')}:{getattr(self, 'device', '?')} {state}>"
+        source = self._source.describe() if self._source is not None else ""
+        return (f"<vtalloc AddressSpace {getattr(self, 'backend', '?')}:{getattr(self, 'device', '?')} {state}"
+                + (f" {source}>" if source else ">"))
 
     def _h(self) -> int:
         if self._handle is None or self._closed:
@@ -143,6 +153,11 @@ class AddressSpace(NativeHandle):
         """
         n = _as_u64(nbytes, "nbytes", positive=True)
         s = _as_u64(stream, "stream")
+        if self._source is not None:
+            return self._malloc_leased(n, s, evict)
+        return self._malloc(n, s, evict)
+
+    def _malloc(self, n: int, s: int, evict: bool) -> int:
         out = ctypes.c_uint64()
         if evict:
             status = self._lib.vta_malloc(self._h(), n, s, ctypes.byref(out))
@@ -152,11 +167,45 @@ class AddressSpace(NativeHandle):
             _native.check(status)
         return out.value
 
+    def _malloc_leased(self, n: int, s: int, evict: bool) -> int:
+        """A shortage is answered by the page source first; evictable pages are evicted (if
+        ``evict``) only when the source cannot supply enough."""
+        source = self._source
+        source.check_usable()
+        try:
+            return self._malloc(n, s, False)
+        except OutOfMemoryError as e:
+            if n > self.capacity_bytes:
+                raise
+            last: OutOfMemoryError = e
+        for _ in range(_SHORTAGE_RETRIES):
+            try:
+                if not source.on_shortage(self, n, restore=False):
+                    break
+            except OutOfMemoryError as e:  # the supplier refused (a quota, the node short)
+                last = e
+                break
+            try:
+                return self._malloc(n, s, False)
+            except OutOfMemoryError as e:
+                last = e
+        if evict:
+            try:
+                return self._malloc(n, s, True)  # the supply cannot grow: evict what may be evicted
+            except OutOfMemoryError:
+                pass
+        raise last
+
     def free(self, address: int) -> None:
         """Free an address returned by :meth:`malloc` (double, foreign or interior frees raise)."""
+        source = self._source
+        if source is not None:
+            source.check_usable()
         status = self._lib.vta_free(self._h(), _as_u64(address, "address"))
         if status:
             _native.check(status)
+        if source is not None:
+            source.after_free(self, address)
 
     def size_of(self, address: int) -> int:
         """The size that was requested for the allocation at ``address``."""
@@ -198,7 +247,11 @@ class AddressSpace(NativeHandle):
     # -- maintenance ----------------------------------------------------------------------
     def trim(self) -> int:
         """Unmap cached free ranges, release the device pages offloaded allocations still hold,
-        and give unmapped pages back; returns the bytes released."""
+        and give unmapped pages back; returns the bytes released. A space with a page source
+        gives every page holding no live data back to the source instead."""
+        if self._source is not None:
+            self._source.check_usable()
+            return self._source.trim(self)
         out = ctypes.c_uint64()
         _native.check(self._lib.vta_trim(self._h(), ctypes.byref(out)))
         return out.value
@@ -217,7 +270,10 @@ class AddressSpace(NativeHandle):
         A page shared by several allocations (small ones share pages) is evicted only if all
         of them are evictable. Evicted bytes keep their address and come back exact.
         """
-        _native.check(self._lib.vta_set_evictable(self._h(), _as_u64(address, "address"), 1 if flag else 0))
+        addr = _as_u64(address, "address")
+        self._restoring(lambda: _native.check(self._lib.vta_set_evictable(self._h(), addr, 1 if flag else 0)), addr)
+        if self._source is not None:
+            self._source.after_set_evictable(self, address, flag)
 
     def offload(self, address: int) -> None:
         """Start evicting the allocation's pages to host memory now (asynchronous).
@@ -230,12 +286,27 @@ class AddressSpace(NativeHandle):
         """Start restoring the allocation (asynchronous); ``stream`` (default: the
         allocation's) is ordered after the copies."""
         s, use = (0, 0) if stream is None else (_as_u64(stream, "stream"), 1)
-        _native.check(self._lib.vta_prefetch(self._h(), _as_u64(address, "address"), s, use))
+        addr = _as_u64(address, "address")
+        self._restoring(lambda: _native.check(self._lib.vta_prefetch(self._h(), addr, s, use)), addr)
 
     def ensure_resident(self, address: int, stream: int | None = None) -> None:
         """Block until every page of the allocation is resident at its address."""
         s, use = (0, 0) if stream is None else (_as_u64(stream, "stream"), 1)
-        _native.check(self._lib.vta_ensure_resident(self._h(), _as_u64(address, "address"), s, use))
+        addr = _as_u64(address, "address")
+        self._restoring(lambda: _native.check(self._lib.vta_ensure_resident(self._h(), addr, s, use)), addr)
+
+    def _restoring(self, call: Callable[[], None], address: int) -> None:
+        """Run a core call that may need device pages (a restore); with a page source, a
+        shortage asks it for what the allocation needs, and the call is tried once more."""
+        if self._source is None:
+            return call()
+        self._source.check_usable()
+        try:
+            return call()
+        except OutOfMemoryError:
+            if not self._source.on_shortage(self, self.size_of(address), restore=True):
+                raise
+            return call()
 
     def residency(self, address: int) -> str:
         """``"resident"``, ``"evicted"`` (some page's bytes are in host memory) or ``"in_flight"``."""

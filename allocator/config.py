@@ -14,13 +14,13 @@ import os
 import re
 from typing import Any, Mapping
 
+from .checks import MAX_U64
 from .errors import InvalidArgumentError
 
 __all__ = ["Config", "parse_size", "format_size", "BACKENDS"]
 
 BACKENDS = ("auto", "host", "cuda")
 EVICT_MODES = ("auto", "copy", "mapped")
-_MAX_U64 = (1 << 64) - 1
 
 _UNITS = {
     "": 1, "b": 1,
@@ -59,7 +59,7 @@ def parse_size(value: Any, *, name: str = "size") -> int:
             ) from None
     if n <= 0:
         raise InvalidArgumentError(f"{name} must be positive, got {n}")
-    if n > _MAX_U64:
+    if n > MAX_U64:
         raise InvalidArgumentError(f"{name} of {n} bytes is beyond any address space")
     return n
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from . import _native
 from ._handle import NativeHandle
-from .address_space import _as_u64
+from .checks import as_u64
 from .config import Config
 from .errors import ClosedError
 
@@ -70,11 +70,11 @@ class PagePool(NativeHandle):
     def export_page(self, page_id: int) -> int:
         """A new file descriptor for the page (the caller closes it)."""
         out = ctypes.c_int32()
-        _native.check(self._lib.vta_pool_export_page(self._h(), _as_u64(page_id, "page_id"), ctypes.byref(out)))
+        _native.check(self._lib.vta_pool_export_page(self._h(), as_u64(page_id, "page_id"), ctypes.byref(out)))
         return out.value
 
     def release_page(self, page_id: int) -> None:
-        _native.check(self._lib.vta_pool_release_page(self._h(), _as_u64(page_id, "page_id")))
+        _native.check(self._lib.vta_pool_release_page(self._h(), as_u64(page_id, "page_id")))
 
     def close(self) -> None:
         if self._handle is None or self._closed:

@@ -19,7 +19,7 @@ from typing import Any, Callable, NoReturn, Optional
 import typer
 from rich.console import Console, Group
 
-from vtalloc.allocator.config import parse_size
+from vtalloc.allocator.config import Config
 from vtalloc.allocator.errors import InvalidArgumentError, VtallocError
 
 from . import render
@@ -96,16 +96,16 @@ def register(app: typer.Typer, *, fail: Callable[[str, int], NoReturn], console:
 
         Prints one JSON line on stdout when ready; stops cleanly on SIGTERM or Ctrl-C.
         """
-        from vtalloc.server.daemon import DaemonConfig, default_socket_path, run_daemon
+        from vtalloc.server.daemon import DaemonConfig, run_daemon
+        from vtalloc.server.protocol.address import default_socket_path
         from vtalloc.server.quota import parse_named_quota, parse_principal_map, parse_quota
 
         try:
             config = DaemonConfig(
-                socket_path=socket or default_socket_path(), backend=backend, device=device,
-                capacity=parse_size(capacity, name="--capacity") if capacity else None,
-                page_size=parse_size(page_size, name="--page-size") if page_size else None,
-                host_capacity=parse_size(host_capacity, name="--host-capacity") if host_capacity else None,
-                metrics_port=metrics_port, metrics_addr=metrics_addr, group=group, admin_uids=tuple(admin_uid),
+                socket_path=socket or default_socket_path(),
+                pages=Config(backend=backend, device=device, capacity=capacity, page_size=page_size),
+                host_capacity=host_capacity, metrics_port=metrics_port, metrics_addr=metrics_addr, group=group,
+                admin_uids=tuple(admin_uid),
                 default_quota=parse_quota(default_quota) if default_quota else None,
                 quotas=tuple(parse_named_quota(q) for q in quota), principals=parse_principal_map(principal),
                 evict_deadline_s=evict_deadline, kill_on_missed_deadline=kill)
@@ -346,12 +346,12 @@ def register(app: typer.Typer, *, fail: Callable[[str, int], NoReturn], console:
         import grpc
         from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-        from vtalloc.server.daemon import default_socket_path, parse_address
-        from vtalloc.server.service import SERVICE_NAMES
+        from vtalloc.server.protocol.address import UNIX_SCHEME, default_socket_path, parse_address
+        from vtalloc.server.protocol.rpc import SERVICE_NAMES
 
         path = parse_address(socket or default_socket_path())
         services: dict[str, str] = {}
-        with grpc.insecure_channel("unix://" + path) as channel:
+        with grpc.insecure_channel(UNIX_SCHEME + path) as channel:
             stub = health_pb2_grpc.HealthStub(channel)
             for name in ("", *SERVICE_NAMES):
                 try:
@@ -366,12 +366,12 @@ def register(app: typer.Typer, *, fail: Callable[[str, int], NoReturn], console:
         except VtallocError as e:
             side_ok, side_error = False, str(e)
         status = services["(server)"] if side_ok else "UNREACHABLE"
-        doc = {"schema": render.HEALTH_SCHEMA, "address": "unix://" + path, "status": status,
+        doc = {"schema": render.HEALTH_SCHEMA, "address": UNIX_SCHEME + path, "status": status,
                "services": services, "side_channel": side_ok, "error": side_error}
         if json_out:
             emit_json(doc)
         else:
             style = "green" if status == "SERVING" else "red"
-            console.print(f"[{style}]{status}[/] unix://{path}" + (f"  ({side_error})" if side_error else ""))
+            console.print(f"[{style}]{status}[/] {UNIX_SCHEME}{path}" + (f"  ({side_error})" if side_error else ""))
         if status != "SERVING":
             raise typer.Exit(1)

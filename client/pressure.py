@@ -1,12 +1,12 @@
 """What a client does when the daemon asks it to evict: the one seam to the eviction engine.
 
 Owns: :func:`evict_for_pressure` (free pages for the daemon) and :func:`engine_counters`
-(the eviction numbers a client reports). Both reach the eviction engine (issue 4:
-``AddressSpace.offload`` / ``residency``, and the ``Stats`` fields ``evicted_bytes``,
-``pages_evicted``, ``evictions``, ``restores``) only through
-``getattr``, so they work before the engine lands (returning only free and cached pages,
-reporting zeros) and pick it up when it does. Wiring the engine in means changing this
-file only.
+(the eviction numbers a client reports). Both reach the eviction engine
+(``AddressSpace.offload`` / ``residency``, and the ``Stats`` fields ``evicted_bytes``,
+``pages_evicted``, ``evictions``, ``restores``) only through ``getattr``, so they take any
+object that has them (tests use stand-ins) and, from one that lacks them, return only free
+and cached pages and report zeros. Changing how pressure meets the engine means changing
+this file only.
 
 Invariant: nothing here drops live data: a page goes back to the daemon only when it holds
 no live allocation, either because it was free or cached, or because the engine copied its
@@ -25,9 +25,12 @@ __all__ = ["evict_for_pressure", "engine_counters"]
 
 log = logging.getLogger("vtalloc.client")
 
+SETTLE_S = 1.0         # how long to wait for one offload's copy to reach the host
+_POLL_S = 0.001        # how often to look while it copies
+
 
 def evict_for_pressure(space: Any, pages: int, give_back: Callable[[int], int],
-                       evictable: Iterable[int] = (), settle_s: float = 1.0) -> int:
+                       evictable: Iterable[int] = (), settle_s: float = SETTLE_S) -> int:
     """Give ``pages`` pages back to the daemon if possible; returns how many went back.
 
     ``give_back(n)`` returns up to ``n`` pages holding no live data (and tells the daemon);
@@ -48,7 +51,7 @@ def evict_for_pressure(space: Any, pages: int, give_back: Callable[[int], int],
             offload(address)  # asynchronous: the page is free once its bytes reached the host
             end = time.monotonic() + settle_s
             while residency(address) == "in_flight" and time.monotonic() < end:
-                time.sleep(0.001)
+                time.sleep(_POLL_S)
         except VtallocError as e:  # freed meanwhile, or the host pool is full: try the next one
             log.debug("could not offload %#x under pressure: %s", address, e)
             continue

@@ -3,7 +3,7 @@
 Owns: opening a session (connect the side channel, say hello, receive the session token and
 the node's geometry), calling RPCs with the token and a timeout on every call, receiving the
 page descriptors a lease pushes, and ending the session (``bye``). Every gRPC failure is
-raised as the service's typed errors (vtalloc.server.errors); a daemon that is gone gives
+raised as the service's typed errors (vtalloc.server.protocol.errors); a daemon that is gone gives
 ServiceUnavailableError at once, never a hang. Invariants: the session belongs to the process
 that opened it (a forked child gets ClosedError and never touches the parent's session);
 every descriptor received is either returned to the caller or closed.
@@ -23,18 +23,11 @@ from typing import Any
 import grpc
 
 from vtalloc.allocator.errors import ClosedError, VtallocError
-from vtalloc.server.daemon import default_socket_path, parse_address
-from vtalloc.server.errors import PermissionDeniedError, ServiceUnavailableError, error_from_rpc
 from vtalloc.server.proto.vtalloc.v1 import admin_pb2_grpc, pages_pb2, pages_pb2_grpc
-from vtalloc.server.service import SESSION_KEY
-from vtalloc.server.side_channel import (
-    PROTOCOL_VERSION,
-    ProtocolError,
-    connect,
-    recv_message,
-    send_message,
-    side_channel_path,
-)
+from vtalloc.server.protocol.address import UNIX_SCHEME, default_socket_path, parse_address, side_channel_path
+from vtalloc.server.protocol.errors import PermissionDeniedError, ServiceUnavailableError, error_from_rpc
+from vtalloc.server.protocol.rpc import MAX_REPLY_BYTES, SESSION_KEY
+from vtalloc.server.protocol.side_channel import PROTOCOL_VERSION, ProtocolError, connect, recv_message, send_message
 
 __all__ = ["ServiceSession", "SessionHello", "DEFAULT_RPC_TIMEOUT_S"]
 
@@ -44,7 +37,7 @@ _CHANNEL_OPTIONS = [
     ("grpc.initial_reconnect_backoff_ms", 100),
     ("grpc.min_reconnect_backoff_ms", 100),
     ("grpc.max_reconnect_backoff_ms", 1000),
-    ("grpc.max_receive_message_length", 64 << 20),
+    ("grpc.max_receive_message_length", MAX_REPLY_BYTES),
 ]
 
 
@@ -75,7 +68,7 @@ def _unavailable(path: str, e: OSError) -> VtallocError:
 class ServiceSession:
     def __init__(self, address: str | None = None, *, kind: str = "client",
                  timeout_s: float = DEFAULT_RPC_TIMEOUT_S) -> None:
-        self.address = address or "unix://" + default_socket_path()
+        self.address = address or UNIX_SCHEME + default_socket_path()
         self.socket_path = parse_address(self.address)
         self.side_path = side_channel_path(self.socket_path)
         self.timeout_s = timeout_s
@@ -102,7 +95,7 @@ class ServiceSession:
             self._sock = None
             raise ServiceUnavailableError(f"the vtalloc daemon at {self.side_path} did not open a session: {e}") from None
         self._metadata = ((SESSION_KEY, self._token),)
-        self._channel = grpc.insecure_channel("unix://" + self.socket_path, options=_CHANNEL_OPTIONS)
+        self._channel = grpc.insecure_channel(UNIX_SCHEME + self.socket_path, options=_CHANNEL_OPTIONS)
         self.pages = pages_pb2_grpc.PagesStub(self._channel)
         self.admin = admin_pb2_grpc.AdminStub(self._channel)
         self._finalizer = weakref.finalize(self, _close_quietly, self._sock, self._channel)

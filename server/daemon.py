@@ -29,53 +29,42 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
+from vtalloc.allocator.config import Config, parse_size
 from vtalloc.allocator.errors import InvalidArgumentError
 from vtalloc.allocator.pool import PagePool
-from vtalloc.allocator.publish import runtime_dir
 
 from .errors import ErrorInterceptor
 from .ledger import Ledger, NodeGeometry
 from .node import Node
 from .proto.vtalloc.v1 import admin_pb2_grpc, pages_pb2_grpc
+from .protocol.address import UNIX_SCHEME, parse_address, side_channel_path
+from .protocol.rpc import MAX_REPLY_BYTES, SERVICE_NAMES
 from .quota import PrincipalMap, Quota
-from .service import SERVICE_NAMES, AdminService, PagesService
-from .side_channel import side_channel_path
+from .service import AdminService, PagesService
 
-__all__ = ["DaemonConfig", "default_socket_path", "run_daemon", "serve", "parse_address"]
+__all__ = ["DaemonConfig", "run_daemon", "serve"]
 
 log = logging.getLogger("vtalloc.server")
 
-SOCKET_NAME = "vtalloc.sock"
-
-
-def default_socket_path() -> str:
-    """``$VTALLOC_SOCKET``, else ``vtalloc.sock`` in the runtime directory."""
-    return os.environ.get("VTALLOC_SOCKET") or str(runtime_dir() / SOCKET_NAME)
-
-
-def parse_address(address: str) -> str:
-    """A socket path from ``unix:///abs/path``, ``unix:relative`` or a plain path."""
-    if address.startswith("unix://"):
-        path = address[len("unix://"):]
-    elif address.startswith("unix:"):
-        path = address[len("unix:"):]
-    elif "://" in address:
-        raise InvalidArgumentError(f"service address {address!r}: only unix:// sockets are served")
-    else:
-        path = address
-    if not path:
-        raise InvalidArgumentError(f"service address {address!r} names no socket")
-    return os.path.abspath(path)
+# sun_path holds 108 bytes with its NUL; a few are kept for the lock file's suffix.
+_MAX_SOCKET_PATH_BYTES = 100
+_LISTEN_BACKLOG = 128
+_SOCKET_MODE = 0o660                       # owner and the --group
+_DIRECTORY_MODE = 0o750
+_EVICT_DEADLINE_RANGE_S = (0.05, 600.0)    # shorter cannot be met; longer stalls a waiting lease
+_STOP_GRACE_S = 1.0                        # in-flight RPCs may finish this long on a clean stop
+_METRICS_JOIN_S = 2.0
 
 
 @dataclass(frozen=True)
 class DaemonConfig:
+    """How the daemon runs; every field is normalized here, once (sizes parsed, paths absolute)."""
+
     socket_path: str                       # the gRPC socket; the side channel is <stem>.fd.sock beside it
-    backend: str = "auto"                  # "auto", "host" (memfd pages, no GPU) or "cuda"
-    device: int = 0                        # CUDA device ordinal (one daemon per device)
-    capacity: int | None = None            # bytes of pages the node may lease (default: the backend's)
-    page_size: int | None = None           # bytes per page (default: the backend's granularity)
-    host_capacity: int | None = None       # host bytes each client may use for evicted pages (None: client default)
+    pages: Config = field(default_factory=Config)  # the page pool: backend ("auto", "host": memfd pages,
+                                           # no GPU, "cuda"), device (one daemon per device), capacity
+                                           # (bytes the node may lease) and page size; None: the backend's
+    host_capacity: int | str | None = None  # host bytes each client may use for evicted pages (None: client default)
     metrics_port: int | None = None        # serve Prometheus metrics here (0: any free port; None: off)
     metrics_addr: str = "127.0.0.1"
     group: str | None = None               # group that may reach the sockets (directory 0750)
@@ -90,11 +79,16 @@ class DaemonConfig:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "socket_path", parse_address(self.socket_path))
-        if not 0.05 <= self.evict_deadline_s <= 600:
-            raise InvalidArgumentError(f"evict deadline must be 0.05 .. 600 s, got {self.evict_deadline_s}")
+        if not isinstance(self.pages, Config):
+            raise InvalidArgumentError(f"pages must be a Config, not {type(self.pages).__name__}")
+        if self.host_capacity is not None:
+            object.__setattr__(self, "host_capacity", parse_size(self.host_capacity, name="host_capacity"))
+        low, high = _EVICT_DEADLINE_RANGE_S
+        if not low <= self.evict_deadline_s <= high:
+            raise InvalidArgumentError(f"evict deadline must be {low:g} .. {high:g} s, got {self.evict_deadline_s}")
         if self.metrics_port is not None and not 0 <= self.metrics_port <= 65535:
             raise InvalidArgumentError(f"metrics port {self.metrics_port} is not a TCP port")
-        if len(self.socket_path.encode()) > 100:
+        if len(self.socket_path.encode()) > _MAX_SOCKET_PATH_BYTES:
             raise InvalidArgumentError(f"socket path {self.socket_path!r} is too long for a Unix socket")
 
     @property
@@ -114,7 +108,7 @@ def _prepare_directory(path: Path, group: str | None) -> int:
         except KeyError:
             raise InvalidArgumentError(f"no group {group!r}") from None
     try:
-        path.mkdir(parents=True, mode=0o750)
+        path.mkdir(parents=True, mode=_DIRECTORY_MODE)
         created = True
     except FileExistsError:
         created = False
@@ -129,7 +123,7 @@ def _prepare_directory(path: Path, group: str | None) -> int:
             "private directory, e.g. the default under $XDG_RUNTIME_DIR or /run/vtalloc")
     if gid != -1:
         os.chown(path, -1, gid)
-    os.chmod(path, 0o750)
+    os.chmod(path, _DIRECTORY_MODE)
     return gid
 
 
@@ -178,7 +172,7 @@ async def serve(config: DaemonConfig, *, on_ready: Callable[[dict], None] | None
         for stale in (config.socket_path, config.side_channel_path):
             if os.path.lexists(stale):
                 os.unlink(stale)
-        pool = PagePool(config.backend, config.device, config.capacity, config.page_size)
+        pool = PagePool(config=config.pages)
         info = pool.info()
         geometry = NodeGeometry(info.backend, info.device, info.page_bytes, info.capacity_bytes // info.page_bytes,
                                 config.host_capacity or 0, config.evict_deadline_s)
@@ -190,7 +184,7 @@ async def serve(config: DaemonConfig, *, on_ready: Callable[[dict], None] | None
         server = grpc.aio.server(
             interceptors=[ErrorInterceptor()],
             options=[("grpc.max_receive_message_length", config.max_message_bytes),
-                     ("grpc.max_send_message_length", 64 << 20)],
+                     ("grpc.max_send_message_length", MAX_REPLY_BYTES)],
             maximum_concurrent_rpcs=config.max_concurrent_rpcs)
         pages_pb2_grpc.add_PagesServicer_to_server(PagesService(node), server)
         admin_pb2_grpc.add_AdminServicer_to_server(AdminService(node), server)
@@ -199,16 +193,16 @@ async def serve(config: DaemonConfig, *, on_ready: Callable[[dict], None] | None
         reflection.enable_server_reflection(
             (*SERVICE_NAMES, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME),
             server)
-        if server.add_insecure_port("unix://" + config.socket_path) == 0:
+        if server.add_insecure_port(UNIX_SCHEME + config.socket_path) == 0:
             raise OSError(f"could not bind {config.socket_path}")
 
         listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC)
         listener.bind(config.side_channel_path)
-        listener.listen(128)
+        listener.listen(_LISTEN_BACKLOG)
         await server.start()
         for path in (config.socket_path, config.side_channel_path):
             os.chown(path, -1, gid)
-            os.chmod(path, 0o660)
+            os.chmod(path, _SOCKET_MODE)
         side_task = loop.create_task(node.serve_side_channel(listener))
         for name in ("", *SERVICE_NAMES):
             await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
@@ -226,7 +220,7 @@ async def serve(config: DaemonConfig, *, on_ready: Callable[[dict], None] | None
                 loop.add_signal_handler(sig, stop.set)
             except (NotImplementedError, RuntimeError):  # not the main thread (tests): stop via the event
                 pass
-        ready = {"event": "ready", "pid": os.getpid(), "control": "unix://" + config.socket_path,
+        ready = {"event": "ready", "pid": os.getpid(), "control": UNIX_SCHEME + config.socket_path,
                  "side_channel": config.side_channel_path, "metrics": metrics_url, "backend": info.backend,
                  "device": info.device, "page_bytes": info.page_bytes, "capacity_bytes": geometry.capacity_bytes}
         log.info("ready: %s", json.dumps(ready))
@@ -243,7 +237,7 @@ async def serve(config: DaemonConfig, *, on_ready: Callable[[dict], None] | None
         side_task.cancel()
         await asyncio.gather(side_task, return_exceptions=True)
         side_task = None
-        await server.stop(grace=1.0)
+        await server.stop(grace=_STOP_GRACE_S)
         server = None
         await node.close()
         pool = None
@@ -260,7 +254,7 @@ async def serve(config: DaemonConfig, *, on_ready: Callable[[dict], None] | None
         if metrics is not None:
             metrics[0].shutdown()
             metrics[0].server_close()
-            metrics[1].join(timeout=2)
+            metrics[1].join(timeout=_METRICS_JOIN_S)
         for path in (config.socket_path, config.side_channel_path):
             try:
                 os.unlink(path)

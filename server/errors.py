@@ -1,11 +1,10 @@
-"""The service's errors, and the one place they become gRPC status codes and back.
+"""The daemon's side of errors: every vtalloc.v1 handler's exception becomes a status code.
 
-Owns: the exception classes the service raises (all :class:`VtallocError`s, each also the
-built-in a user would catch), the table from class to status code, the interceptor that
-applies it to every vtalloc.v1 handler, and :func:`error_from_rpc`, which the client uses to
-raise the same classes back. Invariants: no exception, and no undecodable request, leaves
-a handler unmapped: an unexpected exception becomes INTERNAL (logged with its traceback),
-and the daemon keeps serving. Handlers never build status codes themselves.
+Owns: the interceptor that applies vtalloc.server.protocol.errors' table to every
+vtalloc.v1 handler (the classes and the table live there, shared with the client; they are
+importable from here too). Invariants: no exception, and no undecodable request, leaves a
+handler unmapped: an unexpected exception becomes INTERNAL (logged with its traceback), and
+the daemon keeps serving. Handlers never build status codes themselves.
 """
 
 from __future__ import annotations
@@ -15,15 +14,20 @@ from typing import Any, AsyncIterator, Awaitable, Callable
 
 import grpc
 
-from vtalloc.allocator.errors import (
-    BackendUnavailableError,
-    ClosedError,
-    DriverError,
-    HostPoolExhaustedError,
-    InternalError,
-    InvalidArgumentError,
-    OutOfMemoryError,
-    VtallocError,
+from vtalloc.allocator.errors import InvalidArgumentError, VtallocError
+
+from .protocol.errors import (
+    ERROR_KIND_KEY,
+    FailedPreconditionError,
+    NodeShortError,
+    NotFoundError,
+    PermissionDeniedError,
+    QuotaExceededError,
+    ServiceError,
+    ServiceUnavailableError,
+    UnauthenticatedError,
+    error_from_rpc,
+    status_for,
 )
 
 __all__ = [
@@ -33,103 +37,6 @@ __all__ = [
 ]
 
 log = logging.getLogger("vtalloc.server")
-
-# Trailing metadata naming the exception class, so a client raises exactly that class.
-ERROR_KIND_KEY = "x-vtalloc-error"
-
-
-class ServiceError(VtallocError):
-    """Base class of the errors only the service raises."""
-
-
-class UnauthenticatedError(ServiceError, PermissionError):
-    """The call carried no valid session token (open a session on the side channel first)."""
-
-
-class PermissionDeniedError(ServiceError, PermissionError):
-    """The session may not do this: another uid's pages or session, or an admin call."""
-
-
-class NotFoundError(ServiceError, LookupError):
-    """No such page, session or principal."""
-
-
-class FailedPreconditionError(ServiceError, RuntimeError):
-    """The request is valid but not in this state (an observer session asked for pages, ...)."""
-
-
-class ServiceUnavailableError(ServiceError, ConnectionError):
-    """The daemon cannot be reached, or went away; pages already mapped keep working."""
-
-
-class QuotaExceededError(OutOfMemoryError):
-    """The lease would take the principal past its hard maximum."""
-
-
-class NodeShortError(OutOfMemoryError):
-    """The node has no free page and other sessions did not free enough in time."""
-
-
-# Most specific first: the first matching class decides the code.
-_STATUS_BY_CLASS: tuple[tuple[type[BaseException], grpc.StatusCode], ...] = (
-    (UnauthenticatedError, grpc.StatusCode.UNAUTHENTICATED),
-    (PermissionDeniedError, grpc.StatusCode.PERMISSION_DENIED),
-    (NotFoundError, grpc.StatusCode.NOT_FOUND),
-    (FailedPreconditionError, grpc.StatusCode.FAILED_PRECONDITION),
-    (ServiceUnavailableError, grpc.StatusCode.UNAVAILABLE),
-    (OutOfMemoryError, grpc.StatusCode.RESOURCE_EXHAUSTED),
-    (HostPoolExhaustedError, grpc.StatusCode.RESOURCE_EXHAUSTED),
-    (InvalidArgumentError, grpc.StatusCode.INVALID_ARGUMENT),
-    (ClosedError, grpc.StatusCode.FAILED_PRECONDITION),
-    (BackendUnavailableError, grpc.StatusCode.UNAVAILABLE),
-    (DriverError, grpc.StatusCode.INTERNAL),
-    (InternalError, grpc.StatusCode.INTERNAL),
-)
-
-# The classes a client may be told to raise by name (never an arbitrary name).
-_CLASSES_BY_NAME: dict[str, type[VtallocError]] = {
-    c.__name__: c
-    for c in (UnauthenticatedError, PermissionDeniedError, NotFoundError, FailedPreconditionError,
-              ServiceUnavailableError, QuotaExceededError, NodeShortError, OutOfMemoryError,
-              HostPoolExhaustedError, InvalidArgumentError, ClosedError, BackendUnavailableError,
-              DriverError, InternalError)
-}
-
-# What a client raises for a status without (a known) class name.
-_CLASS_BY_STATUS: dict[grpc.StatusCode, type[VtallocError]] = {
-    grpc.StatusCode.UNAUTHENTICATED: UnauthenticatedError,
-    grpc.StatusCode.PERMISSION_DENIED: PermissionDeniedError,
-    grpc.StatusCode.NOT_FOUND: NotFoundError,
-    grpc.StatusCode.FAILED_PRECONDITION: FailedPreconditionError,
-    grpc.StatusCode.UNAVAILABLE: ServiceUnavailableError,
-    grpc.StatusCode.DEADLINE_EXCEEDED: ServiceUnavailableError,
-    grpc.StatusCode.CANCELLED: ServiceUnavailableError,
-    grpc.StatusCode.RESOURCE_EXHAUSTED: OutOfMemoryError,  # gRPC's own: message too large
-    grpc.StatusCode.INVALID_ARGUMENT: InvalidArgumentError,
-}
-
-
-def status_for(exc: BaseException) -> grpc.StatusCode:
-    for cls, code in _STATUS_BY_CLASS:
-        if isinstance(exc, cls):
-            return code
-    return grpc.StatusCode.INTERNAL
-
-
-def error_from_rpc(err: grpc.RpcError, what: str) -> VtallocError:
-    """The exception to raise for a failed call; ``what`` says which call, for the message."""
-    code = err.code() if hasattr(err, "code") else grpc.StatusCode.UNKNOWN
-    details = err.details() if hasattr(err, "details") else str(err)
-    kind = ""
-    trailing = err.trailing_metadata() if hasattr(err, "trailing_metadata") else None
-    for key, value in trailing or ():
-        if key == ERROR_KIND_KEY:
-            kind = value if isinstance(value, str) else value.decode("ascii", "replace")
-    cls = _CLASSES_BY_NAME.get(kind) or _CLASS_BY_STATUS.get(code, InternalError)
-    message = f"{what}: {details}" if details else f"{what}: {code.name}"
-    if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED) and cls is ServiceUnavailableError:
-        message += " (the vtalloc daemon is not answering; pages already mapped keep working)"
-    return cls(message)
 
 
 class _Undecodable:

@@ -1,9 +1,9 @@
 """The ledger: sessions, the pages leased to them, quotas, and eviction requests.
 
 Owns the service's bookkeeping and every rule about it, with no I/O, no gRPC and no
-asyncio, so each rule is testable alone (tests/service/test_ledger.py). The node (node.py)
+asyncio, so each rule is testable alone (tests/test_service_ledger.py). The node (node.py)
 does the I/O around it: it asks the ledger, creates or releases pages, and tells the ledger
-what happened.
+what happened. What it answers are the frozen views of views.py.
 
 Invariants (``check_invariants()``):
 - every leased page id has exactly one owner, a live session, and is in that session's pages;
@@ -22,12 +22,11 @@ import dataclasses
 import secrets
 import threading
 import time
-from dataclasses import dataclass, field
 from typing import Callable, Iterable
 
 from vtalloc.allocator.errors import InternalError, InvalidArgumentError
 
-from .errors import (
+from .protocol.errors import (
     FailedPreconditionError,
     NotFoundError,
     PermissionDeniedError,
@@ -35,223 +34,29 @@ from .errors import (
     UnauthenticatedError,
 )
 from .quota import PrincipalMap, Quota, check_principal
+from .records import SESSION_KINDS, EvictTicket, NodeCounters, NodeGeometry, Session
+from .views import (
+    PAGE_STATES,
+    PAGE_USES,
+    ClientReport,
+    DeviceView,
+    NodeView,
+    PageMapView,
+    PageUseReport,
+    PageView,
+    PrincipalView,
+    SessionInfoView,
+    SessionPagesView,
+    SessionView,
+)
 
 __all__ = [
     "Ledger", "NodeGeometry", "Session", "ClientReport", "PageUseReport", "EvictTicket", "PAGE_STATES", "PAGE_USES",
     "SESSION_KINDS",
 ]
 
-SESSION_KINDS = ("client", "observer")
-# Page states as the daemon knows them; what a client does with a leased page it reports
-# per page (PAGE_USES, by the daemon's page id) and as counts, in ClientReport.
-PAGE_STATES = ("delivering", "leased")
-PAGE_USES = ("unknown", "resident", "cached", "unmapped", "in_flight")
-
-
-@dataclass(frozen=True)
-class PageUseReport:
-    page_id: int
-    use: str  # a PAGE_USES value
-
-
-@dataclass(frozen=True)
-class NodeGeometry:
-    backend: str
-    device: int
-    page_bytes: int
-    capacity_pages: int
-    host_capacity_bytes: int
-    evict_deadline_s: float
-    max_lease_pages: int = 4096        # most pages one Lease may ask for
-    max_return_pages: int = 65536      # most page ids one Return or Report may carry
-
-    @property
-    def capacity_bytes(self) -> int:
-        return self.capacity_pages * self.page_bytes
-
-
-@dataclass(frozen=True)
-class ClientReport:
-    """What a client says about its own pages (the daemon cannot see inside its mappings)."""
-
-    allocated_bytes: int = 0
-    active_bytes: int = 0
-    mapped_bytes: int = 0
-    cached_bytes: int = 0
-    pages_total: int = 0
-    pages_allocated: int = 0
-    pages_cached: int = 0
-    pages_free: int = 0
-    evicted_bytes: int = 0
-    evicted_pages: int = 0
-    evictions_total: int = 0
-    restores_total: int = 0
-    ooms_total: int = 0
-    page_uses: tuple[PageUseReport, ...] = ()  # per leased page; pages the session does not hold are dropped
-
-
-@dataclass
-class _SessionCounters:
-    evict_requests: int = 0
-    evict_pages_asked: int = 0
-    evict_pages_returned: int = 0
-    deadline_misses: int = 0
-    quota_rejections: int = 0
-    leases: int = 0
-    pages_leased: int = 0
-    pages_returned: int = 0
-
-
-@dataclass
-class Session:
-    """A live side-channel connection and what it holds. Mutated only by the Ledger."""
-
-    session_id: str
-    token: str
-    pid: int
-    uid: int
-    gid: int
-    principal: str
-    kind: str
-    started: float
-    pages: dict[int, str] = field(default_factory=dict)  # page id -> a PAGE_STATES value
-    report: ClientReport | None = None
-    report_at: float = 0.0
-    evictions_per_s: float = 0.0
-    restores_per_s: float = 0.0
-    outstanding_evict: int = 0                            # pages asked and not yet returned
-    counters: _SessionCounters = field(default_factory=_SessionCounters)
-    live: bool = True
-
-
-@dataclass
-class _Counters:
-    sessions_total: int = 0
-    leases_total: int = 0
-    pages_leased_total: int = 0
-    pages_returned_total: int = 0
-    quota_rejections_total: int = 0
-    node_short_rejections_total: int = 0
-    evict_requests_total: int = 0
-    evict_pages_asked_total: int = 0
-    evict_pages_returned_total: int = 0
-    deadline_misses_total: int = 0
-    kills_total: int = 0
-    reclaims_total: int = 0
-    reclaimed_pages_total: int = 0
-    evictions_total: int = 0
-    restores_total: int = 0
-    protocol_errors_total: int = 0
-
-
-@dataclass
-class EvictTicket:
-    """One eviction request sent to one session, open until its deadline."""
-
-    request_id: int
-    session_id: str
-    asked: int
-    returned: int = 0
-    open: bool = True
-
-
-# -- read-only views, field names as in pages.proto -----------------------------------------
-@dataclass(frozen=True)
-class SessionInfoView:
-    session_id: str
-    pid: int
-    uid: int
-    principal: str
-    kind: str
-    backend: str
-    device: int
-    page_bytes: int
-    capacity_bytes: int
-    host_capacity_bytes: int
-    quota: Quota
-    leased_pages: int
-    evict_deadline_s: float
-    admin: bool
-
-
-@dataclass(frozen=True)
-class SessionView:
-    info: SessionInfoView
-    age_s: float
-    delivering_pages: int
-    reported: bool
-    report_age_s: float
-    report: ClientReport
-    evictions_per_s: float
-    restores_per_s: float
-    evict_requests: int
-    evict_pages_asked: int
-    evict_pages_returned: int
-    deadline_misses: int
-    quota_rejections: int
-    leases: int
-    pages_leased: int
-    pages_returned: int
-
-
-@dataclass(frozen=True)
-class PrincipalView:
-    quota: Quota
-    sessions: int
-    leased_pages: int
-    evicted_bytes: int
-    quota_rejections: int
-
-
-@dataclass(frozen=True)
-class DeviceView:
-    backend: str
-    device: int
-    page_bytes: int
-    capacity_pages: int
-    leased_pages: int
-    delivering_pages: int
-    free_pages: int
-    evicted_pages: int
-    evicted_bytes: int
-    host_capacity_bytes: int
-
-
-@dataclass(frozen=True)
-class NodeView:
-    uptime_s: float
-    device: DeviceView
-    sessions: tuple[SessionView, ...]
-    principals: tuple[PrincipalView, ...]
-    counters: dict[str, int]
-    admin_view: bool
-    hidden_sessions: int
-    observers: int
-
-
-@dataclass(frozen=True)
-class PageView:
-    page_id: int
-    session_id: str
-    state: str
-    use: str = "unknown"  # as the holding client last reported it (a PAGE_USES value)
-
-
-@dataclass(frozen=True)
-class SessionPagesView:
-    session_id: str
-    principal: str
-    pid: int
-    reported: bool
-    report: ClientReport
-
-
-@dataclass(frozen=True)
-class PageMapView:
-    device: DeviceView
-    pages: tuple[PageView, ...]
-    sessions: tuple[SessionPagesView, ...]
-    hidden_pages: int
+_SESSION_ID_BYTES = 6                      # 48 random bits, shown in stats
+_TOKEN_BYTES = 16                          # 128 random bits: the secret a call carries
 
 
 class Ledger:
@@ -273,7 +78,7 @@ class Ledger:
         self._tickets: dict[int, EvictTicket] = {}
         self._next_ticket = 1
         self._next_lease = 1
-        self._counters = _Counters()
+        self._counters = NodeCounters()
         self._quota_rejections: dict[str, int] = {}
         self._ended_evicted: dict[str, int] = {}
         for q in quotas:
@@ -284,10 +89,10 @@ class Ledger:
         if kind not in SESSION_KINDS:
             raise InvalidArgumentError(f"session kind must be one of {', '.join(SESSION_KINDS)}, got {kind!r}")
         with self._lock:
-            token = secrets.token_hex(16)
-            sid = secrets.token_hex(6)
-            while sid in self._sessions:  # 48 random bits: a clash is unlikely, never allowed
-                sid = secrets.token_hex(6)
+            token = secrets.token_hex(_TOKEN_BYTES)
+            sid = secrets.token_hex(_SESSION_ID_BYTES)
+            while sid in self._sessions:  # a clash is unlikely, never allowed
+                sid = secrets.token_hex(_SESSION_ID_BYTES)
             s = Session(sid, token, pid, uid, gid, self._principals.principal_for(uid), kind, self._clock())
             self._sessions[sid] = s
             self._by_token[token] = s

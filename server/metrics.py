@@ -13,11 +13,15 @@ from typing import Iterator
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector, CollectorRegistry
 
+from vtalloc.allocator.errors import InternalError
+
 from .ledger import Ledger
+from .protocol.rpc import NODE_COUNTERS
 
 __all__ = ["LedgerCollector", "make_registry", "start_metrics_server"]
 
-# (counter key in the ledger, metric name without _total, help)
+# (node counter, metric name without _total, help); every node counter (NODE_COUNTERS, the
+# proto's list) has its metric: a counter added to the proto without one fails the import.
 _COUNTERS = (
     ("sessions_total", "vtalloc_sessions", "Client sessions opened."),
     ("leases_total", "vtalloc_leases", "Leases served."),
@@ -37,6 +41,9 @@ _COUNTERS = (
     ("restores_total", "vtalloc_restores", "Pages clients restored from host memory (their reports)."),
     ("protocol_errors_total", "vtalloc_side_channel_protocol_errors", "Side-channel connections dropped for bad input."),
 )
+if sorted(key for key, _, _ in _COUNTERS) != sorted(NODE_COUNTERS):
+    raise InternalError("metrics.py: every node counter of pages.proto needs exactly one metric; "
+                        f"differences: {sorted(set(NODE_COUNTERS) ^ {key for key, _, _ in _COUNTERS})}")
 
 
 class LedgerCollector(Collector):

@@ -37,10 +37,12 @@ from typing import AsyncIterator, Callable
 from vtalloc.allocator.errors import InvalidArgumentError, OutOfMemoryError
 from vtalloc.allocator.pool import PagePool
 
-from .errors import FailedPreconditionError, NodeShortError, ServiceUnavailableError
-from .ledger import SESSION_KINDS, EvictTicket, Ledger, Session
+from .ledger import Ledger
+from .protocol.errors import FailedPreconditionError, NodeShortError, ServiceUnavailableError
+from .protocol.side_channel import MAX_FDS_PER_MESSAGE, PROTOCOL_VERSION, ProtocolError
 from .quota import Quota
-from .side_channel import MAX_FDS_PER_MESSAGE, PROTOCOL_VERSION, AsyncConnection, ProtocolError, peer_credentials, peer_pidfd
+from .records import SESSION_KINDS, EvictTicket, Session
+from .side_channel import AsyncConnection, peer_credentials, peer_pidfd
 
 __all__ = ["Node", "EvictEvent", "QuotaEvent", "ShutdownEvent", "EvictOutcome"]
 
@@ -49,6 +51,7 @@ log = logging.getLogger("vtalloc.server")
 HELLO_TIMEOUT_S = 2.0
 SEND_TIMEOUT_S = 5.0
 KILL_WAIT_S = 2.0
+REPLY_MARGIN_S = 0.2  # a lease stops waiting this long before its RPC's deadline, to answer in time
 
 
 @dataclass(frozen=True)
@@ -230,7 +233,7 @@ class Node:
         loop = asyncio.get_running_loop()
         budget = self.ledger.geometry.evict_deadline_s + KILL_WAIT_S
         if time_left_s is not None:
-            budget = min(budget, max(0.0, time_left_s - 0.2))
+            budget = min(budget, max(0.0, time_left_s - REPLY_MARGIN_S))
         deadline = loop.time() + budget
         asked = False
         while True:

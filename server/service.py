@@ -3,7 +3,7 @@
 Owns: turning requests into calls on the node and ledger, and their answers (the ledger's
 frozen views) into messages. No rule lives here: validation, ownership, quotas and pressure
 are in ledger.py and node.py, and errors become status codes in errors.py's interceptor.
-Every call is authenticated by the session token in its metadata (``x-vtalloc-session``).
+Every call is authenticated by the session token in its metadata (protocol/rpc.py's SESSION_KEY).
 """
 
 from __future__ import annotations
@@ -13,18 +13,16 @@ from typing import Any, AsyncIterator
 
 import grpc
 
-from .ledger import PAGE_STATES, PAGE_USES, ClientReport, Ledger, PageUseReport, Session
+from .ledger import Ledger
 from .node import EvictEvent, Node, QuotaEvent, ShutdownEvent
 from .proto.vtalloc.v1 import admin_pb2, admin_pb2_grpc, pages_pb2, pages_pb2_grpc
+from .protocol.rpc import SESSION_KEY
 from .quota import Quota
+from .records import Session
+from .views import PAGE_STATES, PAGE_USES, ClientReport, PageUseReport
 
-__all__ = ["PagesService", "AdminService", "SESSION_KEY", "SERVICE_NAMES", "to_message"]
+__all__ = ["PagesService", "AdminService", "to_message"]
 
-SESSION_KEY = "x-vtalloc-session"
-SERVICE_NAMES = (
-    pages_pb2.DESCRIPTOR.services_by_name["Pages"].full_name,
-    admin_pb2.DESCRIPTOR.services_by_name["Admin"].full_name,
-)
 _USE_VALUES = {name: pages_pb2.PageUse.Value("PAGE_USE_" + name.upper()) for name in PAGE_USES}
 _USE_NAMES = {v: k for k, v in _USE_VALUES.items()}  # an unknown enum number reads as "unknown"
 _STATE_VALUES = {name: pages_pb2.PageState.Value("PAGE_STATE_" + name.upper())
@@ -116,7 +114,6 @@ class PagesService(pages_pb2_grpc.PagesServicer):
     async def ListPages(self, request: pages_pb2.ListPagesRequest, context) -> pages_pb2.PageMap:
         s = _session(self.ledger, context)
         return to_message(pages_pb2.PageMap(), self.ledger.page_map(s, request.session_id))
-
 
 
 class AdminService(admin_pb2_grpc.AdminServicer):

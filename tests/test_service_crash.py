@@ -20,7 +20,7 @@ import pytest
 from helpers.service import ClientProc, Daemon, Observer, short_dir, wait_until
 from helpers.spaces import MiB, PAGE, pattern
 
-from vtalloc.allocator import AddressSpace
+from vtalloc.client import ServiceAddressSpace
 from vtalloc.server.errors import ServiceUnavailableError
 
 RECLAIM_S = 1.0
@@ -116,7 +116,7 @@ def test_daemon_killed_clients_keep_their_pages_and_get_a_clear_error_until_it_i
     base = short_dir()
     try:
         d = Daemon(base, capacity="32MiB").start()
-        space = AddressSpace(service=d.address, lease_batch_pages=1, keep_free_pages=8)
+        space = ServiceAddressSpace(d.address, lease_batch_pages=1, keep_free_pages=8)
         try:
             a = space.malloc(2 * PAGE)
             space.write(a, pattern(1, 2 * PAGE))

@@ -1,7 +1,7 @@
-"""Leases against a real daemon: AddressSpace(service=...) grows on demand, gives back, honours quotas.
+"""Leases against a real daemon: ServiceAddressSpace(...) grows on demand, gives back, honours quotas.
 
 Every test talks to a real ``vtalloc serve --backend host`` process; the clients are this
-process (AddressSpace(service=...)) or real client processes (tests/helpers/service_client.py).
+process (ServiceAddressSpace(...)) or real client processes (tests/helpers/service_client.py).
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ def session_view(obs: Observer, session_id: str):
 
 def test_a_service_space_is_an_address_space_that_leases_on_demand_and_gives_back(daemon):
     with Observer(daemon.address) as obs, \
-            AddressSpace(service=daemon.address, lease_batch_pages=2, keep_free_pages=0) as space:
+            ServiceAddressSpace(daemon.address, lease_batch_pages=2, keep_free_pages=0) as space:
         assert isinstance(space, ServiceAddressSpace) and isinstance(space, AddressSpace)
         assert space.backend == "host" and space.page_bytes == PAGE and space.leased
         assert space.stats().pages_total == 0  # nothing leased before it is needed
@@ -69,7 +69,7 @@ def test_a_service_space_is_an_address_space_that_leases_on_demand_and_gives_bac
 
 def test_a_lease_past_the_quota_maximum_fails_at_once_with_nothing_lost():
     with Daemon(capacity="64MiB", args=("--default-quota", "0:8MiB")) as d, \
-            AddressSpace(service=d.address, lease_batch_pages=1) as space:
+            ServiceAddressSpace(d.address, lease_batch_pages=1) as space:
         keep = space.malloc(3 * PAGE)
         space.write(keep, pattern(3, 3 * PAGE))
         held = space.stats().pages_total
@@ -88,7 +88,7 @@ def test_a_lease_past_the_quota_maximum_fails_at_once_with_nothing_lost():
 
 
 def test_the_client_ceiling_caps_the_lease(daemon):
-    with AddressSpace(service=daemon.address, capacity="4MiB") as space:
+    with ServiceAddressSpace(daemon.address, capacity="4MiB") as space:
         assert space.capacity_bytes == 4 * MiB
         with pytest.raises(OutOfMemoryError):
             space.malloc(6 * MiB)
@@ -102,13 +102,13 @@ def test_mismatched_options_are_refused_before_anything_is_leased(daemon):
     for kw in ({"backend": "cuda"}, {"page_size": "4MiB"}, {"device": 3}, {"lease_batch_pages": 0},
                {"leased": False}):
         with pytest.raises(InvalidArgumentError):
-            AddressSpace(service=daemon.address, **kw)
+            ServiceAddressSpace(daemon.address, **kw)
 
 
 def test_no_daemon_is_a_clear_error_not_a_hang(tmp_path):
     t0 = time.monotonic()
     with pytest.raises(ServiceUnavailableError):
-        AddressSpace(service=f"unix://{tmp_path}/none.sock")
+        ServiceAddressSpace(f"unix://{tmp_path}/none.sock")
     assert time.monotonic() - t0 < 2.0
 
 
@@ -131,7 +131,7 @@ def test_two_client_processes_show_up_live_in_stats(daemon):
 
 
 def test_prometheus_metrics_use_base_units_and_total_counters(daemon):
-    with AddressSpace(service=daemon.address, lease_batch_pages=1) as space:
+    with ServiceAddressSpace(daemon.address, lease_batch_pages=1) as space:
         space.malloc(2 * PAGE)
         held = space.stats().pages_total
         text = urllib.request.urlopen(daemon.ready["metrics"], timeout=5).read().decode()
@@ -194,7 +194,7 @@ def test_systemd_is_told_when_the_daemon_is_ready_and_stopping(tmp_path):
 def test_the_lease_grows_before_evictable_pages_are_evicted(daemon):
     """A shortage in a service-backed space is answered by leasing more while the node has
     pages; evictable pages go to host memory only when the lease cannot grow."""
-    with AddressSpace(service=daemon.address, capacity=16 * MiB, lease_batch_pages=1, keep_free_pages=0) as space:
+    with ServiceAddressSpace(daemon.address, capacity=16 * MiB, lease_batch_pages=1, keep_free_pages=0) as space:
         first = space.malloc(4 * MiB)
         space.write(first, pattern(3, 4 * MiB))
         space.set_evictable(first)
@@ -210,7 +210,7 @@ def test_the_lease_grows_before_evictable_pages_are_evicted(daemon):
 
 
 def test_restoring_leases_pages_again_after_they_went_back(daemon):
-    with AddressSpace(service=daemon.address, capacity=16 * MiB, lease_batch_pages=1, keep_free_pages=0) as space:
+    with ServiceAddressSpace(daemon.address, capacity=16 * MiB, lease_batch_pages=1, keep_free_pages=0) as space:
         a = space.malloc(4 * MiB)
         space.write(a, pattern(8, 4 * MiB))
         space.set_evictable(a)

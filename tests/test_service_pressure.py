@@ -16,6 +16,7 @@ from helpers.service import NOGROUP, ClientProc, Daemon, Observer, wait_until
 from helpers.spaces import MiB, PAGE, pattern
 
 from vtalloc.allocator import AddressSpace
+from vtalloc.client import ServiceAddressSpace
 from vtalloc.client.pressure import engine_counters, evict_for_pressure
 
 UID_A, UID_B = 1, 2   # "daemon" and "bin" on Debian-like systems: any two unprivileged uids do
@@ -119,7 +120,7 @@ needs_engine = pytest.mark.skipif(not hasattr(AddressSpace, "offload"),
 def test_evictable_allocations_go_to_host_memory_under_pressure_and_come_back():
     with Daemon(capacity="32MiB", args=("--default-quota", "0:1GiB"), evict_deadline=2.0) as d, \
             Observer(d.address) as obs, ClientProc() as b, \
-            AddressSpace(service=d.address, lease_batch_pages=1, keep_free_pages=0, report_interval_s=0.05) as a:
+            ServiceAddressSpace(d.address, lease_batch_pages=1, keep_free_pages=0, report_interval_s=0.05) as a:
         addrs = [a.malloc(PAGE) for _ in range(14)]
         for i, x in enumerate(addrs):
             a.write(x, pattern(i, PAGE))

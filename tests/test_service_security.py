@@ -22,8 +22,8 @@ from helpers.service import NOBODY, NOGROUP, ClientProc, Daemon, Observer, child
 from helpers.spaces import MiB, PAGE
 
 from vtalloc.server.proto.vtalloc.v1 import admin_pb2, pages_pb2
-from vtalloc.server.service import SESSION_KEY
-from vtalloc.server.side_channel import MAX_MESSAGE_BYTES
+from vtalloc.server.protocol.rpc import SESSION_KEY
+from vtalloc.server.protocol.side_channel import MAX_MESSAGE_BYTES
 
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="clients of other uids need root to start")
 

@@ -7,17 +7,9 @@ import socket
 
 import pytest
 
-from vtalloc.server.side_channel import (
-    MAX_MESSAGE_BYTES,
-    ProtocolError,
-    decode,
-    encode,
-    peer_credentials,
-    peer_pidfd,
-    recv_message,
-    send_message,
-    side_channel_path,
-)
+from vtalloc.server.protocol.address import side_channel_path
+from vtalloc.server.protocol.side_channel import MAX_MESSAGE_BYTES, ProtocolError, decode, encode, recv_message, send_message
+from vtalloc.server.side_channel import peer_credentials, peer_pidfd
 
 
 @pytest.fixture

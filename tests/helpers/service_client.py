@@ -2,7 +2,7 @@
 
 Each command gets one JSON answer on stdout: ``{"ok": true, ...}`` or ``{"ok": false,
 "error": "<exception class>", "message": ...}``. It uses the real client library
-(AddressSpace(service=...)), plus a raw session for protocol-level steps a well-behaved
+(ServiceAddressSpace(...)), plus a raw session for protocol-level steps a well-behaved
 client never takes (leasing without reading the descriptors, calling RPCs by hand).
 
 Commands: open, malloc, check, free, lease, give_back, trim, stats, session_id, fork_try_lease, spawn_socket_holder, churn, set_evictable, residency, restore_loop, close,
@@ -48,11 +48,11 @@ class Client:
         return handler
 
     def handle(self, op: str, a: dict) -> dict:
-        from vtalloc.allocator import AddressSpace
+        from vtalloc.client import ServiceAddressSpace
 
         if op == "open":
-            self.space = AddressSpace(
-                service=a["address"], lease_batch_pages=a.get("batch", 2), keep_free_pages=a.get("keep_free"),
+            self.space = ServiceAddressSpace(
+                a["address"], lease_batch_pages=a.get("batch", 2), keep_free_pages=a.get("keep_free"),
                 report_interval_s=a.get("report_interval", 0.1), rpc_timeout_s=a.get("timeout", 5.0),
                 evict_handler=self.evict_handler(a.get("evict", "default"), a.get("sleep", 0.0), a.get("marker")))
             return {"session_id": self.space.session.session_id, "page_bytes": self.space.page_bytes}

@@ -1,0 +1,34 @@
+"""Argument checks shared by the classes that hand Python values to the C ABI.
+
+Owns: :func:`as_u64` (an integer argument as an unsigned 64-bit value) and ``MAX_U64``.
+Invariant: a bad value raises InvalidArgumentError naming the argument, before any call
+into C; nothing here touches the native library, so every allocator module may use it.
+"""
+
+from __future__ import annotations
+
+import operator
+from typing import Any
+
+from .errors import InvalidArgumentError
+
+__all__ = ["as_u64", "MAX_U64"]
+
+MAX_U64 = (1 << 64) - 1
+
+
+def as_u64(value: Any, name: str, *, positive: bool = False) -> int:
+    """``value`` as an int in 0 .. 2**64-1 (1 .. with ``positive``); bools and non-integers are refused."""
+    if type(value) is int and (1 if positive else 0) <= value <= MAX_U64:
+        return value  # the common case, checked in one comparison (bools are not exactly int)
+    if isinstance(value, bool):
+        raise InvalidArgumentError(f"{name} must be an integer, not a bool")
+    try:
+        n = operator.index(value)
+    except TypeError:
+        raise InvalidArgumentError(f"{name} must be an integer, not {type(value).__name__}") from None
+    if n < 0 or (positive and n == 0):
+        raise InvalidArgumentError(f"{name} must be {'positive' if positive else 'non-negative'}, got {n}")
+    if n > MAX_U64:
+        raise InvalidArgumentError(f"{name} {n} does not fit in 64 bits")
+    return n

@@ -1,0 +1,62 @@
+"""PageSource: where a leased AddressSpace gets its pages, and where it gives them back.
+
+Owns: the protocol between a leased address space (``AddressSpace(..., page_source=...)``)
+and what supplies its pages. The space calls the source when it runs short (a malloc, or a
+restore of an evicted allocation), after a free, after marking an allocation evictable, on
+trim and on close; the source imports pages into the space (``AddressSpace.import_page``)
+and takes back pages holding no live data (``AddressSpace.return_pages``). The per-node
+service's lease (vtalloc.client.service_space) is one; the allocator knows no other layer.
+
+Invariants:
+- the allocator core decides which pages hold live data; a source only ever gets pages
+  from ``return_pages``, so it cannot take a page out from under an allocation;
+- a source holds its space weakly (``attach``), so it never keeps a closed space alive;
+- ``close`` is called exactly once per space, after the space released its pages, even
+  when building the space failed after the source was made (the builder closes it then).
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import Any
+
+__all__ = ["PageSource"]
+
+
+class PageSource(ABC):
+    """What a leased AddressSpace calls; ``space`` is always that AddressSpace."""
+
+    def attach(self, space: Any) -> None:
+        """The space is built and empty: start serving it (hold it weakly)."""
+
+    def check_usable(self) -> None:
+        """Raise ClosedError if this process may not lease or give back (e.g. a forked child)."""
+
+    @abstractmethod
+    def on_shortage(self, space: Any, nbytes: int, *, restore: bool) -> bool:
+        """The space could not place ``nbytes`` with the pages it holds: a new allocation, or
+        (``restore``) bringing back an evicted allocation of that size. Add pages and return
+        True for the space to try again; False when no more can come (the space re-raises
+        its OutOfMemoryError); raise OutOfMemoryError when the supplier refuses."""
+
+    @abstractmethod
+    def after_free(self, space: Any, address: int) -> None:
+        """``address`` was freed: give pages back if the space keeps too many unused."""
+
+    def after_set_evictable(self, space: Any, address: int, flag: bool) -> None:
+        """``address`` was marked evictable (``flag``) or not."""
+
+    @abstractmethod
+    def trim(self, space: Any) -> int:
+        """Give back every page holding no live data; returns the bytes given back."""
+
+    def stop(self) -> None:
+        """The space is closing: stop background work that may touch it. Idempotent."""
+
+    @abstractmethod
+    def close(self) -> None:
+        """The space released its pages: end the supply. Idempotent."""
+
+    def describe(self) -> str:
+        """A few words for the space's repr (e.g. ``service=unix:///...``)."""
+        return ""

@@ -1,0 +1,23 @@
+"""What every gRPC call of vtalloc.v1 carries, and the limits both ends hold to.
+
+Owns: the session metadata key, the full names of the served services, the most pages one
+Lease may ask for and the most page ids one Return or Report may carry, and the node's
+counter names (read from the ``Counters`` message of pages.proto, the one list of them).
+Invariant: nothing here is a copy of the proto: names come from its descriptors.
+"""
+
+from __future__ import annotations
+
+from vtalloc.server.proto.vtalloc.v1 import admin_pb2, pages_pb2
+
+__all__ = ["SESSION_KEY", "SERVICE_NAMES", "MAX_LEASE_PAGES", "MAX_RETURN_PAGES", "MAX_REPLY_BYTES", "NODE_COUNTERS"]
+
+SESSION_KEY = "x-vtalloc-session"          # metadata: the token the side channel gave the session
+SERVICE_NAMES = (
+    pages_pb2.DESCRIPTOR.services_by_name["Pages"].full_name,
+    admin_pb2.DESCRIPTOR.services_by_name["Admin"].full_name,
+)
+MAX_LEASE_PAGES = 4096                     # most pages one Lease may ask for
+MAX_RETURN_PAGES = 65536                   # most page ids one Return or Report may carry
+MAX_REPLY_BYTES = 64 << 20                 # largest answer (the page map of a large node)
+NODE_COUNTERS: tuple[str, ...] = tuple(f.name for f in pages_pb2.Counters.DESCRIPTOR.fields)

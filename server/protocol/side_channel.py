@@ -1,0 +1,117 @@
+"""The side channel's wire format: a SOCK_SEQPACKET Unix socket beside the gRPC socket.
+
+Owns what both ends speak, and the blocking calls a client uses: every message is one
+datagram of compact JSON (an object with a ``"t"`` type), at most :data:`MAX_MESSAGE_BYTES`;
+a ``pages`` message carries one descriptor per page id, at most
+:data:`MAX_FDS_PER_MESSAGE`. Client to daemon: ``hello`` (first, once, with
+:data:`PROTOCOL_VERSION`) then only ``bye``. Daemon to client: ``session`` (the answer to
+hello) and ``pages``. Anything else, a truncated datagram, or descriptors sent to the
+daemon, ends the connection. The daemon's end of a connection (peer identity, the event
+loop) is in vtalloc.server.side_channel.
+Invariant: every descriptor received is either handed to the caller or closed here.
+"""
+
+from __future__ import annotations
+
+import array
+import json
+import os
+import socket
+from typing import Any
+
+__all__ = [
+    "ProtocolError", "MAX_MESSAGE_BYTES", "MAX_FDS_PER_MESSAGE", "PROTOCOL_VERSION", "FD_BYTES", "encode",
+    "decode", "parse_datagram", "connect", "send_message", "recv_message",
+]
+
+PROTOCOL_VERSION = 1
+MAX_MESSAGE_BYTES = 8192
+MAX_FDS_PER_MESSAGE = 128          # below the kernel's SCM_MAX_FD (253)
+FD_BYTES = array.array("i").itemsize  # one descriptor in SCM_RIGHTS data
+
+
+class ProtocolError(ConnectionError):
+    """The peer broke the side-channel protocol; the connection is dropped."""
+
+
+def encode(message: dict[str, Any]) -> bytes:
+    data = json.dumps(message, separators=(",", ":"), allow_nan=False).encode()
+    if len(data) > MAX_MESSAGE_BYTES:
+        raise ProtocolError(f"side-channel message of {len(data)} bytes is over {MAX_MESSAGE_BYTES}")
+    return data
+
+
+def decode(data: bytes) -> dict[str, Any]:
+    try:
+        obj = json.loads(data.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError) as e:
+        raise ProtocolError(f"undecodable side-channel message: {e}") from None
+    if not isinstance(obj, dict) or not isinstance(obj.get("t"), str):
+        raise ProtocolError("side-channel message is not an object with a string 't'")
+    return obj
+
+
+def connect(path: str, timeout_s: float) -> socket.socket:
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC)
+    try:
+        sock.settimeout(timeout_s)
+        sock.connect(path)
+    except BaseException:
+        sock.close()
+        raise
+    return sock
+
+
+def send_message(sock: socket.socket, message: dict[str, Any], fds: list[int] = ()) -> None:
+    data = encode(message)
+    if fds:
+        sock.sendmsg([data], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))])
+    else:
+        sock.send(data)
+
+
+def _fds_from(ancdata: list[tuple[int, int, bytes]]) -> list[int]:
+    fds: list[int] = []
+    for level, kind, data in ancdata:
+        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+            a = array.array("i")
+            a.frombytes(data[: len(data) - len(data) % a.itemsize])
+            fds.extend(a)
+    return fds
+
+
+def _close_all(fds: list[int]) -> None:
+    for fd in fds:
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+
+
+def parse_datagram(data: bytes, ancdata: list, flags: int, max_fds: int) -> tuple[dict[str, Any], list[int]]:
+    """One received datagram (``recvmsg``'s data, ancillary data and flags) as a message and
+    its descriptors; on any error the descriptors are closed."""
+    fds = _fds_from(ancdata)
+    try:
+        if flags & (socket.MSG_TRUNC | socket.MSG_CTRUNC):
+            raise ProtocolError("side-channel message or its descriptors were truncated")
+        if not data:
+            raise EOFError("the side channel was closed")
+        if len(fds) > max_fds:
+            raise ProtocolError(f"{len(fds)} descriptors where at most {max_fds} were expected")
+        return decode(data), fds
+    except BaseException:
+        _close_all(fds)
+        raise
+
+
+def recv_message(sock: socket.socket, timeout_s: float | None, *, max_fds: int = MAX_FDS_PER_MESSAGE,
+                 ) -> tuple[dict[str, Any], list[int]]:
+    """One message and the descriptors that came with it (the caller closes them).
+
+    Raises EOFError when the peer closed, TimeoutError, or ProtocolError.
+    """
+    sock.settimeout(timeout_s)
+    data, ancdata, flags, _ = sock.recvmsg(MAX_MESSAGE_BYTES + 1, socket.CMSG_SPACE(max(max_fds, 1) * FD_BYTES),
+                                           socket.MSG_CMSG_CLOEXEC)
+    return parse_datagram(data, ancdata, flags, max_fds)

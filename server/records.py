@@ -1,0 +1,81 @@
+"""The ledger's records: the node's geometry, sessions, eviction tickets and counters.
+
+Owns: the mutable records the ledger (ledger.py) keeps and alone changes, and the node's
+counters, one per field of pages.proto's ``Counters`` message (NODE_COUNTERS), so the proto
+is the one list of them. Invariant: no rule lives here; a record only holds state.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+
+from .protocol.rpc import MAX_LEASE_PAGES, MAX_RETURN_PAGES, NODE_COUNTERS
+from .views import ClientReport
+
+__all__ = ["SESSION_KINDS", "NodeGeometry", "NodeCounters", "SessionCounters", "Session", "EvictTicket"]
+
+SESSION_KINDS = ("client", "observer")
+# The node's counters: one int field per field of pages.proto's Counters message.
+NodeCounters = dataclasses.make_dataclass("NodeCounters", [(name, int, 0) for name in NODE_COUNTERS])
+
+
+@dataclass(frozen=True)
+class NodeGeometry:
+    backend: str
+    device: int
+    page_bytes: int
+    capacity_pages: int
+    host_capacity_bytes: int
+    evict_deadline_s: float
+    max_lease_pages: int = MAX_LEASE_PAGES
+    max_return_pages: int = MAX_RETURN_PAGES
+
+    @property
+    def capacity_bytes(self) -> int:
+        return self.capacity_pages * self.page_bytes
+
+
+@dataclass
+class SessionCounters:
+    evict_requests: int = 0
+    evict_pages_asked: int = 0
+    evict_pages_returned: int = 0
+    deadline_misses: int = 0
+    quota_rejections: int = 0
+    leases: int = 0
+    pages_leased: int = 0
+    pages_returned: int = 0
+
+
+@dataclass
+class Session:
+    """A live side-channel connection and what it holds. Mutated only by the Ledger."""
+
+    session_id: str
+    token: str
+    pid: int
+    uid: int
+    gid: int
+    principal: str
+    kind: str
+    started: float
+    pages: dict[int, str] = field(default_factory=dict)  # page id -> a PAGE_STATES value
+    report: ClientReport | None = None
+    report_at: float = 0.0
+    evictions_per_s: float = 0.0
+    restores_per_s: float = 0.0
+    outstanding_evict: int = 0                            # pages asked and not yet returned
+    counters: SessionCounters = field(default_factory=SessionCounters)
+    live: bool = True
+
+
+@dataclass
+class EvictTicket:
+    """One eviction request sent to one session, open until its deadline."""
+
+    request_id: int
+    session_id: str
+    asked: int
+    returned: int = 0
+    open: bool = True
