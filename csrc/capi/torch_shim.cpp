@@ -19,7 +19,7 @@
 #include <string>
 #include <vector>
 
-#include "alloc/address_space.hpp"
+#include "space/address_space.hpp"
 #include "backend/cuda_driver_api.hpp"
 #include "capi/c10_oom.hpp"
 #include "vtalloc/torch_shim.h"

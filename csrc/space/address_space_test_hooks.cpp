@@ -13,7 +13,7 @@
 #include <algorithm>
 #include <string>
 
-#include "alloc/address_space.hpp"
+#include "space/address_space.hpp"
 
 namespace vta {
 namespace {

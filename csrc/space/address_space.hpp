@@ -1,4 +1,4 @@
-// AddressSpace: the allocation policy and the eviction engine over one PageTable.
+// AddressSpace: the allocation policy and the eviction engine over one PageTable (being split: see csrc/alloc, csrc/evict).
 //
 // Owns: live allocations, free virtual ranges (mapped = cached, unmapped), small-object
 // slabs, frees waiting for their stream, the residency of every virtual page whose bytes

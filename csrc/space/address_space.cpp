@@ -1,5 +1,5 @@
 // AddressSpace implementation; the policy and its invariants are in address_space.hpp.
-#include "alloc/address_space.hpp"
+#include "space/address_space.hpp"
 
 #include <algorithm>
 #include <cstdio>
