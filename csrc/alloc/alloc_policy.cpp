@@ -1,4 +1,7 @@
-// AllocPolicy implementation; the policy and its invariants are in alloc_policy.hpp.
+// AllocPolicy implementation.
+//
+// Owns: the placement of a request, the obtain-page order and where freed memory goes.
+// Invariants: the policy and its invariants are in alloc_policy.hpp.
 #include "alloc/alloc_policy.hpp"
 
 #include <algorithm>

@@ -1,4 +1,7 @@
-// LiveAllocations implementation; see live_allocations.hpp for the invariants.
+// LiveAllocations implementation.
+//
+// Owns: the lookups and the not-live error messages.
+// Invariants: those of live_allocations.hpp.
 #include "alloc/live_allocations.hpp"
 
 #include <algorithm>

@@ -1,4 +1,7 @@
-// PendingFrees implementation; see pending_frees.hpp for the invariants.
+// PendingFrees implementation.
+//
+// Owns: the per-stream queues and their overlap queries.
+// Invariants: those of pending_frees.hpp.
 #include "alloc/pending_frees.hpp"
 
 namespace vta {

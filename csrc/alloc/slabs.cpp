@@ -1,4 +1,7 @@
-// Slabs implementation; see slabs.hpp for the invariants.
+// Slabs implementation.
+//
+// Owns: the block, used-bytes, spare and stash bookkeeping of slabs.
+// Invariants: those of slabs.hpp.
 #include "alloc/slabs.hpp"
 
 #include "backend/status.hpp"

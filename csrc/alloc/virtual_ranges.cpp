@@ -1,4 +1,7 @@
-// VirtualRanges implementation; see virtual_ranges.hpp for the invariants.
+// VirtualRanges implementation.
+//
+// Owns: growing virtual space and unmapping cached ranges.
+// Invariants: those of virtual_ranges.hpp.
 #include "alloc/virtual_ranges.hpp"
 
 #include <algorithm>

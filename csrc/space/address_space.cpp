@@ -1,5 +1,8 @@
-// AddressSpace implementation: setup, teardown and the allocation entry points; the
-// invariants are in address_space.hpp.
+// AddressSpace implementation: setup, teardown and the allocation entry points.
+//
+// Owns: the order of the steps of each entry point (which drains and releases come first).
+// Invariants: those of address_space.hpp; close() waits for in-flight copies before the
+// events go, and for the test streams' kernels before any page is released.
 #include "space/address_space.hpp"
 
 #include <string>

@@ -1,4 +1,7 @@
-// EventPool implementation; see event_pool.hpp for the invariants.
+// EventPool implementation.
+//
+// Owns: the driver calls on events (create, record, wait, query, destroy).
+// Invariants: those of event_pool.hpp.
 #include "vmm/event_pool.hpp"
 
 namespace vta {
