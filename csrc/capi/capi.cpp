@@ -9,7 +9,7 @@
 #include <new>
 #include <string>
 
-#include "alloc/address_space.hpp"
+#include "space/address_space.hpp"
 #include "capi/guard.hpp"
 #include "capi/space_handle.hpp"
 #include "backend/counters.hpp"

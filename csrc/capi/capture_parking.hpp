@@ -14,7 +14,7 @@
 #include <string>
 #include <vector>
 
-#include "alloc/address_space.hpp"
+#include "space/address_space.hpp"
 #include "backend/backend.hpp"
 #include "space/device_spaces.hpp"
 

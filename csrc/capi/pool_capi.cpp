@@ -5,7 +5,7 @@
 #include <memory>
 #include <vector>
 
-#include "alloc/address_space.hpp"
+#include "space/address_space.hpp"
 #include "capi/guard.hpp"
 #include "capi/space_handle.hpp"
 #include "vmm/page_pool.hpp"

@@ -6,7 +6,7 @@
 
 #include <memory>
 
-#include "alloc/address_space.hpp"
+#include "space/address_space.hpp"
 #include "backend/status.hpp"
 #include "vtalloc/vtalloc.h"
 

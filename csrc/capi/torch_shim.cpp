@@ -15,7 +15,6 @@
 #include <stdexcept>
 #include <string>
 
-#include "alloc/address_space.hpp"
 #include "backend/cuda_context_guard.hpp"
 #include "capi/c10_oom.hpp"
 #include "capi/capture_parking.hpp"

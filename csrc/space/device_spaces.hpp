@@ -17,7 +17,7 @@
 #include <string>
 #include <vector>
 
-#include "alloc/address_space.hpp"
+#include "space/address_space.hpp"
 #include "backend/status.hpp"
 #include "vtalloc/vtalloc.h"
 

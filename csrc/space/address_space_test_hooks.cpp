@@ -13,7 +13,7 @@
 #include <algorithm>
 #include <string>
 
-#include "alloc/address_space.hpp"
+#include "space/address_space.hpp"
 
 namespace vta {
 namespace {
@@ -42,9 +42,8 @@ void AddressSpace::destroy_stream(StreamHandle stream) {
   std::lock_guard<std::mutex> lk(mu_);
   check_open_locked();
   need_known_stream(user_streams_, stream, false);
-  for (const auto& [address, a] : live_)
-    if (a.stream == stream)
-      fail(VTA_ERR_INVALID_ARGUMENT, "stream " + std::to_string(stream) + " still has live allocations; free them first");
+  if (policy_.live().any_on_stream(stream))
+    fail(VTA_ERR_INVALID_ARGUMENT, "stream " + std::to_string(stream) + " still has live allocations; free them first");
   user_streams_.erase(std::find(user_streams_.begin(), user_streams_.end(), stream));
   Status synced = backend_->stream_synchronize(stream);
   Status destroyed = backend_->stream_destroy(stream);
@@ -64,7 +63,7 @@ void AddressSpace::run_test_kernel(StreamHandle stream, uintptr_t address, uint6
   std::lock_guard<std::mutex> lk(mu_);
   check_open_locked();
   if (nbytes == 0) fail(VTA_ERR_INVALID_ARGUMENT, "a test kernel needs a non-empty range");
-  (void)find_allocation_locked(address, 0, nbytes);  // inside one live allocation
+  (void)policy_.live().find_range(address, 0, nbytes);  // inside one live allocation
   need_known_stream(user_streams_, stream, true);
   check(backend_->launch_test_kernel(stream, address, nbytes, kind, seed, duration_ns));
 }

@@ -1,0 +1,207 @@
+// AllocPolicy implementation.
+//
+// Owns: the placement of a request, the obtain-page order and where freed memory goes.
+// Invariants: the policy and its invariants are in alloc_policy.hpp.
+#include "alloc/alloc_policy.hpp"
+
+#include <algorithm>
+#include <string>
+
+#include "alloc/text.hpp"
+
+namespace vta {
+namespace {
+
+uint64_t round_up(uint64_t n, uint64_t to) { return (n + to - 1) / to * to; }
+
+}  // namespace
+
+AllocPolicy::AllocPolicy(const vta_config_t& config, PageTable& pages, EventPool& events, uint64_t capacity)
+    : pages_(pages),
+      events_(events),
+      capacity_(capacity),
+      page_bytes_(pages.page_bytes()),
+      small_threshold_(config.small_threshold_bytes ? config.small_threshold_bytes
+                                                    : std::min<uint64_t>(1ull << 20, page_bytes_)),
+      live_(pages),
+      pending_(events, page_bytes_),
+      slabs_(page_bytes_),
+      ranges_(pages, config.reservation_bytes ? round_up(config.reservation_bytes, page_bytes_)
+                                              : std::max<uint64_t>(2 * capacity, 64 * page_bytes_)) {
+  if (small_threshold_ > page_bytes_)
+    fail(VTA_ERR_INVALID_ARGUMENT, "small_threshold must not exceed the page size");
+}
+
+AllocPolicy::Request AllocPolicy::request(uint64_t nbytes) {
+  if (nbytes == 0) fail(VTA_ERR_INVALID_ARGUMENT, "allocation size must be positive");
+  if (nbytes > kMaxAllocationBytes)
+    fail(VTA_ERR_INVALID_ARGUMENT, "allocation of " + std::to_string(nbytes) + " bytes is larger than any address space can reserve");
+  bool small = nbytes <= small_threshold_;
+  uint64_t rounded = small ? round_up(nbytes, kMinAlignment) : round_up(nbytes, page_bytes_);
+  if (rounded > capacity_) throw_oom(nbytes);
+  return Request{nbytes, rounded, small};
+}
+
+uintptr_t AllocPolicy::allocate(const Request& r, StreamHandle stream, bool may_evict) {
+  uintptr_t address = 0;
+  uint64_t released = pending_.released();
+  bool ok = try_allocate(r.rounded, r.small, may_evict, &address);
+  if (!ok && (pending_.count() || pending_.released() != released)) {
+    // Frees that waited for their stream may have left a block this request fits in.
+    drain_pending(true);
+    ok = try_allocate(r.rounded, r.small, may_evict, &address);
+  }
+  if (!ok) throw_oom(r.requested);
+  live_.add(address, Allocation{r.rounded, r.requested, stream, r.small});
+  if (r.small) port_->forget_lru(page_of(address));  // now shared with a pinned block
+  return address;
+}
+
+bool AllocPolicy::try_allocate(uint64_t rounded, bool small, bool may_evict, uintptr_t* out) {
+  if (!small) {
+    if (ranges_.take_cached(rounded, out)) return true;  // cached: no driver call
+    return map_range(rounded / page_bytes_, may_evict, out);
+  }
+  uintptr_t block = 0;
+  if (!slabs_.take_block(rounded, &block)) {
+    uintptr_t slab = 0;
+    if (!ranges_.take_cached(page_bytes_, &slab) && !map_range(1, may_evict, &slab)) return false;
+    block = slabs_.take_block_in_new_slab(slab, rounded);
+  }
+  slabs_.count_taken(block, rounded);
+  *out = block;
+  return true;
+}
+
+bool AllocPolicy::map_range(size_t npages, bool may_evict, uintptr_t* out) {
+  return ranges_.map_range(npages, [&](int32_t* id) { return obtain_page(id, may_evict); }, out);
+}
+
+bool AllocPolicy::obtain_page(int32_t* id, bool may_evict) {
+  // Cheapest first: a free page, a cached one, memory freed but waiting for its stream, and
+  // only then what the eviction engine can free (ResidencyPort::free_device_page).
+  for (;;) {
+    if (pages_.acquire_page(id)) return true;
+    if (reclaim_one_page()) continue;
+    if (pending_.count()) {
+      drain_pending(true);
+      continue;
+    }
+    if (!port_->free_device_page(may_evict)) return false;
+  }
+}
+
+bool AllocPolicy::reclaim_one_page() {
+  // Cached pages under free ranges first (smallest range: the least useful for reuse),
+  // then the spare empty slab. Pages here were freed and their events completed.
+  uintptr_t victim = 0;
+  if (!ranges_.take_cached_page(&victim) && !slabs_.take_spare(&victim)) return false;
+  ranges_.unmap(victim, page_bytes_);
+  num_page_reclaims_++;
+  return true;
+}
+
+void AllocPolicy::unmap_cached() {
+  uintptr_t spare = 0;
+  if (slabs_.take_spare(&spare)) ranges_.add_cached(spare, page_bytes_);
+  ranges_.unmap_cached();
+}
+
+void AllocPolicy::free(uintptr_t address) {
+  auto it = live_.find_live(address);
+  const Allocation& found = it->second;
+  EventHandle event = events_.record(found.stream);
+  const Allocation a = live_.erase(it);
+  // Its pages may have become (un)evictable; with no evictable allocation left, none can be.
+  if (a.evictable || live_.evictable_bytes()) port_->touch_range(address, a.size);
+  pending_.push(a.stream, PendingFree{address, a.size, a.small, event});
+  drain_pending(false);
+}
+
+void AllocPolicy::drain_pending(bool wait) {
+  pending_.drain(wait, skip_free_wait_,
+                 [&](uintptr_t address, uint64_t size, bool small) { release_block(address, size, small); });
+}
+
+void AllocPolicy::release_block(uintptr_t address, uint64_t size, bool small) {
+  if (small)
+    release_small_block(address, size);
+  else
+    release_large_range(address, size);
+}
+
+void AllocPolicy::release_large_range(uintptr_t address, uint64_t size) {
+  if (!port_->any_away()) {  // every page is resident: the whole range stays mapped (cached)
+    ranges_.add_cached(address, size);
+    return;
+  }
+  // Resident pages stay mapped (cached); evicted ones lose their copy and become unmapped VA.
+  uintptr_t run = address;
+  bool run_mapped = true;
+  auto flush = [&](uintptr_t end) {
+    if (end == run) return;
+    ranges_.add(run, end - run, run_mapped);
+    run = end;
+  };
+  for (uintptr_t va = address; va < address + size; va += page_bytes_) {
+    if (port_->is_away(va)) port_->drop_away_page(va);  // may complete a restore: then resident
+    bool mapped = pages_.page_at(va) >= 0;
+    if (mapped != run_mapped) {
+      flush(va);
+      run_mapped = mapped;
+    }
+  }
+  flush(address + size);
+}
+
+void AllocPolicy::release_small_block(uintptr_t address, uint64_t size) {
+  uintptr_t slab = page_of(address);
+  uint64_t used = slabs_.count_released(slab, size);
+  if (port_->is_away(slab)) {
+    // The slab page is evicted: its free blocks wait in the stash until it is restored.
+    if (used != 0) {
+      slabs_.stash_block(slab, address, size);
+      return;
+    }
+    port_->drop_away_page(slab);
+    slabs_.forget(slab);
+    ranges_.add(slab, page_bytes_, pages_.page_at(slab) >= 0);  // mapped if a restore completed while dropping
+    return;
+  }
+  slabs_.add_free_block(address, size);
+  if (used != 0 || slabs_.keep_as_spare(slab)) return;
+  slabs_.remove_empty(slab);
+  ranges_.add_cached(slab, page_bytes_);
+}
+
+[[noreturn]] void AllocPolicy::throw_oom(uint64_t requested, const char* why) {
+  num_ooms_++;
+  uint64_t mapped = pages_.pages_mapped() * page_bytes_;
+  std::string msg = "vtalloc out of memory: " + std::string(why ? why : "tried to allocate") + " " + mib(requested) +
+                    " (" + std::to_string(requested) + " bytes); capacity " + mib(capacity_) + ", " +
+                    mib(live_.active_bytes()) + " held by live allocations (" + mib(live_.evictable_bytes()) +
+                    " evictable), " + mib(mapped) + " mapped, " + mib(pending_.bytes()) +
+                    " awaiting stream completion, host pool " + mib(port_->host_pool_used_bytes()) + " of " +
+                    mib(port_->host_pool_capacity_bytes()) + " used";
+  throw OutOfMemory(msg, requested, capacity_, mapped);
+}
+
+void AllocPolicy::fill_stats(vta_stats_t* s) const {
+  live_.fill_stats(s);
+  s->capacity_bytes = capacity_;
+  s->page_bytes = page_bytes_;
+  s->small_threshold_bytes = small_threshold_;
+  s->cached_bytes = cached_bytes();
+  s->pending_free_bytes = pending_.bytes();
+  s->num_ooms = num_ooms_;
+  s->num_page_reclaims = num_page_reclaims_;
+}
+
+void AllocPolicy::clear() {
+  pending_.clear();
+  live_.clear();
+  ranges_.clear();
+  slabs_.clear();
+}
+
+}  // namespace vta

@@ -1,0 +1,113 @@
+// AllocPolicy: where an allocation goes, and where its memory goes when it is freed.
+//
+// Owns: the live allocations, the pending frees, the slabs and the free virtual ranges of one
+// address space, the order in which a device page is obtained, and the counters of OOMs and
+// page reclaims. It knows nothing of eviction beyond the ResidencyPort it is given.
+//
+// Allocation, in order, for n pages (large, > small_threshold):
+//   1. best-fit among cached free ranges that still have pages mapped (no driver call);
+//   2. best-fit among unmapped free ranges (reserving more VA if none fits), backed by
+//      pages taken from the unmapped pool, created under capacity, reclaimed from cached
+//      free ranges, freed by waiting for frees still pending on their streams, or freed by
+//      the eviction engine: releasing the device pages evicted pages still hold, finishing
+//      eviction copies still running, evicting the least-recently-used evictable page
+//      (obtain_page, in that order);
+//   3. if pending frees completed meanwhile, retry once (a small request may now fit a
+//      freed block); then OutOfMemory.
+// Small allocations (<= small_threshold) are 512-byte blocks packed into one-page slabs.
+//
+// Invariants: every address is 512-byte aligned; allocations of a page or more are
+// page-aligned; a freed allocation's memory is reused only after its stream's event
+// completed; a virtual page that is away is never reused, mapped or unmapped here (it is
+// dropped through the port first); mapped pages never exceed capacity (the page table's
+// limit); a failure at any step leaves every page where it was and reports a typed error.
+#pragma once
+
+#include <cstdint>
+
+#include "alloc/live_allocations.hpp"
+#include "alloc/pending_frees.hpp"
+#include "alloc/residency_port.hpp"
+#include "alloc/slabs.hpp"
+#include "alloc/virtual_ranges.hpp"
+#include "vmm/event_pool.hpp"
+#include "vmm/page_table.hpp"
+#include "vtalloc/vtalloc.h"
+
+namespace vta {
+
+constexpr uint64_t kMinAlignment = 512;
+// Larger requests are refused as invalid: no device has this much memory to back them.
+constexpr uint64_t kMaxAllocationBytes = 1ull << 46;
+
+class AllocPolicy {
+ public:
+  struct Request {
+    uint64_t requested;
+    uint64_t rounded;  // 512-byte blocks, or whole pages
+    bool small;
+  };
+
+  // Validates small_threshold; throws InvalidArgument.
+  AllocPolicy(const vta_config_t& config, PageTable& pages, EventPool& events, uint64_t capacity);
+  AllocPolicy(const AllocPolicy&) = delete;
+  AllocPolicy& operator=(const AllocPolicy&) = delete;
+  void set_port(ResidencyPort* port) { port_ = port; }
+  void set_skip_free_wait(bool skip) { skip_free_wait_ = skip; }  // VTA_DEBUG_BREAK_FREE_WAIT
+
+  // Validate and round a request; throws InvalidArgument, or OutOfMemory over capacity.
+  Request request(uint64_t nbytes);
+  // Place a validated request (the policy above); `may_evict`: under pressure, evict
+  // least-recently-used evictable pages before failing. Throws OutOfMemory.
+  uintptr_t allocate(const Request& r, StreamHandle stream, bool may_evict);
+  // Record the event on the allocation's stream before changing any state, so a driver
+  // failure loses nothing; then the allocation becomes a pending free.
+  void free(uintptr_t address);
+  // Release the pending frees whose events completed (waiting for them if `wait`).
+  void drain_pending(bool wait);
+  // A device page for the caller to map, cheapest source first; false when none can be had.
+  bool obtain_page(int32_t* id, bool may_evict);
+  // Unmap one cached page (or the spare slab's); false when there is none.
+  bool reclaim_one_page();
+  // Unmap every cached page, the spare slab's too (trim).
+  void unmap_cached();
+  [[noreturn]] void throw_oom(uint64_t requested, const char* why = nullptr);
+
+  LiveAllocations& live() { return live_; }
+  const LiveAllocations& live() const { return live_; }
+  const PendingFrees& pending() const { return pending_; }
+  Slabs& slabs() { return slabs_; }
+  const Slabs& slabs() const { return slabs_; }
+  size_t page_bytes() const { return page_bytes_; }
+  uint64_t capacity() const { return capacity_; }
+  // Bytes mapped under no live allocation: cached ranges and the spare slab.
+  uint64_t cached_bytes() const { return ranges_.cached_bytes() + (slabs_.has_spare() ? page_bytes_ : 0); }
+  void fill_stats(vta_stats_t* s) const;
+  void reset_peak() { live_.reset_peak(); }
+  // Forget everything (close(); the page table releases the pages).
+  void clear();
+
+ private:
+  bool try_allocate(uint64_t rounded, bool small, bool may_evict, uintptr_t* out);
+  bool map_range(size_t npages, bool may_evict, uintptr_t* out);
+  void release_block(uintptr_t address, uint64_t size, bool small);
+  void release_large_range(uintptr_t address, uint64_t size);
+  void release_small_block(uintptr_t address, uint64_t size);
+  uintptr_t page_of(uintptr_t a) const { return a - a % page_bytes_; }
+
+  PageTable& pages_;
+  EventPool& events_;
+  ResidencyPort* port_ = nullptr;
+  uint64_t capacity_;
+  size_t page_bytes_;
+  uint64_t small_threshold_;
+  LiveAllocations live_;
+  PendingFrees pending_;
+  Slabs slabs_;
+  VirtualRanges ranges_;
+  bool skip_free_wait_ = false;
+  uint64_t num_ooms_ = 0;
+  uint64_t num_page_reclaims_ = 0;
+};
+
+}  // namespace vta

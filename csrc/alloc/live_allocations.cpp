@@ -1,0 +1,114 @@
+// LiveAllocations implementation.
+//
+// Owns: the lookups and the not-live error messages.
+// Invariants: those of live_allocations.hpp.
+#include "alloc/live_allocations.hpp"
+
+#include <algorithm>
+#include <string>
+
+#include "alloc/text.hpp"
+#include "vmm/event_pool.hpp"
+
+namespace vta {
+
+void LiveAllocations::add(uintptr_t address, const Allocation& a) {
+  map_[address] = a;
+  allocated_bytes_ += a.requested;
+  active_bytes_ += a.size;
+  peak_allocated_bytes_ = std::max(peak_allocated_bytes_, allocated_bytes_);
+  peak_active_bytes_ = std::max(peak_active_bytes_, active_bytes_);
+  num_allocs_++;
+}
+
+Allocation LiveAllocations::erase(Map::iterator it) {
+  const Allocation a = it->second;
+  map_.erase(it);
+  if (a.evictable) evictable_bytes_ -= a.size;
+  allocated_bytes_ -= a.requested;
+  active_bytes_ -= a.size;
+  num_frees_++;
+  return a;
+}
+
+void LiveAllocations::set_evictable(Map::iterator it, bool evictable) {
+  Allocation& a = it->second;
+  if (a.evictable == evictable) return;
+  if (evictable)
+    evictable_bytes_ += a.size;
+  else
+    evictable_bytes_ -= a.size;
+  a.evictable = evictable;
+}
+
+[[noreturn]] void LiveAllocations::throw_not_live(uintptr_t address) const {
+  auto it = map_.upper_bound(address);
+  if (it != map_.begin()) {
+    --it;
+    if (address > it->first && address < it->first + it->second.size)
+      fail(VTA_ERR_INVALID_ARGUMENT, "address " + hex(address) + " is inside the allocation at " + hex(it->first) +
+                                         " (an interior pointer), not the start of an allocation");
+  }
+  for (auto& [base, bytes] : pages_.reservations())
+    if (address >= base && address < base + bytes)
+      fail(VTA_ERR_INVALID_ARGUMENT, "address " + hex(address) + " is not a live allocation (already freed?)");
+  fail(VTA_ERR_INVALID_ARGUMENT, "address " + hex(address) + " does not belong to this address space");
+}
+
+LiveAllocations::Map::iterator LiveAllocations::find_live(uintptr_t address) {
+  auto it = map_.find(address);
+  if (it == map_.end()) throw_not_live(address);
+  return it;
+}
+
+const Allocation& LiveAllocations::find_range(uintptr_t address, uint64_t offset, uint64_t nbytes) {
+  auto it = map_.upper_bound(address);
+  if (it == map_.begin()) throw_not_live(address);
+  --it;
+  const Allocation& a = it->second;
+  uint64_t into = address - it->first;
+  if (address < it->first || into >= a.requested) throw_not_live(address);
+  uint64_t room = a.requested - into;
+  if (offset > room || nbytes > room - offset)
+    fail(VTA_ERR_INVALID_ARGUMENT, "access of " + std::to_string(nbytes) + " bytes at offset " + std::to_string(offset) +
+                                       " runs past the end of the " + std::to_string(a.requested) +
+                                       "-byte allocation at " + hex(it->first));
+  return a;
+}
+
+bool LiveAllocations::page_evictable(uintptr_t va) const {
+  bool any = false, all = true;
+  for_each_on_page(va, [&](uintptr_t, const Allocation& a) {
+    any = true;
+    all = all && a.evictable;
+  });
+  return any && all;
+}
+
+void LiveAllocations::add_page_streams(uintptr_t va, std::vector<StreamHandle>* streams) const {
+  for_each_on_page(va, [&](uintptr_t, const Allocation& a) { add_stream(streams, a.stream); });
+}
+
+bool LiveAllocations::any_on_stream(StreamHandle stream) const {
+  for (const auto& [address, a] : map_)
+    if (a.stream == stream) return true;
+  return false;
+}
+
+void LiveAllocations::fill_stats(vta_stats_t* s) const {
+  s->allocated_bytes = allocated_bytes_;
+  s->active_bytes = active_bytes_;
+  s->peak_allocated_bytes = peak_allocated_bytes_;
+  s->peak_active_bytes = peak_active_bytes_;
+  s->num_allocs = num_allocs_;
+  s->num_frees = num_frees_;
+  s->num_live_allocs = map_.size();
+  s->evictable_bytes = evictable_bytes_;
+}
+
+void LiveAllocations::reset_peak() {
+  peak_allocated_bytes_ = allocated_bytes_;
+  peak_active_bytes_ = active_bytes_;
+}
+
+}  // namespace vta

@@ -1,0 +1,82 @@
+// LiveAllocations: what malloc returned and free has not yet taken back.
+//
+// Owns: one Allocation record per live address, the bytes marked evictable, and the
+// allocation counters of the stats (allocated/active bytes and their peaks, allocs, frees).
+// Invariants: records never overlap; a small allocation is 512-byte aligned inside one slab,
+// a large one is page-aligned and a whole number of pages; evictable_bytes() is the sum of
+// the rounded sizes of the records marked evictable; an address that is not the start of a
+// record is refused with a message that says what it is (interior pointer, freed, foreign).
+#pragma once
+
+#include <cstdint>
+#include <iterator>
+#include <map>
+#include <vector>
+
+#include "backend/backend.hpp"
+#include "vmm/page_table.hpp"
+#include "vtalloc/vtalloc.h"
+
+namespace vta {
+
+struct Allocation {
+  uint64_t size;       // rounded: 512-byte blocks, or whole pages
+  uint64_t requested;
+  StreamHandle stream;
+  bool small;
+  bool evictable = false;
+};
+
+class LiveAllocations {
+ public:
+  using Map = std::map<uintptr_t, Allocation>;
+
+  explicit LiveAllocations(const PageTable& pages) : pages_(pages), page_bytes_(pages.page_bytes()) {}
+
+  void add(uintptr_t address, const Allocation& a);
+  // The record that starts at `address`; throws InvalidArgument (throw_not_live) if none.
+  Map::iterator find_live(uintptr_t address);
+  // The record [address + offset, + nbytes) lies in (its requested bytes); throws if none.
+  const Allocation& find_range(uintptr_t address, uint64_t offset, uint64_t nbytes);
+  // Forget a record (free); returns it.
+  Allocation erase(Map::iterator it);
+  void set_evictable(Map::iterator it, bool evictable);
+  [[noreturn]] void throw_not_live(uintptr_t address) const;
+
+  // Calls f(address, allocation) for each live allocation overlapping [va, va + page).
+  template <typename F>
+  void for_each_on_page(uintptr_t va, F&& f) const;
+  // Some allocation lies on the page and every one there is marked evictable.
+  bool page_evictable(uintptr_t va) const;
+  // Add the streams of the page's allocations to `streams` (each once).
+  void add_page_streams(uintptr_t va, std::vector<StreamHandle>* streams) const;
+  bool any_on_stream(StreamHandle stream) const;
+
+  const Map& all() const { return map_; }
+  uint64_t evictable_bytes() const { return evictable_bytes_; }
+  uint64_t active_bytes() const { return active_bytes_; }
+  void fill_stats(vta_stats_t* s) const;
+  void reset_peak();
+  void clear() { map_.clear(); }
+
+ private:
+  const PageTable& pages_;  // its reservations tell a freed address from a foreign one
+  size_t page_bytes_;
+  Map map_;
+  uint64_t evictable_bytes_ = 0;
+  uint64_t allocated_bytes_ = 0, active_bytes_ = 0;
+  uint64_t peak_allocated_bytes_ = 0, peak_active_bytes_ = 0;
+  uint64_t num_allocs_ = 0, num_frees_ = 0;
+};
+
+template <typename F>
+void LiveAllocations::for_each_on_page(uintptr_t va, F&& f) const {
+  auto it = map_.lower_bound(va);
+  if (it != map_.begin()) {
+    auto prev = std::prev(it);
+    if (prev->first + prev->second.size > va) f(prev->first, prev->second);
+  }
+  for (; it != map_.end() && it->first < va + page_bytes_; ++it) f(it->first, it->second);
+}
+
+}  // namespace vta

@@ -1,0 +1,41 @@
+// ResidencyPort: what the allocation policy asks of the eviction engine, and nothing more.
+//
+// Owns: nothing; an interface that csrc/evict implements (the policy never includes evict/).
+// Invariants: every call is made under the address space's lock. A virtual page is "away"
+// when live data on it is not, or not only, in a device page (evicting, evicted, restoring,
+// restored): the policy never maps, unmaps or reuses such a page itself, it asks here. The
+// mapping under live or pending-free data changes only after the engine has waited for every
+// stream that may touch it (invariant 4, csrc/evict/residency.hpp).
+#pragma once
+
+#include <cstdint>
+
+namespace vta {
+
+class ResidencyPort {
+ public:
+  // Memory is short and the cheaper sources are spent: make a device page free, in this
+  // order: release the device pages that evicted pages still hold (one wait for their
+  // streams), else finish the eviction copies still running (their pages are held next),
+  // else, if `may_evict`, evict the least recently used evictable page. False when none of
+  // these could be done (nothing changed); true means "try to acquire a page again".
+  virtual bool free_device_page(bool may_evict) = 0;
+  virtual bool any_away() const = 0;
+  virtual bool is_away(uintptr_t va) const = 0;
+  // The virtual page no longer holds live data (its frees completed): forget its away copy.
+  // A device page still mapped there stays (the caller caches it); otherwise the address
+  // ends up unmapped.
+  virtual void drop_away_page(uintptr_t va) = 0;
+  // LRU: the pages of [start, start + bytes) may have become (un)evictable.
+  virtual void touch_range(uintptr_t start, uint64_t bytes) = 0;
+  // LRU: the page now holds a small block not marked evictable.
+  virtual void forget_lru(uintptr_t va) = 0;
+  // For out-of-memory messages.
+  virtual uint64_t host_pool_used_bytes() const = 0;
+  virtual uint64_t host_pool_capacity_bytes() const = 0;
+
+ protected:
+  ~ResidencyPort() = default;
+};
+
+}  // namespace vta

@@ -1,0 +1,51 @@
+// VirtualRanges implementation.
+//
+// Owns: growing virtual space and unmapping cached ranges.
+// Invariants: those of virtual_ranges.hpp.
+#include "alloc/virtual_ranges.hpp"
+
+#include <algorithm>
+#include <utility>
+
+namespace vta {
+
+bool VirtualRanges::take_cached_page(uintptr_t* va) {
+  uintptr_t start = 0;
+  size_t bytes = 0;
+  if (!cached_.smallest(&start, &bytes)) return false;
+  *va = start + bytes - pages_.page_bytes();
+  bool taken = cached_.take_exact(*va, pages_.page_bytes());
+  VTA_INVARIANT(taken);
+  return true;
+}
+
+void VirtualRanges::unmap(uintptr_t va, size_t bytes) {
+  pages_.unmap_range(va, bytes);
+  unmapped_.insert(va, bytes);
+}
+
+void VirtualRanges::unmap_cached() {
+  std::vector<std::pair<uintptr_t, size_t>> cached(cached_.ranges().begin(), cached_.ranges().end());
+  for (auto& [start, bytes] : cached) {
+    cached_.take_exact(start, bytes);
+    unmap(start, bytes);
+  }
+}
+
+void VirtualRanges::grow(size_t min_bytes) {
+  size_t page = pages_.page_bytes();
+  size_t bytes = std::max<size_t>(reservation_bytes_, (min_bytes + page - 1) / page * page);
+  uintptr_t va = pages_.reserve(bytes);
+  for (RangeSet* set : {&cached_, &unmapped_}) {
+    set->add_fence(va);
+    set->add_fence(va + bytes);
+  }
+  unmapped_.insert(va, bytes);
+}
+
+void VirtualRanges::clear() {
+  cached_.clear();
+  unmapped_.clear();
+}
+
+}  // namespace vta

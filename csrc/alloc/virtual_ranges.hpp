@@ -1,0 +1,87 @@
+// VirtualRanges: the free virtual ranges of one address space and how large ones are made.
+//
+// Owns: cached ranges (free, pages still mapped: reused with no driver call), unmapped
+// ranges (free, nothing mapped), and the growth of virtual space by one more reservation.
+// Invariants: a free range never crosses a reservation (both sets fence at every
+// reservation's edges); a cached range's pages all hold no live or pending-free data and
+// their events completed; map_range() is all-or-nothing: on failure every page it obtained
+// and the range go back, and nothing is mapped.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "backend/status.hpp"
+#include "vmm/page_table.hpp"
+#include "vmm/range_set.hpp"
+
+namespace vta {
+
+class VirtualRanges {
+ public:
+  VirtualRanges(PageTable& pages, size_t reservation_bytes) : pages_(pages), reservation_bytes_(reservation_bytes) {}
+
+  // Best fit among cached ranges: the pages are mapped already.
+  bool take_cached(size_t bytes, uintptr_t* out) { return cached_.take_best_fit(bytes, out); }
+  // A page-aligned range of npages with pages mapped under it: best fit among unmapped ranges
+  // (reserving more virtual space if none fits), backed by pages from obtain(int32_t* id),
+  // which returns false when no page can be had; false then (nothing changed).
+  template <typename Obtain>
+  bool map_range(size_t npages, Obtain&& obtain, uintptr_t* out);
+  // The last page of the smallest cached range (the least useful for reuse), taken out.
+  bool take_cached_page(uintptr_t* va);
+  // Unmap [va, va + bytes) (its pages go to the page table's unmapped pool); unmapped range.
+  void unmap(uintptr_t va, size_t bytes);
+  // Unmap every cached range (trim).
+  void unmap_cached();
+
+  void add_cached(uintptr_t va, size_t bytes) { cached_.insert(va, bytes); }
+  void add_unmapped(uintptr_t va, size_t bytes) { unmapped_.insert(va, bytes); }
+  void add(uintptr_t va, size_t bytes, bool mapped) { (mapped ? cached_ : unmapped_).insert(va, bytes); }
+  size_t cached_bytes() const { return cached_.total_bytes(); }
+  void clear();
+
+ private:
+  // Reserve at least min_bytes more virtual space, as one unmapped range.
+  void grow(size_t min_bytes);
+
+  PageTable& pages_;
+  size_t reservation_bytes_;
+  RangeSet cached_;    // free virtual ranges with pages still mapped
+  RangeSet unmapped_;  // free virtual ranges with nothing mapped
+};
+
+template <typename Obtain>
+bool VirtualRanges::map_range(size_t npages, Obtain&& obtain, uintptr_t* out) {
+  size_t bytes = npages * pages_.page_bytes();
+  uintptr_t va = 0;
+  if (!unmapped_.take_best_fit(bytes, &va)) {
+    grow(bytes);
+    bool taken = unmapped_.take_best_fit(bytes, &va);
+    VTA_INVARIANT(taken);
+  }
+  std::vector<int32_t> ids;
+  ids.reserve(npages);
+  auto give_back = [&] {
+    for (int32_t id : ids) pages_.return_page(id);
+    unmapped_.insert(va, bytes);
+  };
+  try {
+    while (ids.size() < npages) {
+      int32_t id = -1;
+      if (!obtain(&id)) {
+        give_back();
+        return false;
+      }
+      ids.push_back(id);
+    }
+    pages_.map_pages(va, ids);
+  } catch (...) {
+    give_back();
+    throw;
+  }
+  *out = va;
+  return true;
+}
+
+}  // namespace vta

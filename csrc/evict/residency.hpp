@@ -1,0 +1,179 @@
+// Residency: the eviction engine of one address space.
+//
+// Owns: the residency of every virtual page under live data whose bytes are not, or not only,
+// in a device page (the away pages), the LRU of evictable resident pages, the host pool and
+// the copy stream, the mapped-mode window, and the eviction counters of the stats. It
+// implements the policy's ResidencyPort and reaches the policy's live allocations, pending
+// frees and slabs through AllocPolicy. Every call is made under the address space's lock.
+//
+// Page residency (per virtual page under live data):
+//   resident -> evicting -> evicted -> restoring [-> restored] -> resident
+// evicting: a copy to the host pool is queued on the copy stream after events recorded on
+// the streams of the page's allocations. evicted: the bytes are safe in the host pool; the
+// device page stays mapped at the address ("held") until memory is needed, so nothing
+// changes under work that may still read it. restoring: a fresh device page receives the
+// bytes; the consumer stream waits on the copy; in copy mode the page is mapped at its
+// (unmapped) address before the copy, in mapped mode it is filled through a window address.
+// restored (mapped mode): the copy completed; the host page is swapped out for it later.
+//
+// Ordering (invariant 4, docs/eviction.md): the mapping under an address that live or
+// pending-free data occupies changes only after a host-side wait for events recorded, at the
+// time of the change, on every stream that may touch the page: the streams of its
+// allocations, of frees pending on it and of its restore's consumers (quiesce_pages).
+// Those changes are batched so one wait covers many pages: releasing held device pages
+// (free_device_page, trim, synchronize, return_pages) and swapping restored pages in
+// (ensure_resident, synchronize).
+//
+// Invariants: addresses never change (eviction included); every transition that fails
+// part-way leaves the bytes where they were: a failed copy or map undoes its own steps
+// before the error propagates, and the page keeps its previous state; a device page is
+// unmapped only once the events after its last use completed; used host slots never exceed
+// host_capacity.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <unordered_map>
+#include <vector>
+
+#include "alloc/alloc_policy.hpp"
+#include "alloc/residency_port.hpp"
+#include "backend/backend.hpp"
+#include "evict/host_pool.hpp"
+#include "evict/lru_list.hpp"
+#include "vmm/event_pool.hpp"
+#include "vmm/page_table.hpp"
+#include "vtalloc/vtalloc.h"
+
+namespace vta {
+
+class Residency final : public ResidencyPort {
+ public:
+  using Clock = std::chrono::steady_clock;
+  enum class State : uint8_t { evicting, evicted, restoring, restored };
+  // A virtual page (under live data) whose bytes are not, or not only, in a device page.
+  struct AwayPage {
+    State state;
+    HostPool::Slot slot;       // where the bytes are, or are going
+    int32_t device_page = -1;  // restoring/restored: the page being filled
+    bool device_held = false;  // evicted: the device page is still mapped at the address
+    bool host_mapped = false;  // mapped mode: slot.page is mapped at the virtual page
+    bool window_mapped = false;  // mapped mode restore: device_page mapped at its window
+    EventHandle event = 0;     // completes the in-flight copy
+    std::vector<StreamHandle> consumers;  // restoring/restored: streams ordered after the copy
+    Clock::time_point issued;
+  };
+
+  // Validates evict_mode and sets up the host pool; throws Error.
+  Residency(const vta_config_t& config, Backend& backend, PageTable& pages, EventPool& events, AllocPolicy& policy);
+  Residency(const Residency&) = delete;
+  Residency& operator=(const Residency&) = delete;
+
+  // ResidencyPort.
+  bool free_device_page(bool may_evict) override;
+  bool any_away() const override { return !away_.empty(); }
+  bool is_away(uintptr_t va) const override { return away_.count(va) != 0; }
+  void drop_away_page(uintptr_t va) override;
+  void touch_range(uintptr_t start, uint64_t bytes) override;
+  void forget_lru(uintptr_t va) override { lru_.remove(va); }
+  uint64_t host_pool_used_bytes() const override { return host_pool_ ? host_pool_->used_bytes() : 0; }
+  uint64_t host_pool_capacity_bytes() const override { return host_capacity_; }
+
+  // Complete the copies that finished (waiting for each if `wait`).
+  void drain_inflight(bool wait);
+  // Release the device pages that evicted pages still hold (one quiesce); how many.
+  size_t release_evicted();
+  // Restored pages (mapped mode): one quiesce, then the device page replaces the host page.
+  void swap_restored();
+
+  // Work over the pages of one live allocation [start, start + bytes) (residency_ops.cpp).
+  // Copy between [va, va + n) and host memory wherever the bytes are, restoring nothing.
+  void copy_bytes(uintptr_t va, uintptr_t host, uint64_t n, StreamHandle stream, bool to_va);
+  void offload(uintptr_t start, uint64_t bytes);
+  void prefetch(uintptr_t start, uint64_t bytes, StreamHandle consumer);
+  void ensure_resident(uintptr_t start, uint64_t bytes, StreamHandle consumer);
+  int residency_of(uintptr_t start, uint64_t bytes) const;  // VTA_RESIDENT / VTA_EVICTED / VTA_IN_FLIGHT
+
+  const std::unordered_map<uintptr_t, AwayPage>& away() const { return away_; }
+  // The eviction fields of the stats. pages_resident: the caller's count of mapped pages
+  // under no free range, less the device pages evicted pages still hold (no data of theirs).
+  void fill_stats(vta_stats_t* s) const;
+  // Test support: VTA_DEBUG_BREAK_QUIESCE / VTA_DEBUG_BREAK_COPY_ORDER bits.
+  void set_debug_break(uint32_t mask) { debug_break_ = mask; }
+  // Wait for in-flight copies and give back everything held (close()); the first error.
+  void close();
+
+ private:
+  StreamHandle copy_stream();
+  static uint64_t ns_since(Clock::time_point t) {
+    return static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - t).count());
+  }
+  bool broken(uint32_t bit) const { return (debug_break_ & bit) != 0; }
+  uintptr_t page_of(uintptr_t a) const { return a - a % page_bytes_; }
+  // Mapped mode restore: where device page `id` is filled before the swap.
+  uintptr_t window_of(int32_t id) const { return window_ + static_cast<uintptr_t>(id) * page_bytes_; }
+  // The addresses of the away pages that `pred` picks (a copy: callers change away_).
+  template <typename F>
+  std::vector<uintptr_t> away_where(F&& pred) const;
+
+  // Transitions (residency.cpp).
+  // Evict one resident page; false (nothing changed) when the host pool is full.
+  bool evict_page(uintptr_t va, bool wait);
+  void complete_evict(uintptr_t va, AwayPage& p);
+  void restore_page(uintptr_t va, StreamHandle consumer);
+  void complete_restore(uintptr_t va, AwayPage& p);
+  void finish_inflight(uintptr_t va, bool wait);
+  // Wait on the host until no work queued so far may touch these pages (see Ordering above).
+  void quiesce_pages(const std::vector<uintptr_t>& vas);
+  // Mapped mode: map the page's host copy at its address (host_mapped says whether it worked).
+  void map_host_copy(uintptr_t va, AwayPage& p);
+  // Wait for every eviction copy still running; whether there was one.
+  bool finish_evictions();
+  void release_held_page(uintptr_t va, AwayPage& p);
+  void swap_restored_page(uintptr_t va, AwayPage& p);
+  // An evicted page whose device page was never released becomes resident again (no copy).
+  void unevict_held(uintptr_t va);
+  // A restored page goes back to evicted: its device page (at the window) returns to the pool.
+  void unrestore(AwayPage& p);
+  // The page is resident again: forget it as away, give its slab its free blocks back, LRU.
+  void finish_resident(uintptr_t va);
+
+  // LRU (residency_ops.cpp).
+  void touch_page(uintptr_t va);
+  bool evict_lru();
+
+  Backend& backend_;
+  PageTable& pages_;
+  EventPool& events_;
+  AllocPolicy& policy_;
+  size_t page_bytes_;
+  uint64_t capacity_;
+  bool mapped_mode_ = false;
+  uint64_t host_capacity_ = 0;
+  std::unique_ptr<HostPool> host_pool_;
+  StreamHandle copy_stream_ = 0;
+  bool copy_stream_made_ = false;
+  std::unordered_map<uintptr_t, AwayPage> away_;
+  uint64_t in_flight_ = 0;
+  LruList lru_;
+  uintptr_t pin_lo_ = 0, pin_hi_ = 0;  // pages of the allocation being made resident
+  uintptr_t window_ = 0;               // mapped mode: device pages' window reservation
+  size_t window_bytes_ = 0;
+  uint32_t debug_break_ = 0;  // VTA_DEBUG_BREAK_* bits (tests only)
+
+  struct Counters {
+    uint64_t evictions = 0, pressure_evictions = 0, bytes_evicted_total = 0, evict_copy_ns = 0;
+    uint64_t restores = 0, bytes_restored_total = 0, restore_copy_ns = 0, restore_wait_ns = 0;
+  } counters_;
+};
+
+template <typename F>
+std::vector<uintptr_t> Residency::away_where(F&& pred) const {
+  std::vector<uintptr_t> vas;
+  for (auto& [va, p] : away_)
+    if (pred(p)) vas.push_back(va);
+  return vas;
+}
+
+}  // namespace vta

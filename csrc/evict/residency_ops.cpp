@@ -1,0 +1,180 @@
+// Residency operations over an allocation's pages, and the LRU (see residency.hpp).
+//
+// Owns: what the address space asks of the engine for one live allocation (offload,
+// prefetch, ensure resident, residency, reads and writes that reach the bytes wherever they
+// are), the LRU of evictable resident pages and the choice of a victim under pressure, and
+// the eviction fields of the stats.
+// Invariants: those of residency.hpp; a page is in the LRU only while it is resident, mapped
+// and every allocation on it is marked evictable; pages of the allocation being made
+// resident (pin_lo_, pin_hi_) are never chosen as victims.
+#include <algorithm>
+#include <string>
+
+#include "evict/residency.hpp"
+
+namespace vta {
+
+// Put a resident, evictable page at the most-recently-used end; drop anything else.
+void Residency::touch_page(uintptr_t va) {
+  lru_.remove(va);
+  if (away_.count(va) || pages_.page_at(va) < 0 || !policy_.live().page_evictable(va)) return;
+  lru_.push_back(va);
+}
+
+void Residency::touch_range(uintptr_t start, uint64_t bytes) {
+  for (uintptr_t va = page_of(start); va < start + bytes; va += page_bytes_) touch_page(va);
+}
+
+bool Residency::free_device_page(bool may_evict) {
+  if (release_evicted()) return true;
+  if (finish_evictions()) return true;  // copies still running: their pages are next
+  return may_evict && evict_lru();
+}
+
+bool Residency::evict_lru() {
+  for (auto it = lru_.begin(); it != lru_.end(); ++it) {
+    uintptr_t va = *it;
+    if (va >= pin_lo_ && va < pin_hi_) continue;  // part of the allocation being made resident
+    if (!evict_page(va, true)) return false;  // host pool full
+    counters_.pressure_evictions++;
+    return true;
+  }
+  return false;
+}
+
+void Residency::prefetch(uintptr_t start, uint64_t bytes, StreamHandle consumer) {
+  pin_lo_ = page_of(start);
+  pin_hi_ = start + bytes;
+  try {
+    // Pages whose device page was never released come back first, for free: restoring the
+    // others may need memory, and must not release these to get it.
+    for (uintptr_t va = page_of(start); va < start + bytes; va += page_bytes_) {
+      auto it = away_.find(va);
+      if (it != away_.end() && it->second.state == State::evicted && it->second.device_held) unevict_held(va);
+    }
+    for (uintptr_t va = page_of(start); va < start + bytes; va += page_bytes_)
+      if (away_.count(va)) restore_page(va, consumer);
+  } catch (...) {
+    pin_lo_ = pin_hi_ = 0;
+    throw;
+  }
+  pin_lo_ = pin_hi_ = 0;
+}
+
+void Residency::ensure_resident(uintptr_t start, uint64_t bytes, StreamHandle consumer) {
+  prefetch(start, bytes, consumer);
+  auto t0 = Clock::now();
+  bool waited = false, swap = false;
+  for (uintptr_t va = page_of(start); va < start + bytes; va += page_bytes_) {
+    if (!away_.count(va)) continue;
+    waited = true;
+    finish_inflight(va, true);
+    auto it = away_.find(va);
+    swap = swap || (it != away_.end() && it->second.state == State::restored);
+  }
+  if (swap) swap_restored();  // one wait for every restored page, these included
+  if (waited) counters_.restore_wait_ns += ns_since(t0);
+  touch_range(start, bytes);
+}
+
+void Residency::offload(uintptr_t start, uint64_t bytes) {
+  // All or nothing on sharing: a page shared with an allocation not marked evictable stays.
+  for (uintptr_t va = page_of(start); va < start + bytes; va += page_bytes_) {
+    bool shared_pinned = false;
+    policy_.live().for_each_on_page(va, [&](uintptr_t at, const Allocation& other) {
+      if (at != start && !other.evictable) shared_pinned = true;
+    });
+    if (shared_pinned)
+      fail(VTA_ERR_INVALID_ARGUMENT, "cannot offload: a page of this allocation is shared with an allocation "
+                                     "not marked evictable (mark both with set_evictable)");
+  }
+  for (uintptr_t va = page_of(start); va < start + bytes; va += page_bytes_) {
+    auto away = away_.find(va);
+    if (away != away_.end()) {
+      if (away->second.state == State::restoring) finish_inflight(va, true);
+      away = away_.find(va);
+      if (away != away_.end() && away->second.state == State::restored) unrestore(away->second);
+      if (away_.count(va)) continue;  // evicting or evicted
+    }
+    if (!evict_page(va, false))
+      fail(VTA_ERR_HOST_POOL_EXHAUSTED, "host pool exhausted: " + std::to_string(host_pool_->used_bytes()) +
+                                            " of " + std::to_string(host_pool_->capacity_bytes()) +
+                                            " bytes hold evicted pages (raise host_capacity)");
+  }
+}
+
+int Residency::residency_of(uintptr_t start, uint64_t bytes) const {
+  bool evicted = false;
+  for (uintptr_t va = page_of(start); va < start + bytes; va += page_bytes_) {
+    auto p = away_.find(va);
+    if (p == away_.end()) continue;
+    if (p->second.state != State::evicted) return VTA_IN_FLIGHT;
+    evicted = true;
+  }
+  return evicted ? VTA_EVICTED : VTA_RESIDENT;
+}
+
+// Copy between [va, va + n) and host memory without restoring anything: resident pages,
+// host-mapped evicted pages and restored pages not yet swapped in are reached at their
+// address, copy-mode evicted ones in their host slot; in-flight pages are waited for first.
+// A write to an evicted page whose device page is still held goes to both copies; a write to
+// a restored page swaps it in first (the device copy would go stale otherwise).
+void Residency::copy_bytes(uintptr_t va, uintptr_t host, uint64_t n, StreamHandle stream, bool to_va) {
+  uintptr_t at = va;
+  while (at < va + n) {
+    uintptr_t page = page_of(at);
+    uint64_t chunk = std::min<uint64_t>(page + page_bytes_, va + n) - at;
+    uintptr_t target = at, also = 0;
+    auto it = away_.find(page);
+    if (it != away_.end()) {
+      finish_inflight(page, true);
+      it = away_.find(page);
+      if (it != away_.end() && to_va && it->second.state == State::restored) {
+        swap_restored();
+        it = away_.find(page);
+      }
+      if (it != away_.end()) {
+        const AwayPage& p = it->second;
+        uintptr_t slot = p.slot.addr + (at - page);
+        if (p.state == State::evicted && p.device_held) {
+          if (to_va) also = slot;
+        } else if (!p.host_mapped) {
+          target = slot;
+        }
+      }
+    }
+    uintptr_t h = host + (at - va);
+    check(to_va ? backend_.copy(target, h, chunk, stream) : backend_.copy(h, target, chunk, stream));
+    if (also) check(backend_.copy(also, h, chunk, stream));
+    at += chunk;
+  }
+  check(backend_.stream_synchronize(stream));
+}
+
+void Residency::fill_stats(vta_stats_t* s) const {
+  s->evict_mode = mapped_mode_ ? VTA_EVICT_MAPPED : VTA_EVICT_COPY;
+  uint64_t evicted = 0, held = 0, restored = 0;
+  for (auto& [va, p] : away_) {
+    if (p.state == State::evicted) ++evicted;
+    if (p.state == State::evicted && p.device_held) ++held;
+    if (p.state == State::restored) ++restored;
+  }
+  s->pages_evicted = evicted;
+  s->pages_in_flight = in_flight_ + restored;
+  s->evicted_bytes = evicted * page_bytes_;
+  // Held device pages of evicted pages are mapped but hold no resident data of their own.
+  s->pages_resident -= held;
+  s->host_pool_capacity_bytes = host_capacity_;
+  s->host_pool_bytes = host_pool_ ? host_pool_->held_bytes() : 0;
+  s->host_pool_used_bytes = host_pool_used_bytes();
+  s->evictions = counters_.evictions;
+  s->pressure_evictions = counters_.pressure_evictions;
+  s->bytes_evicted_total = counters_.bytes_evicted_total;
+  s->evict_copy_ns = counters_.evict_copy_ns;
+  s->restores = counters_.restores;
+  s->bytes_restored_total = counters_.bytes_restored_total;
+  s->restore_copy_ns = counters_.restore_copy_ns;
+  s->restore_wait_ns = counters_.restore_wait_ns;
+}
+
+}  // namespace vta

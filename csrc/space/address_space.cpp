@@ -1,0 +1,168 @@
+// AddressSpace implementation: setup, teardown and the allocation entry points.
+//
+// Owns: the order of the steps of each entry point (which drains and releases come first).
+// Invariants: those of address_space.hpp; close() waits for in-flight copies before the
+// events go, and for the test streams' kernels before any page is released.
+#include "space/address_space.hpp"
+
+#include <string>
+
+#include "backend/counters.hpp"
+#include "vmm/page_geometry.hpp"
+
+namespace vta {
+
+std::unique_ptr<AddressSpace> AddressSpace::create(const vta_config_t& config) {
+  if (config.flags & ~VTA_CONFIG_LEASED) fail(VTA_ERR_INVALID_ARGUMENT, "unknown vta_config_t flags");
+  PageGeometry g = make_page_geometry(config);
+  return std::unique_ptr<AddressSpace>(new AddressSpace(std::move(g.backend), config, g.capacity_bytes, g.page_bytes));
+}
+
+AddressSpace::AddressSpace(std::unique_ptr<Backend> backend, const vta_config_t& config, uint64_t capacity,
+                           size_t page_bytes)
+    : backend_(std::make_unique<FaultInjectingBackend>(std::move(backend))),
+      backend_kind_(backend_->kind()),
+      device_(backend_->device()),
+      capacity_(capacity),
+      page_bytes_(page_bytes),
+      pages_(*backend_, page_bytes, capacity),
+      events_(*backend_),
+      policy_(config, pages_, events_, capacity),  // validates small_threshold first
+      residency_(config, *backend_, pages_, events_, policy_) {
+  policy_.set_port(&residency_);
+  if (config.flags & VTA_CONFIG_LEASED) {
+    leased_ = true;
+    pages_.set_capacity_pages(0);  // grows with each imported page, up to capacity_
+  }
+  global_counters().live_spaces++;
+}
+
+AddressSpace::~AddressSpace() {
+  try {
+    close();
+  } catch (...) {
+    // A driver failure while tearing down has been reported by close() if anyone asked.
+  }
+}
+
+void AddressSpace::check_open_locked() const {
+  if (closed_) fail(VTA_ERR_CLOSED, "the address space is closed");
+}
+
+uintptr_t AddressSpace::malloc(uint64_t nbytes, StreamHandle stream, bool allow_evict) {
+  std::lock_guard<std::mutex> lk(mu_);
+  check_open_locked();
+  AllocPolicy::Request r = policy_.request(nbytes);
+  policy_.drain_pending(false);
+  residency_.drain_inflight(false);
+  return policy_.allocate(r, stream, allow_evict);
+}
+
+void AddressSpace::free(uintptr_t address) {
+  std::lock_guard<std::mutex> lk(mu_);
+  check_open_locked();
+  policy_.free(address);
+}
+
+uint64_t AddressSpace::size_of(uintptr_t address) {
+  std::lock_guard<std::mutex> lk(mu_);
+  check_open_locked();
+  return policy_.live().find_live(address)->second.requested;
+}
+
+void AddressSpace::write(uintptr_t address, uint64_t offset, const void* src, uint64_t nbytes) {
+  std::lock_guard<std::mutex> lk(mu_);
+  check_open_locked();
+  const Allocation& a = policy_.live().find_range(address, offset, nbytes);
+  if (nbytes == 0) return;
+  residency_.copy_bytes(address + offset, reinterpret_cast<uintptr_t>(src), nbytes, a.stream, true);
+}
+
+void AddressSpace::read(uintptr_t address, uint64_t offset, void* dst, uint64_t nbytes) {
+  std::lock_guard<std::mutex> lk(mu_);
+  check_open_locked();
+  const Allocation& a = policy_.live().find_range(address, offset, nbytes);
+  if (nbytes == 0) return;
+  residency_.copy_bytes(address + offset, reinterpret_cast<uintptr_t>(dst), nbytes, a.stream, false);
+}
+
+uint64_t AddressSpace::trim() {
+  std::lock_guard<std::mutex> lk(mu_);
+  check_open_locked();
+  policy_.drain_pending(true);
+  residency_.drain_inflight(false);
+  residency_.release_evicted();  // their device pages become free pages, released below
+  policy_.unmap_cached();
+  return pages_.release_free_pages();
+}
+
+void AddressSpace::import_page(int fd, uint64_t tag) {
+  std::lock_guard<std::mutex> lk(mu_);
+  check_open_locked();
+  if (!leased_) fail(VTA_ERR_INVALID_ARGUMENT, "import_page needs an address space created in leased mode");
+  if (fd < 0) fail(VTA_ERR_INVALID_ARGUMENT, "import_page: invalid file descriptor");
+  if ((pages_.pages_held() + 1) * page_bytes_ > capacity_)
+    fail(VTA_ERR_INVALID_ARGUMENT, "import_page: the lease would exceed this space's capacity ceiling");
+  PageHandle h = 0;
+  check(backend_->import_page(fd, page_bytes_, &h));
+  pages_.adopt_page(h, tag);
+}
+
+std::vector<uint64_t> AddressSpace::return_pages(uint64_t max_pages) {
+  std::lock_guard<std::mutex> lk(mu_);
+  check_open_locked();
+  if (!leased_) fail(VTA_ERR_INVALID_ARGUMENT, "return_pages needs an address space created in leased mode");
+  policy_.drain_pending(false);
+  residency_.drain_inflight(false);
+  if (pages_.pages_unmapped() < max_pages) residency_.release_evicted();
+  while (pages_.pages_unmapped() < max_pages && policy_.reclaim_one_page()) {
+  }
+  return pages_.give_back_pages(max_pages);
+}
+
+void AddressSpace::synchronize() {
+  std::lock_guard<std::mutex> lk(mu_);
+  check_open_locked();
+  policy_.drain_pending(true);
+  residency_.drain_inflight(true);
+  // Every deferred mapping change happens now, after one wait for the streams involved.
+  residency_.release_evicted();
+  residency_.swap_restored();
+}
+
+void AddressSpace::close() {
+  std::lock_guard<std::mutex> lk(mu_);
+  if (closed_) return;
+  closed_ = true;
+  Status first_error;
+  auto keep = [&](const Error& e) {
+    if (first_error.is_ok()) first_error = Status(e.code(), e.what());
+  };
+  try {
+    policy_.drain_pending(true);
+  } catch (const Error& e) {
+    keep(e);
+  }
+  try {
+    residency_.close();  // waits for in-flight copies: before the events go
+  } catch (const Error& e) {
+    keep(e);
+  }
+  for (StreamHandle s : user_streams_) {  // test hooks: their kernels end before pages go
+    (void)backend_->stream_synchronize(s);
+    (void)backend_->stream_destroy(s);
+  }
+  user_streams_.clear();
+  events_.destroy_all();
+  policy_.clear();
+  try {
+    pages_.release_all();
+  } catch (const Error& e) {
+    keep(e);
+  }
+  backend_.reset();
+  global_counters().live_spaces--;
+  check(first_error);
+}
+
+}  // namespace vta

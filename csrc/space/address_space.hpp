@@ -1,0 +1,103 @@
+// AddressSpace: one paged virtual address space, the facade over the allocation policy and
+// the eviction engine.
+//
+// Owns: the backend (wrapped in a FaultInjectingBackend), the PageTable and the EventPool of
+// one space; the allocation policy (csrc/alloc: live allocations, pending frees, slabs, free
+// virtual ranges) and the eviction engine (csrc/evict: away pages, LRU, host pool, copy
+// stream); the streams the test hooks created; and the one mutex that guards all of it. Every
+// public method takes the mutex, so no part below is ever entered by two threads; no call
+// ever enters Python. The policy's order is in alloc/alloc_policy.hpp, the residency states
+// and the ordering rule (invariant 4) in evict/residency.hpp.
+//
+// Invariants: every address is 512-byte aligned; allocations of a page or more are
+// page-aligned; addresses never change (eviction included); a device page is unmapped only
+// once the events after its last use completed; mapped pages never exceed capacity; a
+// failure at any step leaves the page where its bytes were and reports a typed error; after
+// close() every call but close() fails with VTA_ERR_CLOSED and nothing is held.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#include "alloc/alloc_policy.hpp"
+#include "backend/backend.hpp"
+#include "backend/fault_injection.hpp"
+#include "evict/residency.hpp"
+#include "vmm/event_pool.hpp"
+#include "vmm/page_table.hpp"
+#include "vtalloc/vtalloc.h"
+
+namespace vta {
+
+class AddressSpace {
+ public:
+  // Validates the config, creates the backend; throws Error on failure.
+  static std::unique_ptr<AddressSpace> create(const vta_config_t& config);
+  ~AddressSpace();
+
+  // allow_evict: under pressure, evict least-recently-used evictable pages before failing.
+  uintptr_t malloc(uint64_t nbytes, StreamHandle stream, bool allow_evict = true);
+  void free(uintptr_t address);
+  uint64_t size_of(uintptr_t address);
+  void write(uintptr_t address, uint64_t offset, const void* src, uint64_t nbytes);
+  void read(uintptr_t address, uint64_t offset, void* dst, uint64_t nbytes);
+  uint64_t trim();
+  void synchronize();
+  void close();
+
+  // Eviction (csrc/space/address_space_residency.cpp; the engine is csrc/evict/).
+  void set_evictable(uintptr_t address, bool evictable);
+  void offload(uintptr_t address);
+  void prefetch(uintptr_t address, const StreamHandle* stream);
+  void ensure_resident(uintptr_t address, const StreamHandle* stream);
+  int residency(uintptr_t address);
+  void inject_fault(int op, int times);
+  // Test support: deliberately break one ordering rule (VTA_DEBUG_BREAK_* bits), to show
+  // that the stress tests catch it. Never set outside tests.
+  void break_ordering(uint32_t mask);
+  // Test hooks (csrc/space/address_space_test_hooks.cpp): streams of this space's own and
+  // test kernels on them (host backend only; see backend/host_kernels.hpp).
+  StreamHandle create_stream();
+  void destroy_stream(StreamHandle stream);
+  void synchronize_stream(StreamHandle stream);
+  void run_test_kernel(StreamHandle stream, uintptr_t address, uint64_t nbytes, int kind, uint64_t seed,
+                       uint64_t duration_ns);
+  vta_kernel_counters_t kernel_counters();
+
+  // Leased mode (VTA_CONFIG_LEASED): pages come from the service, not from the backend.
+  void import_page(int fd, uint64_t tag);
+  std::vector<uint64_t> return_pages(uint64_t max_pages);
+
+  // Introspection (csrc/space/address_space_stats.cpp).
+  vta_stats_t stats();
+  void reset_peak_stats();
+  std::vector<vta_page_info_t> pages();
+  std::vector<vta_alloc_info_t> allocations();
+  int backend_kind() const { return backend_kind_; }
+  int device() const { return device_; }
+
+ private:
+  AddressSpace(std::unique_ptr<Backend> backend, const vta_config_t& config, uint64_t capacity, size_t page_bytes);
+
+  void check_open_locked() const;
+  // Check open, complete the copies that finished, and find the live allocation at `address`.
+  LiveAllocations::Map::iterator settled_live_locked(uintptr_t address);
+
+  mutable std::mutex mu_;
+  bool closed_ = false;
+  bool leased_ = false;
+  std::unique_ptr<FaultInjectingBackend> backend_;
+  int backend_kind_;
+  int device_;
+  uint64_t capacity_;
+  size_t page_bytes_;
+  PageTable pages_;
+  EventPool events_;
+  AllocPolicy policy_;    // needs pages_, events_
+  Residency residency_;   // needs policy_; the policy's ResidencyPort
+  std::vector<StreamHandle> user_streams_;  // test hooks: created by create_stream()
+};
+
+}  // namespace vta

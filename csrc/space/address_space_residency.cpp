@@ -1,0 +1,66 @@
+// AddressSpace entry points of eviction: each takes the lock, finds the live allocation and
+// hands its pages to the engine (csrc/evict/residency.hpp has the states and the ordering).
+//
+// Owns: nothing of its own; the argument checks of these entry points.
+// Invariants: every entry point first completes the copies that finished
+// (drain_inflight(false)), so states read below are current; only break_ordering and
+// inject_fault touch test-only state.
+#include "space/address_space.hpp"
+
+namespace vta {
+
+LiveAllocations::Map::iterator AddressSpace::settled_live_locked(uintptr_t address) {
+  check_open_locked();
+  residency_.drain_inflight(false);
+  return policy_.live().find_live(address);
+}
+
+void AddressSpace::set_evictable(uintptr_t address, bool evictable) {
+  std::lock_guard<std::mutex> lk(mu_);
+  auto it = settled_live_locked(address);
+  const Allocation& a = it->second;
+  if (!evictable) residency_.ensure_resident(it->first, a.size, a.stream);
+  policy_.live().set_evictable(it, evictable);
+  residency_.touch_range(it->first, a.size);
+}
+
+void AddressSpace::offload(uintptr_t address) {
+  std::lock_guard<std::mutex> lk(mu_);
+  auto it = settled_live_locked(address);
+  residency_.offload(it->first, it->second.size);
+}
+
+void AddressSpace::prefetch(uintptr_t address, const StreamHandle* stream) {
+  std::lock_guard<std::mutex> lk(mu_);
+  auto it = settled_live_locked(address);
+  residency_.prefetch(it->first, it->second.size, stream ? *stream : it->second.stream);
+}
+
+void AddressSpace::ensure_resident(uintptr_t address, const StreamHandle* stream) {
+  std::lock_guard<std::mutex> lk(mu_);
+  auto it = settled_live_locked(address);
+  residency_.ensure_resident(it->first, it->second.size, stream ? *stream : it->second.stream);
+}
+
+int AddressSpace::residency(uintptr_t address) {
+  std::lock_guard<std::mutex> lk(mu_);
+  auto it = settled_live_locked(address);
+  return residency_.residency_of(it->first, it->second.size);
+}
+
+void AddressSpace::inject_fault(int op, int times) {
+  if (op < 0 || op >= static_cast<int>(FaultOp::count) || times < 0)
+    fail(VTA_ERR_INVALID_ARGUMENT, "inject_fault: unknown operation or negative count");
+  backend_->inject(static_cast<FaultOp>(op), times);
+}
+
+void AddressSpace::break_ordering(uint32_t mask) {
+  constexpr uint32_t known = VTA_DEBUG_BREAK_QUIESCE | VTA_DEBUG_BREAK_COPY_ORDER | VTA_DEBUG_BREAK_FREE_WAIT;
+  if (mask & ~known) fail(VTA_ERR_INVALID_ARGUMENT, "break_ordering: unknown bits");
+  std::lock_guard<std::mutex> lk(mu_);
+  check_open_locked();
+  policy_.set_skip_free_wait((mask & VTA_DEBUG_BREAK_FREE_WAIT) != 0);
+  residency_.set_debug_break(mask);
+}
+
+}  // namespace vta

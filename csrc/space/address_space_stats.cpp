@@ -1,0 +1,104 @@
+// AddressSpace introspection: stats, the page map and the list of allocations.
+//
+// Owns: the assembly of vta_stats_t from its parts (the policy's counters, the page table's,
+// the engine's) and the state each page is reported in.
+// Invariants: read-only but for completing finished copies (pages()); a page is reported
+// once: a device page with its state, or, for an evicted virtual page whose device page was
+// released, a row with page_id VTA_NO_PAGE.
+#include <unordered_map>
+
+#include "space/address_space.hpp"
+
+namespace vta {
+
+vta_stats_t AddressSpace::stats() {
+  std::lock_guard<std::mutex> lk(mu_);
+  check_open_locked();
+  vta_stats_t s{};
+  s.struct_size = sizeof(vta_stats_t);
+  policy_.fill_stats(&s);
+  s.mapped_bytes = pages_.pages_mapped() * page_bytes_;
+  s.reserved_va_bytes = pages_.reserved_bytes();
+  s.num_reservations = pages_.reservations().size();
+  s.pages_total = pages_.pages_held();
+  s.pages_mapped = pages_.pages_mapped();
+  s.pages_free = pages_.pages_unmapped();
+  s.peak_mapped_bytes = pages_.peak_pages_mapped() * page_bytes_;
+  s.num_map_calls = pages_.num_map_calls();
+  s.num_unmap_calls = pages_.num_unmap_calls();
+  s.pages_resident = pages_.pages_mapped() - policy_.cached_bytes() / page_bytes_;
+  residency_.fill_stats(&s);  // and subtracts the held device pages from pages_resident
+  return s;
+}
+
+void AddressSpace::reset_peak_stats() {
+  std::lock_guard<std::mutex> lk(mu_);
+  check_open_locked();
+  policy_.reset_peak();
+  pages_.reset_peak();
+}
+
+std::vector<vta_page_info_t> AddressSpace::pages() {
+  std::lock_guard<std::mutex> lk(mu_);
+  check_open_locked();
+  residency_.drain_inflight(false);
+  using State = Residency::State;
+  const LiveAllocations& live = policy_.live();
+  const auto& away = residency_.away();
+  auto count_allocs = [&](uintptr_t va) {
+    uint32_t n = 0;
+    live.for_each_on_page(va, [&](uintptr_t, const Allocation&) { ++n; });
+    return n;
+  };
+  std::unordered_map<int32_t, uintptr_t> restoring;  // device page id -> the address it fills
+  for (auto& [va, p] : away)
+    if ((p.state == State::restoring || p.state == State::restored) && p.device_page >= 0)
+      restoring[p.device_page] = va;
+  std::vector<vta_page_info_t> out;
+  pages_.for_each_page([&](int32_t id, uintptr_t va) {
+    vta_page_info_t info{};
+    info.page_id = static_cast<uint64_t>(id);
+    info.address = va;
+    info.tag = pages_.tag_of(id);
+    auto r = restoring.find(id);
+    if (r != restoring.end()) {
+      info.address = r->second;
+      info.state = VTA_PAGE_IN_FLIGHT;
+      info.num_allocs = count_allocs(r->second);
+    } else if (va == 0) {
+      info.state = VTA_PAGE_FREE;
+    } else if (away.count(va)) {
+      // Being evicted, or evicted with its device page not yet released.
+      info.state = away.at(va).state == State::evicted ? VTA_PAGE_EVICTED : VTA_PAGE_IN_FLIGHT;
+      info.num_allocs = count_allocs(va);
+    } else {
+      info.num_allocs = count_allocs(va);
+      bool pending = policy_.pending().over_page(va);
+      bool live_slab = policy_.slabs().has_live_blocks(va);
+      info.state = (info.num_allocs > 0 || pending || live_slab) ? VTA_PAGE_ALLOCATED : VTA_PAGE_CACHED;
+    }
+    out.push_back(info);
+  });
+  for (auto& [va, p] : away) {
+    if (p.state != State::evicted || p.device_held) continue;  // the others were listed with their device page
+    vta_page_info_t info{};
+    info.page_id = VTA_NO_PAGE;
+    info.address = va;
+    info.state = VTA_PAGE_EVICTED;
+    info.num_allocs = count_allocs(va);
+    out.push_back(info);
+  }
+  return out;
+}
+
+std::vector<vta_alloc_info_t> AddressSpace::allocations() {
+  std::lock_guard<std::mutex> lk(mu_);
+  check_open_locked();
+  const LiveAllocations::Map& live = policy_.live().all();
+  std::vector<vta_alloc_info_t> out;
+  out.reserve(live.size());
+  for (auto& [addr, a] : live) out.push_back(vta_alloc_info_t{addr, a.size, a.requested, a.stream});
+  return out;
+}
+
+}  // namespace vta
