@@ -14,13 +14,9 @@ from __future__ import annotations
 import ctypes
 from typing import Any, Mapping, Sequence
 
-from .errors import error_for_status
+from .errors import Status, error_for_status
 
-__all__ = ["OK", "ERR_OUT_OF_MEMORY", "declare", "check"]
-
-# vta_status_t values of vtalloc.h that the edge itself tells apart.
-OK = 0
-ERR_OUT_OF_MEMORY = 2
+__all__ = ["declare", "check"]
 
 Prototypes = Mapping[str, "tuple[Any, Sequence[Any]]"]
 
@@ -35,11 +31,11 @@ def declare(lib: ctypes.CDLL, prototypes: Prototypes) -> None:
 
 def check(lib: ctypes.CDLL, status: int) -> None:
     """Raise the exception for a non-zero status returned by ``lib`` on this thread."""
-    if status == OK:
+    if status == Status.OK:
         return
     message = (lib.vta_last_error() or b"").decode("utf-8", "replace")
     oom = None
-    if status == ERR_OUT_OF_MEMORY:
+    if status == Status.OUT_OF_MEMORY:
         requested, capacity, mapped = ctypes.c_uint64(), ctypes.c_uint64(), ctypes.c_uint64()
         lib.vta_last_oom(ctypes.byref(requested), ctypes.byref(capacity), ctypes.byref(mapped))
         oom = (requested.value, capacity.value, mapped.value)

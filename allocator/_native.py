@@ -17,6 +17,7 @@ import threading
 from pathlib import Path
 
 from . import _cabi
+from .config import Config
 from .errors import InternalError
 
 ABI_VERSION = 1
@@ -149,7 +150,7 @@ _PROTOTYPES = {
 }
 
 
-def make_config(config, *, flags: int = 0) -> VtaConfig:
+def make_config(config: Config, *, flags: int = 0) -> VtaConfig:
     """The C mirror of a :class:`vtalloc.allocator.config.Config`."""
     c = VtaConfig()
     c.struct_size = ctypes.sizeof(c)
@@ -164,6 +165,22 @@ def make_config(config, *, flags: int = 0) -> VtaConfig:
     c.reservation_bytes = config.reservation_size or 0
     c.evict_mode = EVICT_MODES[config.evict_mode]
     return c
+
+
+def config_from_struct(raw: VtaConfig) -> Config:
+    """The :class:`~vtalloc.allocator.config.Config` a vta_config_t mirrors (the inverse of
+    :func:`make_config`; 0 means "the default")."""
+    return Config(
+        backend=BACKEND_NAMES[raw.backend],
+        device=raw.device,
+        capacity=raw.capacity_bytes or None,
+        page_size=raw.page_bytes or None,
+        small_threshold=raw.small_threshold_bytes or None,
+        host_granularity=raw.host_granularity_bytes or None,
+        host_capacity=raw.host_capacity_bytes or None,
+        reservation_size=raw.reservation_bytes or None,
+        evict_mode=EVICT_MODE_NAMES[raw.evict_mode],
+    )
 
 _lib: ctypes.CDLL | None = None
 _lock = threading.Lock()

@@ -160,27 +160,12 @@ def _config_struct(config: Config, on_failure: int) -> VtaTorchConfig:
     return c
 
 
-def _config_of(raw: _native.VtaConfig) -> Config:
-    """The Config a vta_config_t mirrors (the inverse of ``_native.make_config``; 0 is the default)."""
-    return Config(
-        backend=_native.BACKEND_NAMES[raw.backend],
-        device=raw.device,
-        capacity=raw.capacity_bytes or None,
-        page_size=raw.page_bytes or None,
-        small_threshold=raw.small_threshold_bytes or None,
-        host_granularity=raw.host_granularity_bytes or None,
-        host_capacity=raw.host_capacity_bytes or None,
-        reservation_size=raw.reservation_bytes or None,
-        evict_mode=_native.EVICT_MODE_NAMES[raw.evict_mode],
-    )
-
-
 def normalized(config: Config, on_failure: int = FAIL_THROW) -> Config:
     """The space options the shim would keep for ``config`` (device 0, backend "auto" -> "cuda"),
     changing nothing; InvalidArgumentError for what configure() would refuse."""
     out = VtaTorchConfig()
     check(lib().vta_torch_normalize_config(ctypes.byref(_config_struct(config, on_failure)), ctypes.byref(out)))
-    return _config_of(out.space)
+    return _native.config_from_struct(out.space)
 
 
 def configure(config: Config, on_failure: int) -> Config:
@@ -189,7 +174,7 @@ def configure(config: Config, on_failure: int) -> Config:
     check(lib().vta_torch_configure(ctypes.byref(_config_struct(config, on_failure))))
     c = VtaTorchConfig()
     check(lib().vta_torch_get_config(ctypes.byref(c), None))
-    return _config_of(c.space)
+    return _native.config_from_struct(c.space)
 
 
 def current_config() -> tuple[bool, int, dict[str, int]]:

@@ -7,6 +7,8 @@ the built-in exception a user would catch without knowing vtalloc: an out-of-mem
 
 from __future__ import annotations
 
+import enum
+
 __all__ = [
     "VtallocError",
     "OutOfMemoryError",
@@ -61,14 +63,27 @@ class InternalError(VtallocError, RuntimeError):
 
 
 # Status codes of csrc/include/vtalloc/vtalloc.h.
+class Status(enum.IntEnum):
+    """vta_status_t of vtalloc.h (tests/test_errors.py checks the two agree)."""
+
+    OK = 0
+    INVALID_ARGUMENT = 1
+    OUT_OF_MEMORY = 2
+    BACKEND_UNAVAILABLE = 3
+    DRIVER = 4
+    CLOSED = 5
+    HOST_POOL_EXHAUSTED = 6
+    INTERNAL = 7
+
+
 _BY_STATUS = {
-    1: InvalidArgumentError,
-    2: OutOfMemoryError,
-    3: BackendUnavailableError,
-    4: DriverError,
-    5: ClosedError,
-    6: HostPoolExhaustedError,
-    7: InternalError,
+    Status.INVALID_ARGUMENT: InvalidArgumentError,
+    Status.OUT_OF_MEMORY: OutOfMemoryError,
+    Status.BACKEND_UNAVAILABLE: BackendUnavailableError,
+    Status.DRIVER: DriverError,
+    Status.CLOSED: ClosedError,
+    Status.HOST_POOL_EXHAUSTED: HostPoolExhaustedError,
+    Status.INTERNAL: InternalError,
 }
 
 

@@ -165,21 +165,21 @@ async def serve(config: DaemonConfig, *, on_ready: Callable[[dict], None] | None
     sock_path = Path(config.socket_path)
     gid = _prepare_directory(sock_path.parent, config.group)
     lock = _Lock(config.socket_path + ".lock")
-    pool = listener = metrics = None
+    page_pool = listener = metrics = None
     server = None
     side_task = None
     try:
         for stale in (config.socket_path, config.side_channel_path):
             if os.path.lexists(stale):
                 os.unlink(stale)
-        pool = PagePool(config=config.pages)
-        info = pool.info()
+        page_pool = PagePool(config=config.pages)
+        info = page_pool.info()
         geometry = NodeGeometry(info.backend, info.device, info.page_bytes, info.capacity_bytes // info.page_bytes,
                                 config.host_capacity or 0, config.evict_deadline_s)
         admins = {0, os.geteuid(), *config.admin_uids}
         ledger = Ledger(geometry, default_quota=config.default_quota, quotas=config.quotas,
                         principals=config.principals, admin_uids=admins)
-        node = Node(pool, ledger, kill_on_missed_deadline=config.kill_on_missed_deadline)
+        node = Node(page_pool, ledger, kill_on_missed_deadline=config.kill_on_missed_deadline)
 
         server = grpc.aio.server(
             interceptors=[ErrorInterceptor()],
@@ -240,15 +240,15 @@ async def serve(config: DaemonConfig, *, on_ready: Callable[[dict], None] | None
         await server.stop(grace=_STOP_GRACE_S)
         server = None
         await node.close()
-        pool = None
+        page_pool = None
     finally:
         if side_task is not None:
             side_task.cancel()
             await asyncio.gather(side_task, return_exceptions=True)
         if server is not None:
             await server.stop(grace=None)
-        if pool is not None:
-            pool.close()
+        if page_pool is not None:
+            page_pool.close()
         if listener is not None:
             listener.close()
         if metrics is not None:

@@ -11,7 +11,7 @@ Invariants (``check_invariants()``):
 - the quota minimums of all principals together fit in the node's capacity;
 - a principal's pages never exceed its maximum because of a lease the ledger admitted
   (lowering a maximum later refuses new leases; it takes nothing away).
-Page ids are never reused (the pool hands out fresh ones), so an id seen once identifies a
+Page ids are never reused (the page pool hands out fresh ones), so an id seen once identifies a
 page for the daemon's lifetime. Thread safety: every public method takes one lock (the
 metrics thread reads while the event loop writes).
 """

@@ -5,9 +5,9 @@ Owns the I/O around the ledger, on the event loop: accepting side-channel connec
 that come back or whose session ended, asking sessions to evict when the node runs short,
 and the decision when one does not answer in time (Note [Missed eviction deadline]).
 
-Invariants: a page is in the pool exactly while the ledger has an owner for it (pages are
+Invariants: a page is in the page pool exactly while the ledger has an owner for it (pages are
 created after the ledger admits a lease and released as soon as the ledger lets go of them);
-a session ends, and its pages go back to the pool, as soon as its connection closes or its
+a session ends, and its pages go back to the page pool, as soon as its connection closes or its
 process exits (EOF or pidfd readable), whichever comes first. Returned pages are released,
 never handed to another session, so no bytes cross between sessions (memfd pages start
 zeroed; see docs/service.md on cuda pages).
@@ -21,7 +21,7 @@ A session asked to evict has ``evict_deadline_s`` to return the pages. If it mis
 - otherwise (the requester is borrowing above its minimum), the lease fails with
   RESOURCE_EXHAUSTED (NodeShortError) and the laggard keeps running.
 Every miss and every kill is counted (metrics, stats). ``vtalloc serve --no-kill`` makes
-every miss fail the lease. Pages the laggard returns late still go back to the pool.
+every miss fail the lease. Pages the laggard returns late still go back to the page pool.
 """
 
 from __future__ import annotations
@@ -218,13 +218,13 @@ class Node:
             peer.pidfd = None
         if s.kind == "client":
             how = "closed" if clean else "gone (reclaimed)"
-            log.info("session %s %s: %d pages back to the pool", s.session_id, how, len(pages))
+            log.info("session %s %s: %d pages back to the page pool", s.session_id, how, len(pages))
 
     def _release(self, pages: list[int]) -> None:
         for p in pages:
             try:
                 self.pool.release_page(p)
-            except Exception:  # noqa: BLE001 - a page the pool cannot release is logged, not fatal
+            except Exception:  # noqa: BLE001 - a page the page pool cannot release is logged, not fatal
                 log.exception("could not release page %d", p)
         self._changed()
 
@@ -406,7 +406,7 @@ class Node:
             peer.events.put_nowait(ShutdownEvent(reason))
 
     async def close(self) -> None:
-        """End every session (their mapped pages stay valid in the clients) and the pool."""
+        """End every session (their mapped pages stay valid in the clients) and the page pool."""
         self._closing = True
         for peer in list(self._peers.values()):
             self._end(peer, clean=True)

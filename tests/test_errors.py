@@ -135,3 +135,15 @@ def test_cuda_unavailable_is_typed():
 def test_cuda_device_out_of_range_is_typed():
     with pytest.raises(BackendUnavailableError):
         AddressSpace(backend="cuda", device=999)
+
+
+def test_python_status_codes_are_vtalloc_h():
+    import re
+    from pathlib import Path
+
+    from vtalloc.allocator.errors import Status
+
+    header = (Path(__file__).resolve().parents[1] / "csrc/include/vtalloc/vtalloc.h").read_text()
+    in_c = {name: int(value) for name, value in re.findall(r"\bVTA_(OK|ERR_[A-Z_]+) = (\d+)", header)}
+    assert len(in_c) >= 8
+    assert {("OK" if m.name == "OK" else "ERR_" + m.name): m.value for m in Status} == in_c

@@ -7,7 +7,7 @@
 // Allocation, in order, for n pages (large, > small_threshold):
 //   1. best-fit among cached free ranges that still have pages mapped (no driver call);
 //   2. best-fit among unmapped free ranges (reserving more VA if none fits), backed by
-//      pages taken from the unmapped pool, created under capacity, reclaimed from cached
+//      free (unmapped) pages of the page table, pages created under capacity, reclaimed from cached
 //      free ranges, freed by waiting for frees still pending on their streams, or freed by
 //      the eviction engine: releasing the device pages evicted pages still hold, finishing
 //      eviction copies still running, evicting the least-recently-used evictable page

@@ -30,7 +30,7 @@ class VirtualRanges {
   bool map_range(size_t npages, Obtain&& obtain, uintptr_t* out);
   // The last page of the smallest cached range (the least useful for reuse), taken out.
   bool take_cached_page(uintptr_t* va);
-  // Unmap [va, va + bytes) (its pages go to the page table's unmapped pool); unmapped range.
+  // Unmap [va, va + bytes) (its pages become the page table's free pages); unmapped range.
   void unmap(uintptr_t va, size_t bytes);
   // Unmap every cached range (trim).
   void unmap_cached();

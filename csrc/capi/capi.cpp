@@ -1,8 +1,9 @@
 // The C ABI (vtalloc.h) over AddressSpace.
 //
-// Owns: the vta_space handle, the thread-local last error, and the rule that no exception
-// crosses this boundary: every entry point runs its body through `guarded()`, which turns
-// an Error (or anything else) into a status code and a message.
+// Owns: the vta_space entry points of vtalloc.h. Invariants: no exception crosses this
+// boundary: every entry point runs its body through `guarded()` (capi/guard.hpp, which also
+// holds the one thread-local last error of the whole C ABI), turning an Error (or anything
+// else) into a status code and a message.
 #include <algorithm>
 #include <cstring>
 #include <memory>

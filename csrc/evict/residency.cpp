@@ -210,7 +210,7 @@ void Residency::restore_page(uintptr_t va, StreamHandle consumer) {
     check(backend_.copy(dst, r.slot.addr, page_bytes_, cs));
     r.event = events_.record_after_copy(cs);
   } catch (...) {
-    // Undo: the bytes are still in the host slot; the page goes back to the pool.
+    // Undo: the bytes are still in the host slot; the page goes back to the free pages.
     if (mapped_at_va) {
       (void)backend_.stream_synchronize(cs);
       pages_.unmap_range(va, page_bytes_);
@@ -261,7 +261,7 @@ void Residency::swap_restored_page(uintptr_t va, AwayPage& p) {
     p.host_mapped = false;
   }
   try {
-    pages_.map_pages(va, {p.device_page});  // all or nothing: on failure the page is back in the pool
+    pages_.map_pages(va, {p.device_page});  // all or nothing: on failure the page is free (unmapped) again
   } catch (...) {
     // The bytes are still in the host slot: back to evicted, its host page at the address.
     p.state = State::evicted;

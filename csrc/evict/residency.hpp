@@ -134,7 +134,7 @@ class Residency final : public ResidencyPort {
   void swap_restored_page(uintptr_t va, AwayPage& p);
   // An evicted page whose device page was never released becomes resident again (no copy).
   void unevict_held(uintptr_t va);
-  // A restored page goes back to evicted: its device page (at the window) returns to the pool.
+  // A restored page goes back to evicted: its device page (at the window) returns to the free pages.
   void unrestore(AwayPage& p);
   // The page is resident again: forget it as away, give its slab its free blocks back, LRU.
   void finish_resident(uintptr_t va);

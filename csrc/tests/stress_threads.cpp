@@ -84,9 +84,9 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "create: %s\n", vta_last_error());
       return 2;
     }
-    std::vector<std::thread> pool;
-    for (int t = 0; t < threads; ++t) pool.emplace_back(worker, space, t, steps);
-    for (auto& t : pool) t.join();
+    std::vector<std::thread> workers;
+    for (int t = 0; t < threads; ++t) workers.emplace_back(worker, space, t, steps);
+    for (auto& t : workers) t.join();
     vta_stats_t st{};
     vta_stats(space, &st);
     std::printf("mode %u: %llu evictions, %llu restores, %llu pressure evictions\n", mode,

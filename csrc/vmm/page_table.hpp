@@ -6,9 +6,9 @@
 // reclaim is decided in alloc/.
 // Invariants:
 //  - pages held <= capacity_pages; a page is either mapped at exactly one page-aligned
-//    address inside a reservation, or unmapped and listed in the free pool;
+//    address inside a reservation, or unmapped and listed among the free pages;
 //  - map_pages() is all-or-nothing: on any failure the pages mapped so far are unmapped
-//    and returned to the pool (RAII guard), so no mapping or page leaks;
+//    and returned to the free pages (RAII guard), so no mapping or page leaks;
 //  - after release_all() nothing is held: no page, mapping or reservation.
 #pragma once
 
@@ -39,12 +39,12 @@ class PageTable {
   // Take a held, unmapped page, or create one while under capacity. False when neither is
   // possible (at capacity, or the driver is out of memory). Throws on other driver errors.
   bool acquire_page(int32_t* id);
-  // Give an acquired page back to the unmapped pool without mapping it.
+  // Give an acquired page back to the free pages without mapping it.
   void return_page(int32_t id);
 
   // Map pages[i] at va + i * page_bytes and make the range accessible. All or nothing.
   void map_pages(uintptr_t va, const std::vector<int32_t>& ids);
-  // Unmap the whole pages in [va, va + bytes); their pages return to the unmapped pool.
+  // Unmap the whole pages in [va, va + bytes); their pages become free pages.
   void unmap_range(uintptr_t va, size_t bytes);
 
   int32_t page_at(uintptr_t va) const;

@@ -235,7 +235,7 @@ VTA_API vta_status_t vta_debug_fault_totals(uint64_t* out_kernel_faults, uint64_
 
 /* --- Leased pages (client side of the service) ------------------------------------------ */
 /* Adopt a page received as a file descriptor (the caller keeps and closes `fd`). The page
- * joins the unmapped pool; `tag` is the service's id for it, given back on return. */
+ * joins the free (unmapped) pages; `tag` is the service's id for it, given back on return. */
 VTA_API vta_status_t vta_space_import_page(vta_space_t* space, int32_t fd, uint64_t tag);
 /* Give back up to `max_pages` pages that hold no live data (unmapping cached ones as needed).
  * Writes their tags to out_tags (room for max_pages) and the number to *out_count. */
