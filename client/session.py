@@ -12,6 +12,7 @@ every descriptor received is either returned to the caller or closed.
 from __future__ import annotations
 
 import errno
+import logging
 import os
 import select
 import socket
@@ -32,6 +33,16 @@ from vtalloc.server.protocol.side_channel import PROTOCOL_VERSION, ProtocolError
 __all__ = ["ServiceSession", "SessionHello", "DEFAULT_RPC_TIMEOUT_S"]
 
 DEFAULT_RPC_TIMEOUT_S = 5.0
+log = logging.getLogger("vtalloc.client")
+# gRPC's own text for a call that failed before it left this process (no connection).
+_NOT_CONNECTED = "failed to connect to all addresses"
+
+
+def _never_sent(e: grpc.RpcError) -> bool:
+    code = e.code() if hasattr(e, "code") else None
+    return code == grpc.StatusCode.UNAVAILABLE and _NOT_CONNECTED in (e.details() or "")
+
+
 _CHANNEL_OPTIONS = [
     ("grpc.enable_retries", 0),
     ("grpc.initial_reconnect_backoff_ms", 100),
@@ -133,10 +144,24 @@ class ServiceSession:
 
     # -- calls ------------------------------------------------------------------------------
     def call(self, stub: Any, method: str, request: Any, timeout_s: float | None = None) -> Any:
-        """``stub.method(request)`` with the session token and a timeout; typed errors on failure."""
+        """``stub.method(request)`` with the session token and a timeout; typed errors on failure.
+
+        A call the channel could not even send (it failed to connect: under load the daemon's
+        accept queue can be full for a moment) while the side channel shows the daemon alive is
+        sent once more, waiting for the channel within the same timeout. The daemon never saw
+        the first one, so nothing is done twice; a daemon that is gone still fails at once.
+        """
         self._usable()
+        timeout = timeout_s or self.timeout_s
+        fn = getattr(stub, method)
         try:
-            return getattr(stub, method)(request, timeout=timeout_s or self.timeout_s, metadata=self._metadata)
+            try:
+                return fn(request, timeout=timeout, metadata=self._metadata)
+            except grpc.RpcError as e:
+                if not (_never_sent(e) and self.alive):
+                    raise
+                log.info("%s: the channel could not connect while the daemon is alive; sending again", method)
+                return fn(request, timeout=timeout, metadata=self._metadata, wait_for_ready=True)
         except grpc.RpcError as e:
             err = error_from_rpc(e, method)
             if isinstance(err, ServiceUnavailableError) and not self.alive:

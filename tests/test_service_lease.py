@@ -222,3 +222,32 @@ def test_restoring_leases_pages_again_after_they_went_back(daemon):
         assert space.residency(a) == "resident" and space.stats().pages_total >= 2
         assert space.read(a, 4 * MiB) == pattern(8, 4 * MiB)
         space.free(a)
+
+
+def test_a_call_the_channel_could_not_send_is_sent_again_while_the_daemon_lives(daemon, tmp_path):
+    """Under load a connect can fail for a moment (a full accept queue); the daemon never saw the
+    call, so the session sends it again, waiting for the channel, instead of failing the lease."""
+    import threading
+
+    import grpc
+
+    from vtalloc.client.session import ServiceSession
+    from vtalloc.server.proto.vtalloc.v1 import pages_pb2, pages_pb2_grpc
+    from vtalloc.server.protocol.address import parse_address
+
+    later = tmp_path / "later.sock"  # nothing listens here until the symlink to the daemon appears
+    with ServiceSession(daemon.address, kind="observer", timeout_s=10.0) as session:
+        channel = grpc.insecure_channel(f"unix://{later}", options=[("grpc.initial_reconnect_backoff_ms", 100),
+                                                                    ("grpc.min_reconnect_backoff_ms", 100),
+                                                                    ("grpc.max_reconnect_backoff_ms", 200)])
+        try:
+            stub = pages_pb2_grpc.PagesStub(channel)
+            with pytest.raises(grpc.RpcError, match="failed to connect"):
+                stub.GetStats(pages_pb2.GetStatsRequest(), timeout=5)  # what the session meets first
+            timer = threading.Timer(0.5, lambda: later.symlink_to(parse_address(daemon.address)))
+            timer.start()
+            stats = session.call(stub, "GetStats", pages_pb2.GetStatsRequest())
+            timer.join()
+            assert stats.device.capacity_pages > 0
+        finally:
+            channel.close()
