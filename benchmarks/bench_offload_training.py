@@ -1,0 +1,492 @@
+"""bench_offload_training: training with more saved activations than fit, vtalloc against every peer (issue 10).
+
+Owns: the offload-training benchmark (a parent that plans the runs, one child interpreter per
+configuration), the stream-overlapped offloader baseline, the loss check, the JSON record, the
+table and the chart.
+Invariants: every configuration runs in its own fresh process (a clean CUDA context and
+allocator) under the same memory cap, on the same seeded model and data; a run that runs out
+of memory is a result (recorded, not retried); losses of runs at one batch are compared with a
+stated relative tolerance; no figure is written that this invocation did not measure.
+
+Configurations (GPU), per model, at the native maximum batch B (probed, or ``--batch``) and at
+``--multiples`` x B (default 2 and 4):
+
+* native       - PyTorch's caching allocator, ``set_per_process_memory_fraction(cap)``; at B only;
+* expandable   - the same with ``PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True``;
+* save_on_cpu  - ``torch.autograd.graph.save_on_cpu(pin_memory=True)``;
+* offloader    - :class:`StreamOffloader` below: saved tensors >= 1 MiB copied D2H on a side
+                 stream into pinned buffers during forward, copied back on demand in backward;
+* vtalloc      - ``vtalloc.allocator.torch.enable(capacity=cap)`` + ``paged_activations(None)``
+                 at default settings (``--vtalloc-option k=v`` / ``--budget`` override them).
+
+Models: ResNet-50 (torchvision, channels_last, 224x224) and a transformer (8 x
+TransformerEncoderLayer(2048, 16 heads, 8192), seq 1024), bf16 autocast, SGD.
+
+``--cpu-smoke`` runs a tiny version on CPU (a small CNN and a 2-layer transformer, 3 steps):
+native, save_on_cpu, the offloader (synchronous copies: CPU has no copy stream) and vtalloc's
+``paged_activations`` over a host-backend AddressSpace; it checks the script, not GPU speed.
+
+    python benchmarks/bench_offload_training.py --chart benchmarks/results/offload_training.png
+    python benchmarks/bench_offload_training.py --cpu-smoke --out /tmp/smoke.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import datetime as _dt
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+MiB = 1 << 20
+GPU_CONFIGS = ["native", "expandable", "save_on_cpu", "offloader", "vtalloc"]
+CPU_CONFIGS = ["native", "save_on_cpu", "offloader", "vtalloc"]
+REFERENCE_ORDER = ["native", "save_on_cpu", "offloader", "expandable", "vtalloc"]
+PROBE_START = {"resnet50": 32, "transformer": 2}
+
+
+# -- the stream-overlapped offloader (the strongest simple baseline) -------------------------------
+
+class StreamOffloader:
+    """Saved tensors >= ``min_bytes`` go to pinned host buffers on a side stream during forward
+    and come back on demand (on the current stream) in backward. On CPU the copies are plain."""
+
+    def __init__(self, min_bytes: int = MiB) -> None:
+        import torch
+
+        self.torch, self.min_bytes, self.stream = torch, min_bytes, None
+        self.d2h_bytes = self.h2d_bytes = 0
+
+    def hooks(self) -> Any:
+        return self.torch.autograd.graph.saved_tensors_hooks(self.pack, self.unpack)
+
+    def pack(self, t: Any) -> Any:
+        torch = self.torch
+        base = t._base if t._base is not None else t
+        nbytes = t.numel() * t.element_size()
+        if (base.is_leaf and base.requires_grad) or nbytes < self.min_bytes:
+            return t  # parameters stay; small tensors cost more to move than they free
+        dense = t.is_contiguous() or t.is_contiguous(memory_format=torch.channels_last)
+        stride = t.stride() if dense else torch.empty(t.shape, device="meta").stride()
+        host = torch.empty_strided(t.shape, stride, dtype=t.dtype, pin_memory=t.is_cuda)
+        if t.is_cuda:
+            if self.stream is None:
+                self.stream = torch.cuda.Stream(t.device)
+            self.stream.wait_stream(torch.cuda.current_stream(t.device))
+            with torch.cuda.stream(self.stream):
+                host.copy_(t, non_blocking=True)
+            t.record_stream(self.stream)  # its device memory is reused only after the copy
+        else:
+            host.copy_(t)
+        self.d2h_bytes += nbytes
+        return (t.device, host)
+
+    def unpack(self, packed: Any) -> Any:
+        if not isinstance(packed, tuple):
+            return packed
+        device, host = packed
+        if device.type != "cuda":
+            return host
+        self.torch.cuda.current_stream(device).wait_stream(self.stream)
+        self.h2d_bytes += host.numel() * host.element_size()
+        return host.to(device, non_blocking=True)
+
+
+# -- child: one configuration in its own interpreter ----------------------------------------------
+
+def build(torch: Any, model: str, batch: int, device: str) -> tuple[Any, Any, Any, Any]:
+    """(model, x, y, loss_fn), seeded: the same weights and data in every process."""
+    nn = torch.nn
+    torch.manual_seed(0)
+    seq = 1
+    if model == "resnet50":
+        import torchvision
+
+        net, shape, classes = torchvision.models.resnet50(), (3, 224, 224), 1000
+    elif model == "cnn":  # smoke
+        net = nn.Sequential(nn.Conv2d(3, 16, 3, padding=1), nn.ReLU(), nn.Conv2d(16, 16, 3, padding=1), nn.ReLU(),
+                            nn.AdaptiveAvgPool2d(4), nn.Flatten(), nn.Linear(256, 10))
+        shape, classes = (3, 32, 32), 10
+    else:
+        d, heads, ff, layers, seq, classes = ((2048, 16, 8192, 8, 1024, 1000) if model == "transformer"
+                                              else (64, 4, 256, 2, 32, 10))  # "tiny_transformer": smoke
+        net = nn.Sequential(*[nn.TransformerEncoderLayer(d, heads, ff, dropout=0.0, batch_first=True)
+                              for _ in range(layers)], nn.Linear(d, classes))
+        shape = (seq, d)
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn((batch, *shape), generator=g)
+    y = torch.randint(classes, (batch, seq) if seq > 1 else (batch,), generator=g)
+    net, x, y = net.to(device), x.to(device), y.to(device)
+    if model in ("resnet50", "cnn"):
+        net, x = net.to(memory_format=torch.channels_last), x.contiguous(memory_format=torch.channels_last)
+
+    def loss_fn(out: Any, target: Any) -> Any:
+        return torch.nn.functional.cross_entropy(out.reshape(-1, out.shape[-1]).float(), target.reshape(-1))
+
+    return net, x, y, loss_fn
+
+
+def is_oom(e: BaseException) -> bool:
+    return isinstance(e, MemoryError) or type(e).__name__ == "OutOfMemoryError" or "out of memory" in str(e).lower()
+
+
+def counted_save_on_cpu(torch: Any, moved: dict[str, int]) -> Any:
+    """torch's save_on_cpu(pin_memory=True) with its hooks wrapped to count the bytes they copy."""
+    ctx = torch.autograd.graph.save_on_cpu(pin_memory=True)
+    pack0, unpack0 = ctx.pack_hook, ctx.unpack_hook
+
+    def pack(t: Any) -> Any:
+        moved["d2h"] += t.numel() * t.element_size()  # pin_memory=True copies every saved tensor
+        return pack0(t)
+
+    def unpack(p: Any) -> Any:
+        if p[0].type != "cpu":
+            moved["h2d"] += p[1].numel() * p[1].element_size()
+        return unpack0(p)
+
+    ctx.pack_hook, ctx.unpack_hook = pack, unpack
+    return ctx
+
+
+def child(cfg: dict[str, Any]) -> dict[str, Any]:
+    import torch
+
+    cuda, name = cfg["device"] == "cuda", cfg["config"]
+    torch.backends.cudnn.benchmark = False  # enable() requires it; the same for every configuration
+    if not cuda:
+        torch.set_num_threads(1)
+    if cfg.get("deterministic"):
+        torch.backends.cudnn.deterministic = True
+    space = vt = None
+    if name == "vtalloc" and cuda:
+        import vtalloc.allocator.torch as vt
+
+        vt.enable(capacity=cfg["cap"], **cfg.get("vtalloc_options", {}))
+    elif name == "vtalloc":
+        from vtalloc.allocator import AddressSpace
+
+        space = AddressSpace(backend="host", capacity=cfg["cap"], host_capacity="1GiB", **cfg.get("vtalloc_options", {}))
+    elif cuda:
+        total = torch.cuda.get_device_properties(0).total_memory
+        torch.cuda.set_per_process_memory_fraction(min(1.0, cfg["cap"] / total), 0)
+    device = "cuda" if cuda else "cpu"
+    if cfg.get("probe"):
+        return probe(torch, cfg, device)
+    out: dict[str, Any] = {"config": name, "model": cfg["model"], "batch": cfg["batch"]}
+    if cuda:
+        p = torch.cuda.get_device_properties(0)
+        out["gpu"] = {"name": p.name, "total_memory_bytes": p.total_memory, "cuda": torch.version.cuda,
+                      "torch": torch.__version__}
+    try:
+        net, x, y, loss_fn = build(torch, cfg["model"], cfg["batch"], device)
+    except Exception as e:  # noqa: BLE001 - an OOM while building is a result
+        if not is_oom(e):
+            raise
+        return {**out, "status": "oom", "oom_at_step": -1, "error": str(e).splitlines()[0][:300]}
+    opt = torch.optim.SGD(net.parameters(), lr=0.01)
+    moved = {"d2h": 0, "h2d": 0}
+    offloader = pager = None
+    if name == "save_on_cpu":
+        saved_ctx = counted_save_on_cpu(torch, moved)
+        scope = lambda: saved_ctx  # noqa: E731 - the same hooks object every step
+    elif name == "offloader":
+        offloader = StreamOffloader(cfg.get("offload_min_bytes", MiB))
+        scope = offloader.hooks
+    elif name == "vtalloc":
+        from vtalloc.allocator.torch import paged_activations
+
+        pager = paged_activations(space, cfg.get("budget"))
+        scope = lambda: pager  # noqa: E731 - one pager for every step: it learns the order
+    else:
+        scope = contextlib.nullcontext
+    autocast = torch.autocast("cuda", dtype=torch.bfloat16) if cuda else contextlib.nullcontext()
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
+
+    def counters() -> dict[str, int]:
+        if name == "vtalloc":
+            s = (vt.stats() if cuda else space.stats()).as_dict()
+            return {k: v for k, v in s.items() if isinstance(v, int) and not isinstance(v, bool)}
+        if offloader is not None:
+            return {"d2h": offloader.d2h_bytes, "h2d": offloader.h2d_bytes}
+        return dict(moved)
+
+    losses, times, before = [], [], {}
+    if cuda and name != "vtalloc":
+        torch.cuda.reset_peak_memory_stats()
+    for step in range(cfg["steps"]):
+        if step == cfg["warmup"]:
+            before = counters()
+        t0 = time.perf_counter()
+        try:
+            opt.zero_grad(set_to_none=True)
+            with scope(), autocast:
+                loss = loss_fn(net(x), y)
+            loss.backward()
+            opt.step()
+            sync()
+        except Exception as e:  # noqa: BLE001
+            if not is_oom(e):
+                raise
+            out.update(status="oom", oom_at_step=step, error=str(e).splitlines()[0][:300], losses=losses)
+            break
+        times.append(time.perf_counter() - t0)
+        losses.append(float(loss))
+    else:
+        out["status"] = "ok"
+    timed = times[cfg["warmup"]:]
+    if out["status"] == "ok" and timed:
+        after = counters()
+        delta = {k: after[k] - before.get(k, 0) for k in after}
+        n = len(timed)
+        out.update(losses=losses, step_s=times, median_step_s=statistics.median(timed),
+                   samples_per_s=cfg["batch"] / statistics.median(timed), timed_steps=n)
+        if name == "vtalloc":
+            moved_b = delta.get("bytes_evicted_total", 0) + delta.get("bytes_restored_total", 0)
+            out["vtalloc_stats_delta_per_step"] = {k: v / n for k, v in delta.items() if v}
+            out["pager"] = dataclasses.asdict(pager.stats())
+            out["bytes_moved_how"] = "vtalloc Stats: bytes_evicted_total + bytes_restored_total"
+        else:
+            moved_b = delta.get("d2h", 0) + delta.get("h2d", 0)
+            out["bytes_moved_how"] = {"save_on_cpu": "counted in save_on_cpu's hooks (pack copies, unpack copies)",
+                                      "offloader": "counted in the offloader's hooks"}.get(name, "none: nothing moves")
+        out["bytes_moved_per_step"] = moved_b / n
+    out.update(peak_memory(torch, cuda, name, vt, space))
+    if space is not None:
+        del pager, net, opt, x, y
+        space.close()
+    return out
+
+
+def peak_memory(torch: Any, cuda: bool, name: str, vt: Any, space: Any) -> dict[str, Any]:
+    if name == "vtalloc":
+        s = vt.stats() if cuda else space.stats()
+        return {"peak_bytes": s.peak_mapped_bytes, "peak_allocated_bytes": s.peak_active_bytes,
+                "peak_how": "vtalloc peak_mapped_bytes (pages mapped) / peak_active_bytes"}
+    if cuda:
+        return {"peak_bytes": torch.cuda.max_memory_reserved(), "peak_allocated_bytes": torch.cuda.max_memory_allocated(),
+                "peak_how": "torch.cuda.max_memory_reserved / max_memory_allocated"}
+    import resource
+
+    return {"peak_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, "peak_allocated_bytes": None,
+            "peak_how": "process max RSS (CPU: device and host memory are one)"}
+
+
+def probe(torch: Any, cfg: dict[str, Any], device: str) -> dict[str, Any]:
+    """Largest power-of-two batch that trains two steps under the cap (native allocator)."""
+    best, batch, tried = None, PROBE_START.get(cfg["model"], 1), []
+    while batch <= cfg.get("probe_max", 1 << 14):
+        try:
+            net, x, y, loss_fn = build(torch, cfg["model"], batch, device)
+            opt = torch.optim.SGD(net.parameters(), lr=0.01)
+            for _ in range(2):
+                opt.zero_grad(set_to_none=True)
+                with torch.autocast("cuda", dtype=torch.bfloat16):
+                    loss = loss_fn(net(x), y)
+                loss.backward()
+                opt.step()
+            torch.cuda.synchronize()
+            best = batch
+            tried.append([batch, "ok"])
+        except Exception as e:  # noqa: BLE001
+            if not is_oom(e):
+                raise
+            tried.append([batch, "oom"])
+            break
+        finally:
+            net = x = y = opt = loss = None
+            torch.cuda.empty_cache()
+        batch *= 2
+    return {"probe": True, "max_batch": best, "tried": tried}
+
+
+# -- parent -----------------------------------------------------------------------------------------
+
+def run_child(cfg: dict[str, Any], timeout: float) -> dict[str, Any]:
+    env = {k: v for k, v in os.environ.items() if k != "PYTORCH_CUDA_ALLOC_CONF"}
+    if cfg["config"] == "expandable":
+        env["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(Path(__file__).parent), env.get("PYTHONPATH")]))
+    t0 = time.perf_counter()
+    try:
+        p = subprocess.run([sys.executable, __file__, "--child", json.dumps(cfg)], capture_output=True, text=True,
+                           env=env, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return {**cfg, "status": "timeout"}
+    try:
+        res = json.loads(p.stdout.strip().splitlines()[-1])
+    except (IndexError, json.JSONDecodeError):
+        lines = [ln for ln in p.stderr.splitlines() if ln.strip()]
+        res = {"status": "error", "returncode": p.returncode, "error": "\n".join(lines[-5:])}
+    res["process_wall_s"] = round(time.perf_counter() - t0, 2)
+    return {"config": cfg["config"], "model": cfg["model"], "batch": cfg.get("batch"), **res}
+
+
+def check_losses(runs: list[dict[str, Any]], rtol: float) -> list[dict[str, Any]]:
+    """Per (model, batch): every completed run's losses against the first completed run in REFERENCE_ORDER."""
+    checks = []
+    for key in sorted({(r["model"], r["batch"]) for r in runs if r.get("status") == "ok"}, key=str):
+        ok = {r["config"]: r for r in runs if (r["model"], r["batch"]) == key and r.get("status") == "ok"}
+        if len(ok) < 2:
+            continue
+        ref = next(c for c in REFERENCE_ORDER if c in ok)
+        for c, r in ok.items():
+            if c == ref:
+                continue
+            diff = max(abs(a - b) / max(abs(b), 1e-12) for a, b in zip(r["losses"], ok[ref]["losses"]))
+            checks.append({"model": key[0], "batch": key[1], "config": c, "reference": ref, "max_rel_diff": diff,
+                           "rtol": rtol, "equal": diff <= rtol and len(r["losses"]) == len(ok[ref]["losses"])})
+    return checks
+
+
+def table(runs: list[dict[str, Any]], checks: list[dict[str, Any]]) -> str:
+    eq = {(c["model"], c["batch"], c["config"]): c for c in checks}
+    rows = ["| model | batch | config | median step (s) | samples/s | peak MiB | moved MiB/step | losses |",
+            "|---|---:|---|---:|---:|---:|---:|---|"]
+    for r in runs:
+        c = eq.get((r["model"], r["batch"], r["config"]))
+        loss = ("reference" if r.get("status") == "ok" and c is None else
+                f"{'equal' if c['equal'] else 'DIFFER'} ({c['max_rel_diff']:.1e} vs {c['reference']})" if c else "")
+        if r.get("status") != "ok":
+            rows.append(f"| {r['model']} | {r['batch']} | {r['config']} | {r.get('status', '?').upper()} | | | | |")
+            continue
+        rows.append(f"| {r['model']} | {r['batch']} | {r['config']} | {r['median_step_s']:.4f} | {r['samples_per_s']:.1f} | "
+                    f"{r['peak_bytes'] / MiB:.0f} | {r['bytes_moved_per_step'] / MiB:.1f} | {loss} |")
+    return "\n".join(rows)
+
+
+def chart(runs: list[dict[str, Any]], path: str, title: str) -> str:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return "skipped: matplotlib is not installed"
+    models = sorted({r["model"] for r in runs})
+    fig, axes = plt.subplots(1, len(models), figsize=(6 * len(models), 4), squeeze=False)
+    for ax, m in zip(axes[0], models):
+        rs = [r for r in runs if r["model"] == m]
+        labels = [f"{r['config']}\nb={r['batch']}" for r in rs]
+        vals = [r.get("samples_per_s", 0.0) if r.get("status") == "ok" else 0.0 for r in rs]
+        bars = ax.bar(range(len(rs)), vals, color=["#888" if r["config"] in ("native", "expandable") else
+                                                   "#c44" if r["config"] == "vtalloc" else "#48c" for r in rs])
+        for b, r in zip(bars, rs):
+            if r.get("status") != "ok":
+                ax.text(b.get_x() + b.get_width() / 2, 0, r.get("status", "?").upper(), ha="center", va="bottom",
+                        fontsize=7, rotation=90)
+        ax.set_xticks(range(len(rs)), labels, fontsize=7, rotation=45, ha="right")
+        ax.set_ylabel("samples/s")
+        ax.set_title(m)
+    fig.suptitle(title, fontsize=9)
+    fig.tight_layout()
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    return path
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--child", help=argparse.SUPPRESS)
+    ap.add_argument("--cpu-smoke", action="store_true", help="tiny models on CPU over the host backend")
+    ap.add_argument("--models", default=None, help="comma-separated (GPU: resnet50,transformer)")
+    ap.add_argument("--configs", default=None, help=f"comma-separated subset of {','.join(GPU_CONFIGS)}")
+    ap.add_argument("--cap", default=None, help="memory cap per process (GPU default 16GiB, smoke 4MiB)")
+    ap.add_argument("--batch", default=None, help="native batch per model (model=N,...), else probed (GPU)")
+    ap.add_argument("--multiples", default=None, help="batches of the offloading configs, x native batch (GPU 2,4; smoke 2)")
+    ap.add_argument("--steps", type=int, default=None, help="steps per run (GPU 8, smoke 3)")
+    ap.add_argument("--warmup", type=int, default=None, help="untimed first steps (GPU 3, smoke 1)")
+    ap.add_argument("--budget", default=None, help="paged_activations budget (default: its own, half the cap)")
+    ap.add_argument("--vtalloc-option", action="append", default=[], help="k=v passed to enable() / AddressSpace")
+    ap.add_argument("--loss-rtol", type=float, default=None, help="GPU 2e-2 (bf16, cuDNN), smoke 1e-5")
+    ap.add_argument("--deterministic", action="store_true", help="cudnn.deterministic in every child")
+    ap.add_argument("--timeout", type=float, default=900, help="seconds per child")
+    ap.add_argument("--out", default="benchmarks/results/offload_training-{device}-{date}.json")
+    ap.add_argument("--chart", default=None, help="PNG path (needs matplotlib)")
+    ap.add_argument("--note", action="append", default=[])
+    a = ap.parse_args(argv)
+    if a.child:
+        print(json.dumps(child(json.loads(a.child))))
+        return 0
+    smoke = a.cpu_smoke
+    device = "cpu" if smoke else "cuda"
+    if not smoke:
+        import torch
+
+        if not torch.cuda.is_available():
+            print("cuda: not available here (use --cpu-smoke for the CPU version); nothing measured")
+            return 0
+    models = (a.models or ("cnn,tiny_transformer" if smoke else "resnet50,transformer")).split(",")
+    configs = (a.configs or ",".join(CPU_CONFIGS if smoke else GPU_CONFIGS)).split(",")
+    if smoke and ("expandable" in configs):
+        configs.remove("expandable")  # a CUDA allocator setting: nothing to run on CPU
+    multiples = [int(m) for m in (a.multiples or ("2" if smoke else "2,4")).split(",") if m]
+    given = dict(kv.split("=") for kv in a.batch.split(",")) if a.batch else {}
+    opts = dict(kv.split("=", 1) for kv in a.vtalloc_option)
+    base = {"device": device, "cap": a.cap or ("4MiB" if smoke else "16GiB"), "steps": a.steps or (3 if smoke else 8),
+            "warmup": a.warmup if a.warmup is not None else (1 if smoke else 3), "budget": a.budget,
+            "vtalloc_options": opts, "deterministic": a.deterministic,
+            "offload_min_bytes": 64 * 1024 if smoke else MiB}  # smoke: its tensors are small
+    rtol = a.loss_rtol if a.loss_rtol is not None else (1e-5 if smoke else 2e-2)
+    runs, probes = [], {}
+    for m in models:
+        if m in given or smoke:
+            native_batch = int(given.get(m, 8))
+        else:
+            pr = run_child({**base, "config": "native", "model": m, "probe": True}, a.timeout)
+            probes[m] = pr
+            native_batch = pr.get("max_batch")
+            print(f"{m}: largest power-of-two batch under the cap (native): {native_batch} {pr.get('tried', pr)}",
+                  flush=True)
+            if not native_batch:
+                continue
+        plan = [("native", native_batch)] if "native" in configs else []
+        for k in multiples:
+            plan += [(c, k * native_batch) for c in configs if c != "native" or smoke]
+        for c, b in plan:
+            r = run_child({**base, "config": c, "model": m, "batch": b}, a.timeout)
+            runs.append(r)
+            print(f"  {m:16s} batch {b:5d} {c:12s} {r.get('status')}"
+                  + (f"  {r['median_step_s']:.4f} s/step  {r['samples_per_s']:.1f} samples/s" if r.get("status") == "ok"
+                     else f"  {r.get('error', '')[:120]}"), flush=True)
+    checks = check_losses(runs, rtol)
+    record: dict[str, Any] = {
+        "benchmark": "offload_training", "device": device, "cpu_smoke": smoke,
+        "provenance": {"date": _dt.date.today().isoformat(), "command": " ".join([Path(sys.argv[0]).as_posix()] + sys.argv[1:]),
+                       **_provenance(device), "gpu": next((r["gpu"] for r in runs if "gpu" in r), None)},
+        "settings": {**base, "models": models, "configs": configs, "multiples": multiples, "loss_rtol": rtol},
+        "probes": probes, "runs": runs, "loss_checks": checks, "losses_match": all(c["equal"] for c in checks),
+        "notes": a.note}
+    if a.chart:
+        record["chart"] = chart(runs, a.chart, f"offload training, {device}, cap {base['cap']}, {record['provenance']['date']}")
+    out = Path(a.out.format(device=device, date=record["provenance"]["date"]))
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(record, indent=1) + "\n")
+    print(table(runs, checks))
+    print(f"losses match (rtol {rtol:g}): {record['losses_match']}; wrote {out}" + (f"; chart: {record['chart']}" if a.chart else ""))
+    crashed = [r for r in runs if r.get("status") not in ("ok", "oom")]
+    return 0 if record["losses_match"] and not crashed else 1
+
+
+def _provenance(device: str) -> dict[str, Any]:
+    from provenance import git_info, machine_info
+
+    info: dict[str, Any] = {"machine": machine_info(), "git": git_info()}
+    try:
+        import torch
+
+        info["torch"] = torch.__version__  # the GPU is described by each child (runs[].gpu): the parent
+        # creates no CUDA context, which would take device memory from the children
+    except Exception as e:  # noqa: BLE001
+        info["torch"] = f"unavailable: {e}"
+    return info
+
+
+if __name__ == "__main__":
+    sys.exit(main())
