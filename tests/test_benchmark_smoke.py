@@ -1,0 +1,111 @@
+"""The GPU benchmarks of issue 10 run here in their tiny CPU modes, so they cannot rot unseen.
+
+Owns: smoke runs of benchmarks/bench_offload_training.py (--cpu-smoke) and
+benchmarks/bench_churn.py (--backend host), each in a subprocess, and checks of the JSON they
+write; the churn sequence's own rules.
+Invariants: these check shape and correctness (losses equal, no OOM, pages really moved), never
+speed.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parent.parent / "benchmarks"
+MiB = 1 << 20
+
+
+def run_bench(script: str, *args: str, timeout: float = 240) -> subprocess.CompletedProcess:
+    p = subprocess.run([sys.executable, str(BENCH / script), *args], capture_output=True, text=True, timeout=timeout,
+                       cwd=BENCH.parent)
+    assert p.returncode == 0, f"{script} exited {p.returncode}\n{p.stdout[-3000:]}\n{p.stderr[-3000:]}"
+    return p
+
+
+def load_churn():
+    spec = importlib.util.spec_from_file_location("bench_churn", BENCH / "bench_churn.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def check_provenance(record: dict) -> None:
+    prov = record["provenance"]
+    assert {"machine", "git", "date", "command"} <= prov.keys()
+    assert prov["machine"]["logical_cores"] and prov["git"]["commit"]
+
+
+@pytest.mark.slow
+def test_offload_training_cpu_smoke_runs_every_config_with_equal_losses(tmp_path):
+    out, png = tmp_path / "offload.json", tmp_path / "offload.png"
+    p = run_bench("bench_offload_training.py", "--cpu-smoke", "--out", str(out), "--chart", str(png))
+    record = json.loads(out.read_text())
+    check_provenance(record)
+    assert record["benchmark"] == "offload_training" and record["device"] == "cpu" and record["cpu_smoke"]
+    models = record["settings"]["models"]
+    assert models == ["cnn", "tiny_transformer"]
+    configs = ["native", "save_on_cpu", "offloader", "vtalloc"]
+    assert record["settings"]["configs"] == configs
+    runs = record["runs"]
+    # per model: native at the base batch, then every config at 2x
+    assert len(runs) == len(models) * (1 + len(configs))
+    for r in runs:
+        assert r["status"] == "ok", r
+        assert len(r["losses"]) == record["settings"]["steps"] and r["samples_per_s"] > 0
+        assert r["median_step_s"] > 0 and r["peak_bytes"] > 0 and r["bytes_moved_per_step"] >= 0
+    checks = record["loss_checks"]
+    assert len(checks) == len(models) * (len(configs) - 1)  # every config at 2x against native at 2x
+    assert all(c["equal"] and c["reference"] == "native" for c in checks) and record["losses_match"]
+    for r in runs:
+        if r["config"] == "vtalloc":  # the space was too small for the activations: pages really moved
+            assert r["bytes_moved_per_step"] > 0 and r["pager"]["offloads"] > 0, r
+        if r["config"] in ("save_on_cpu", "offloader"):
+            assert r["bytes_moved_per_step"] > 0, r
+    assert "losses match (rtol 1e-05): True" in p.stdout and "| cnn | 16 | vtalloc |" in p.stdout
+    if importlib.util.find_spec("matplotlib"):
+        assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    else:
+        assert record["chart"].startswith("skipped")
+
+
+def test_churn_host_backend_smoke_has_no_oom_and_remaps(tmp_path):
+    out = tmp_path / "churn.json"
+    p = run_bench("bench_churn.py", "--backend", "host", "--ops", "300", "--cap", "64MiB", "--max-size", "16MiB",
+                  "--out", str(out), timeout=120)
+    record = json.loads(out.read_text())
+    check_provenance(record)
+    assert record["benchmark"] == "churn" and record["backend"] == "host"
+    (r,) = record["runs"]
+    assert r["status"] == "ok" and r["ooms"] == 0 and r["ops"] == 300
+    ops = load_churn().churn_ops(0, 300, MiB, 16 * MiB, int(64 * MiB * 0.9))
+    assert r["allocs"] == sum(op == "alloc" for op, _, _ in ops)
+    # under the cap the space had to take cached pages back and map them again
+    assert r["num_page_reclaims"] > 0 and r["num_map_calls"] > 0 and r["num_unmap_calls"] > 0
+    assert r["stats_delta"]["num_allocs"] == r["allocs"] and r["time_s"] > 0
+    assert "| vtalloc_host |" in p.stdout
+
+
+def test_churn_sequence_is_seeded_and_stays_under_the_live_limit():
+    churn = load_churn()
+    limit = 200 * MiB
+    ops = churn.churn_ops(7, 2000, MiB, 64 * MiB, limit)
+    assert ops == churn.churn_ops(7, 2000, MiB, 64 * MiB, limit)
+    assert ops != churn.churn_ops(8, 2000, MiB, 64 * MiB, limit)
+    live, peak = {}, 0
+    for op, ident, size in ops:
+        if op == "alloc":
+            assert MiB <= size <= 64 * MiB and size % 512 == 0 and ident not in live
+            live[ident] = -(-size // churn.PAGE) * churn.PAGE
+        else:
+            live.pop(ident)
+        assert sum(live.values()) <= limit
+        peak = max(peak, sum(live.values()))
+    assert peak > 0.7 * limit  # it presses the limit, or it would not test fragmentation
+    with pytest.raises(ValueError):
+        churn.churn_ops(0, 10, MiB, 2 * limit, limit)
