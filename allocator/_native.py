@@ -19,6 +19,7 @@ from pathlib import Path
 from . import _cabi
 from .config import Config
 from .errors import InternalError
+from .stats import DRIVER_CALL_FIELDS
 
 ABI_VERSION = 1
 BACKEND_CODES = {"auto": 0, "host": 1, "cuda": 2}
@@ -49,6 +50,7 @@ class VtaStats(ctypes.Structure):
             "evictions", "pressure_evictions", "restores", "bytes_evicted_total", "bytes_restored_total",
             "host_pool_capacity_bytes", "host_pool_bytes", "host_pool_used_bytes", "restore_wait_ns",
             "evict_copy_ns", "restore_copy_ns",
+            *DRIVER_CALL_FIELDS,
         )
     ]
 

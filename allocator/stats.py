@@ -8,9 +8,15 @@ from __future__ import annotations
 
 import dataclasses
 
-__all__ = ["Stats", "PageRecord", "AllocationRecord", "KernelCounters", "PAGE_STATES"]
+__all__ = ["Stats", "PageRecord", "AllocationRecord", "KernelCounters", "PAGE_STATES", "DRIVER_CALL_FIELDS"]
 
 PAGE_STATES = ("free", "cached", "allocated", "evicted", "in_flight")
+# The driver call counters at the end of vta_stats_t, in its order (map and unmap come earlier).
+DRIVER_CALL_FIELDS = (
+    "num_create_page_calls", "num_release_page_calls", "num_set_access_calls", "num_copy_calls",
+    "num_event_record_calls", "num_event_query_calls", "num_event_synchronize_calls",
+    "num_stream_wait_event_calls", "num_stream_synchronize_calls", "num_reserve_calls", "num_free_va_calls",
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -35,9 +41,9 @@ class Stats:
     num_frees: int
     num_ooms: int
     num_page_reclaims: int       # cached pages unmapped and remapped to serve a new allocation
-    num_map_calls: int
-    num_unmap_calls: int
-    pending_free_bytes: int      # freed, waiting for the stream that used them
+    num_map_calls: int           # every driver map call (cuMemMap) of this space, eviction's included
+    num_unmap_calls: int         # every driver unmap call (cuMemUnmap)
+    pending_free_bytes: int      # freed; reusable at once on their own stream, by others once it passed them
     # eviction engine
     evict_mode: str              # "mapped" or "copy": the active mode
     pages_resident: int          # device pages under live data
@@ -56,6 +62,19 @@ class Stats:
     restore_wait_ns: int         # time callers blocked in ensure_resident / reads waiting for restores
     evict_copy_ns: int           # issue-to-completion time of eviction copies (an upper bound)
     restore_copy_ns: int         # issue-to-completion time of restore copies (an upper bound)
+    # driver calls of this space by kind (with num_map_calls / num_unmap_calls): what a page
+    # move costs is mostly calls, not bytes; DRIVER_CALL_FIELDS lists them
+    num_create_page_calls: int      # cuMemCreate (device and host pages)
+    num_release_page_calls: int     # cuMemRelease
+    num_set_access_calls: int       # cuMemSetAccess
+    num_copy_calls: int             # cuMemcpyAsync
+    num_event_record_calls: int     # cuEventRecord
+    num_event_query_calls: int      # cuEventQuery
+    num_event_synchronize_calls: int  # cuEventSynchronize (a host wait)
+    num_stream_wait_event_calls: int  # cuStreamWaitEvent
+    num_stream_synchronize_calls: int  # cuStreamSynchronize (a host wait)
+    num_reserve_calls: int          # cuMemAddressReserve
+    num_free_va_calls: int          # cuMemAddressFree
 
     @property
     def evict_bandwidth_bytes_per_s(self) -> float:
@@ -73,6 +92,10 @@ class Stats:
 
     def as_dict(self) -> dict[str, int]:
         return dataclasses.asdict(self)
+
+    def driver_calls(self) -> dict[str, int]:
+        """Driver calls by kind ("map", "unmap", "set_access", "event_record", ...)."""
+        return {f[len("num_"):-len("_calls")]: getattr(self, f) for f in ("num_map_calls", "num_unmap_calls", *DRIVER_CALL_FIELDS)}
 
 
 @dataclasses.dataclass(frozen=True)

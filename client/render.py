@@ -229,11 +229,23 @@ def quota_table(doc: dict[str, Any]) -> Table:
 def proc_table(doc: dict[str, Any]) -> Table:
     state = "alive" if doc["alive"] else "exited"
     t = _table(f"pid {doc['pid']} ({state}, published {doc['age_s']:.1f} s ago)", "space", "backend", "capacity",
-               "allocated", "active", "mapped", "cached", "pages", "frag", "allocs", "OOMs", wide=("space",))
+               "allocated", "active", "mapped", "cached", "pages", "frag", "allocs", "OOMs", "driver calls",
+               wide=("space",))
     for sp in doc["spaces"]:
         st = sp["stats"]
         t.add_row(sp["name"], f"{sp['backend']}:{sp['device']}" + (" (leased)" if sp.get("leased") else ""),
                   _b(st["capacity_bytes"]), _b(st["allocated_bytes"]), _b(st["active_bytes"]), _b(st["mapped_bytes"]),
                   _b(st["cached_bytes"]), f"{st['pages_mapped']}/{st['pages_total']}", _pct(st["fragmentation"]),
-                  str(st["num_live_allocs"]), str(st["num_ooms"]))
+                  str(st["num_live_allocs"]), str(st["num_ooms"]), _driver_calls(st))
     return t
+
+
+# (label, Stats field): the driver calls a page move pays for, as `vtalloc stats --pid` shows them.
+_CALLS_SHOWN = (("map", "num_map_calls"), ("unmap", "num_unmap_calls"), ("access", "num_set_access_calls"),
+                ("create", "num_create_page_calls"), ("release", "num_release_page_calls"),
+                ("record", "num_event_record_calls"), ("query", "num_event_query_calls"))
+
+
+def _driver_calls(st: dict[str, Any]) -> str:
+    """'map 4 unmap 2 ...'; a field a record from an older vtalloc lacks shows as '-'."""
+    return " ".join(f"{label} {st.get(field, '-')}" for label, field in _CALLS_SHOWN)

@@ -16,15 +16,15 @@ uint64_t round_up(uint64_t n, uint64_t to) { return (n + to - 1) / to * to; }
 
 }  // namespace
 
-AllocPolicy::AllocPolicy(const vta_config_t& config, PageTable& pages, EventPool& events, uint64_t capacity)
+AllocPolicy::AllocPolicy(const vta_config_t& config, PageTable& pages, EventPool& events, uint64_t capacity,
+                         int backend_kind)
     : pages_(pages),
-      events_(events),
       capacity_(capacity),
       page_bytes_(pages.page_bytes()),
       small_threshold_(config.small_threshold_bytes ? config.small_threshold_bytes
                                                     : std::min<uint64_t>(1ull << 20, page_bytes_)),
       live_(pages),
-      pending_(events, page_bytes_),
+      pending_(events, page_bytes_, backend_kind),
       slabs_(page_bytes_),
       ranges_(pages, config.reservation_bytes ? round_up(config.reservation_bytes, page_bytes_)
                                               : std::max<uint64_t>(2 * capacity, 64 * page_bytes_)) {
@@ -44,17 +44,34 @@ AllocPolicy::Request AllocPolicy::request(uint64_t nbytes) {
 
 uintptr_t AllocPolicy::allocate(const Request& r, StreamHandle stream, bool may_evict) {
   uintptr_t address = 0;
-  uint64_t released = pending_.released();
-  bool ok = try_allocate(r.rounded, r.small, may_evict, &address);
-  if (!ok && (pending_.count() || pending_.released() != released)) {
-    // Frees that waited for their stream may have left a block this request fits in.
-    drain_pending(true);
+  bool ok = take_same_stream(r, stream, &address);  // no driver call
+  if (!ok) {
+    // The memory other streams freed (and what this one freed that this request does not fit)
+    // needs their events now: one record per stream with open frees, then a poll.
+    settle();
+    uint64_t released = pending_.released();
     ok = try_allocate(r.rounded, r.small, may_evict, &address);
+    if (!ok && (pending_.count() || pending_.released() != released)) {
+      // Frees that waited for their stream may have left a block this request fits in.
+      drain_pending(true);
+      ok = try_allocate(r.rounded, r.small, may_evict, &address);
+    }
   }
   if (!ok) throw_oom(r.requested);
   live_.add(address, Allocation{r.rounded, r.requested, stream, r.small});
   if (r.small) port_->forget_lru(page_of(address));  // now shared with a pinned block
   return address;
+}
+
+bool AllocPolicy::take_same_stream(const Request& r, StreamHandle stream, uintptr_t* out) {
+  // A block on a page that is away is not reused here: it returns through the eviction engine.
+  auto usable = [&](uintptr_t address, uint64_t bytes) {
+    if (!port_->any_away()) return true;
+    for (uintptr_t va = page_of(address); va < address + bytes; va += page_bytes_)
+      if (port_->is_away(va)) return false;
+    return true;
+  };
+  return pending_.take(stream, r.rounded, r.small, usable, out);
 }
 
 bool AllocPolicy::try_allocate(uint64_t rounded, bool small, bool may_evict, uintptr_t* out) {
@@ -83,10 +100,7 @@ bool AllocPolicy::obtain_page(int32_t* id, bool may_evict) {
   for (;;) {
     if (pages_.acquire_page(id)) return true;
     if (reclaim_one_page()) continue;
-    if (pending_.count()) {
-      drain_pending(true);
-      continue;
-    }
+    if (pending_.count() && drain_pending(true)) continue;  // none: streams capturing a graph
     if (!port_->free_device_page(may_evict)) return false;
   }
 }
@@ -109,18 +123,26 @@ void AllocPolicy::unmap_cached() {
 
 void AllocPolicy::free(uintptr_t address) {
   auto it = live_.find_live(address);
-  const Allocation& found = it->second;
-  EventHandle event = events_.record(found.stream);
   const Allocation a = live_.erase(it);
   // Its pages may have become (un)evictable; with no evictable allocation left, none can be.
   if (a.evictable || live_.evictable_bytes()) port_->touch_range(address, a.size);
-  pending_.push(a.stream, PendingFree{address, a.size, a.small, event});
+  pending_.push(a.stream, PendingFree{address, a.size, a.small});  // no event yet: see pending_frees.hpp
+  drain_pending(false);  // earlier batches whose events completed (no call while all are open)
+}
+
+uint64_t AllocPolicy::drain_pending(bool wait) {
+  if (wait) pending_.seal_all();
+  return pending_.drain(wait, skip_free_wait_,
+                        [&](uintptr_t address, uint64_t size, bool small) { release_block(address, size, small); });
+}
+
+void AllocPolicy::settle() {
+  pending_.seal_all();
   drain_pending(false);
 }
 
-void AllocPolicy::drain_pending(bool wait) {
-  pending_.drain(wait, skip_free_wait_,
-                 [&](uintptr_t address, uint64_t size, bool small) { release_block(address, size, small); });
+void AllocPolicy::settle_stream(StreamHandle stream) {
+  pending_.seal_stream(stream);
 }
 
 void AllocPolicy::release_block(uintptr_t address, uint64_t size, bool small) {

@@ -1,6 +1,6 @@
 // AllocPolicy: where an allocation goes, and where its memory goes when it is freed.
 //
-// Owns: the live allocations, the pending frees, the slabs and the free virtual ranges of one
+// Owns: the live allocations, the pending frees (stream-ordered reuse), the slabs and the free virtual ranges of one
 // address space, the order in which a device page is obtained, and the counters of OOMs and
 // page reclaims. It knows nothing of eviction beyond the ResidencyPort it is given.
 //
@@ -14,11 +14,15 @@
 //      (obtain_page, in that order);
 //   3. if pending frees completed meanwhile, retry once (a small request may now fit a
 //      freed block); then OutOfMemory.
+// Before all of these, stream-ordered reuse: a block freed on the request's own stream and
+// still pending is taken at once, best fit, with no event and no driver call (0.); only when
+// none fits are the open frees of every stream sealed (one event each) and polled.
 // Small allocations (<= small_threshold) are 512-byte blocks packed into one-page slabs.
 //
 // Invariants: every address is 512-byte aligned; allocations of a page or more are
-// page-aligned; a freed allocation's memory is reused only after its stream's event
-// completed; a virtual page that is away is never reused, mapped or unmapped here (it is
+// page-aligned; a freed allocation's memory is reused on its own stream at once, and by
+// anything else (another stream, a remap, the eviction engine) only after an event recorded
+// on its stream after the free completed; a virtual page that is away is never reused, mapped or unmapped here (it is
 // dropped through the port first); mapped pages never exceed capacity (the page table's
 // limit); a failure at any step leaves every page where it was and reports a typed error.
 #pragma once
@@ -48,8 +52,9 @@ class AllocPolicy {
     bool small;
   };
 
-  // Validates small_threshold; throws InvalidArgument.
-  AllocPolicy(const vta_config_t& config, PageTable& pages, EventPool& events, uint64_t capacity);
+  // Validates small_threshold; throws InvalidArgument. backend_kind: for the capture check
+  // before an event is recorded on a stream (pending_frees.hpp).
+  AllocPolicy(const vta_config_t& config, PageTable& pages, EventPool& events, uint64_t capacity, int backend_kind);
   AllocPolicy(const AllocPolicy&) = delete;
   AllocPolicy& operator=(const AllocPolicy&) = delete;
   void set_port(ResidencyPort* port) { port_ = port; }
@@ -60,11 +65,17 @@ class AllocPolicy {
   // Place a validated request (the policy above); `may_evict`: under pressure, evict
   // least-recently-used evictable pages before failing. Throws OutOfMemory.
   uintptr_t allocate(const Request& r, StreamHandle stream, bool may_evict);
-  // Record the event on the allocation's stream before changing any state, so a driver
-  // failure loses nothing; then the allocation becomes a pending free.
+  // The allocation becomes a pending free of its stream (no driver call; its stream may reuse
+  // it at once, others after its event: pending_frees.hpp).
   void free(uintptr_t address);
-  // Release the pending frees whose events completed (waiting for them if `wait`).
-  void drain_pending(bool wait);
+  // Release the pending frees whose events completed; if `wait`, seal every stream's open
+  // frees first and wait for all of them. How many were released.
+  uint64_t drain_pending(bool wait);
+  // Seal every stream's open frees and release those already complete: what callers that
+  // report or hand memory elsewhere do first (stats, pages, return_pages).
+  void settle();
+  // Seal one stream's open frees (before the stream is destroyed).
+  void settle_stream(StreamHandle stream);
   // A device page for the caller to map, cheapest source first; false when none can be had.
   bool obtain_page(int32_t* id, bool may_evict);
   // Unmap one cached page (or the spare slab's); false when there is none.
@@ -88,6 +99,7 @@ class AllocPolicy {
   void clear();
 
  private:
+  bool take_same_stream(const Request& r, StreamHandle stream, uintptr_t* out);
   bool try_allocate(uint64_t rounded, bool small, bool may_evict, uintptr_t* out);
   bool map_range(size_t npages, bool may_evict, uintptr_t* out);
   void release_block(uintptr_t address, uint64_t size, bool small);
@@ -96,7 +108,6 @@ class AllocPolicy {
   uintptr_t page_of(uintptr_t a) const { return a - a % page_bytes_; }
 
   PageTable& pages_;
-  EventPool& events_;
   ResidencyPort* port_ = nullptr;
   uint64_t capacity_;
   size_t page_bytes_;

@@ -1,16 +1,32 @@
-// PendingFrees: freed allocations waiting for their stream before their memory is reused.
+// PendingFrees: freed allocations waiting for their stream before other streams may reuse them.
 //
-// Owns: one FIFO of frees per stream, each with the event recorded on that stream when it
-// was freed, and the pending-free bytes of the stats.
-// Invariants: events recorded on one stream complete in order, so a drain stops at the first
-// incomplete event of each stream; a pending free's memory is reused only after its event
-// completed (unless the VTA_DEBUG_BREAK_FREE_WAIT test bit says to skip the wait); while it
-// is pending, the work queued before the free may still touch its pages, so its stream is
-// one a mapping change under those pages must wait for (streams_over).
+// Owns: per stream, the frees made on it in order, in batches: the open batch (frees with no
+// event recorded after them yet) and sealed batches, each closed by one event recorded on the
+// stream after its frees; a best-fit index of every free by size; the pending-free bytes of
+// the stats.
+//
+// Stream-ordered reuse: work queued on one stream runs in order, so a block freed on stream S
+// may be given to the next allocation on S at once (take()), with no event: anything the new
+// owner queues on S runs after the freed block's last use on S (what PyTorch's caching
+// allocator and cudaMallocAsync rely on). An event is needed only when the memory is to go
+// anywhere else (another stream, a cached range to be remapped, the eviction engine): then
+// seal() records one on S, covering every open free of S at once; an event recorded later on
+// S still completes after the freed blocks' last use on S.
+//
+// Invariants: a free is released (to the free sets, for any stream) only after the event of
+// its batch completed, unless the VTA_DEBUG_BREAK_FREE_WAIT test bit says to skip the wait;
+// events recorded on one stream complete in order, so a drain stops at the first incomplete
+// batch of each stream, and the open batch (no event) is always the last; take() hands a free
+// only to an allocation on the stream it was freed on; while a free is pending, the work queued
+// before it may still touch its pages, so its stream is one a mapping change under those pages
+// must wait for (add_streams_over); a stream that is capturing a CUDA graph is never sealed
+// (its event would become part of the graph): its frees stay pending until it ends capture.
 #pragma once
 
 #include <cstdint>
-#include <deque>
+#include <list>
+#include <map>
+#include <tuple>
 #include <unordered_map>
 #include <vector>
 
@@ -23,18 +39,30 @@ struct PendingFree {
   uintptr_t address;
   uint64_t size;
   bool small;
-  EventHandle event;
 };
 
 class PendingFrees {
  public:
-  PendingFrees(EventPool& events, size_t page_bytes) : events_(events), page_bytes_(page_bytes) {}
+  PendingFrees(EventPool& events, size_t page_bytes, int backend_kind)
+      : events_(events), page_bytes_(page_bytes), backend_kind_(backend_kind) {}
+  PendingFrees(const PendingFrees&) = delete;
+  PendingFrees& operator=(const PendingFrees&) = delete;
 
+  // A free on `stream` joins its open batch (no driver call).
   void push(StreamHandle stream, const PendingFree& f);
-  // Release every free whose event completed (waiting for each if `wait`; not at all if
-  // `skip_wait`): release(address, size, small), in each stream's order.
+  // Stream-ordered reuse: the smallest pending free of `stream` with at least `bytes` (and the
+  // same `small`) for which usable(address, bytes) holds, split if larger (the rest stays
+  // pending in its batch); false when none. No driver call.
+  template <typename Usable>
+  bool take(StreamHandle stream, uint64_t bytes, bool small, Usable&& usable, uintptr_t* out);
+  // Record one event on every stream with open frees (one, for seal_stream), closing its batch.
+  void seal_all();
+  void seal_stream(StreamHandle stream);
+  // Release every free whose batch's event completed (waiting for each if `wait`; not at all,
+  // open batches included, if `skip_wait`): release(address, size, small), in each stream's
+  // order; returns how many. Seal first for a wait to cover the open frees.
   template <typename F>
-  void drain(bool wait, bool skip_wait, F&& release);
+  uint64_t drain(bool wait, bool skip_wait, F&& release);
 
   uint64_t count() const { return count_; }
   uint64_t released() const { return released_; }  // frees that completed their wait, ever
@@ -46,33 +74,79 @@ class PendingFrees {
   void clear();
 
  private:
+  struct Batch;
+  struct Entry {
+    PendingFree f;
+    uint64_t seq;  // the index key's tie-breaker
+  };
+  struct Batch {
+    EventHandle event = 0;  // recorded on the stream after its frees; 0: the open batch
+    std::list<Entry> frees;
+  };
+  using Key = std::tuple<bool, uint64_t, uint64_t>;  // (small, size, seq)
+  struct Queue {
+    std::list<Batch> batches;  // oldest first; only the last may be open
+    std::map<Key, std::pair<Batch*, std::list<Entry>::iterator>> by_size;
+    uint64_t next_seq = 0;
+  };
+
   bool overlaps(const PendingFree& f, uintptr_t va) const { return f.address < va + page_bytes_ && f.address + f.size > va; }
+  void seal(StreamHandle stream, Queue& q);
+  // Take `bytes` from the front of the entry `at` indexes (all of it, or split).
+  uintptr_t take_from(Queue& q, std::map<Key, std::pair<Batch*, std::list<Entry>::iterator>>::iterator at,
+                      uint64_t bytes);
+  // Give back the event of a sealed batch that has no free left (nothing waits on it).
+  void drop_if_empty(Queue& q, Batch* b);
 
   EventPool& events_;
   size_t page_bytes_;
-  std::unordered_map<StreamHandle, std::deque<PendingFree>> queues_;
+  int backend_kind_;
+  std::unordered_map<StreamHandle, Queue> queues_;
   uint64_t count_ = 0;
   uint64_t released_ = 0;
   uint64_t bytes_ = 0;
 };
 
+template <typename Usable>
+bool PendingFrees::take(StreamHandle stream, uint64_t bytes, bool small, Usable&& usable, uintptr_t* out) {
+  auto qit = queues_.find(stream);
+  if (qit == queues_.end() || qit->second.by_size.empty()) return false;
+  Queue& q = qit->second;
+  // A few candidates at most: one is unusable only when a page under it is away (rare).
+  int tries = 4;
+  for (auto it = q.by_size.lower_bound(Key{small, bytes, 0}); it != q.by_size.end() && tries-- > 0; ++it) {
+    if (std::get<0>(it->first) != small) break;
+    if (!usable(it->second.second->f.address, bytes)) continue;
+    *out = take_from(q, it, bytes);
+    return true;
+  }
+  return false;
+}
+
 template <typename F>
-void PendingFrees::drain(bool wait, bool skip_wait, F&& release) {
-  if (!count_) return;
+uint64_t PendingFrees::drain(bool wait, bool skip_wait, F&& release) {
+  if (!count_) return 0;
+  uint64_t n = 0;
   // An emptied queue stays: streams are few, and a free per stream would re-create it.
-  for (auto& [stream, queue] : queues_) {
-    while (!queue.empty()) {
-      PendingFree p = queue.front();
-      bool done = skip_wait || events_.done(p.event, wait);
-      if (!done) break;  // later frees on this stream were recorded after it
-      queue.pop_front();
-      --count_;
-      ++released_;
-      bytes_ -= p.size;
-      events_.give(p.event);
-      release(p.address, p.size, p.small);
+  for (auto& [stream, q] : queues_) {
+    while (!q.batches.empty()) {
+      Batch& b = q.batches.front();
+      if (!skip_wait && (b.event == 0 || !events_.done(b.event, wait))) break;  // later batches come after it
+      while (!b.frees.empty()) {  // one at a time: a release that throws leaves the rest pending
+        PendingFree f = b.frees.front().f;
+        q.by_size.erase(Key{f.small, f.size, b.frees.front().seq});
+        b.frees.pop_front();
+        --count_;
+        ++released_;
+        ++n;
+        bytes_ -= f.size;
+        release(f.address, f.size, f.small);
+      }
+      if (b.event) events_.give(b.event);
+      q.batches.pop_front();
     }
   }
+  return n;
 }
 
 }  // namespace vta

@@ -20,14 +20,15 @@ std::unique_ptr<AddressSpace> AddressSpace::create(const vta_config_t& config) {
 
 AddressSpace::AddressSpace(std::unique_ptr<Backend> backend, const vta_config_t& config, uint64_t capacity,
                            size_t page_bytes)
-    : backend_(std::make_unique<FaultInjectingBackend>(std::move(backend))),
+    : calls_(new CallCountingBackend(std::move(backend))),
+      backend_(std::make_unique<FaultInjectingBackend>(std::unique_ptr<Backend>(calls_))),
       backend_kind_(backend_->kind()),
       device_(backend_->device()),
       capacity_(capacity),
       page_bytes_(page_bytes),
       pages_(*backend_, page_bytes, capacity),
       events_(*backend_),
-      policy_(config, pages_, events_, capacity),  // validates small_threshold first
+      policy_(config, pages_, events_, capacity, backend_kind_),  // validates small_threshold first
       residency_(config, *backend_, pages_, events_, policy_) {
   policy_.set_port(&residency_);
   if (config.flags & VTA_CONFIG_LEASED) {
@@ -53,8 +54,7 @@ uintptr_t AddressSpace::malloc(uint64_t nbytes, StreamHandle stream, bool allow_
   std::lock_guard<std::mutex> lk(mu_);
   check_open_locked();
   AllocPolicy::Request r = policy_.request(nbytes);
-  policy_.drain_pending(false);
-  residency_.drain_inflight(false);
+  residency_.drain_inflight(false);  // pending frees: the policy polls them only when it needs them
   return policy_.allocate(r, stream, allow_evict);
 }
 
@@ -112,7 +112,7 @@ std::vector<uint64_t> AddressSpace::return_pages(uint64_t max_pages) {
   std::lock_guard<std::mutex> lk(mu_);
   check_open_locked();
   if (!leased_) fail(VTA_ERR_INVALID_ARGUMENT, "return_pages needs an address space created in leased mode");
-  policy_.drain_pending(false);
+  policy_.settle();  // frees of every stream go to their events: the pages may leave this space
   residency_.drain_inflight(false);
   if (pages_.pages_unmapped() < max_pages) residency_.release_evicted();
   while (pages_.pages_unmapped() < max_pages && policy_.reclaim_one_page()) {

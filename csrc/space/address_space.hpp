@@ -1,7 +1,7 @@
 // AddressSpace: one paged virtual address space, the facade over the allocation policy and
 // the eviction engine.
 //
-// Owns: the backend (wrapped in a FaultInjectingBackend), the PageTable and the EventPool of
+// Owns: the backend (wrapped in a CallCountingBackend, then a FaultInjectingBackend), the PageTable and the EventPool of
 // one space; the allocation policy (csrc/alloc: live allocations, pending frees, slabs, free
 // virtual ranges) and the eviction engine (csrc/evict: away pages, LRU, host pool, copy
 // stream); the streams the test hooks created; and the one mutex that guards all of it. Every
@@ -23,6 +23,7 @@
 
 #include "alloc/alloc_policy.hpp"
 #include "backend/backend.hpp"
+#include "backend/call_counting.hpp"
 #include "backend/fault_injection.hpp"
 #include "evict/residency.hpp"
 #include "vmm/event_pool.hpp"
@@ -82,12 +83,15 @@ class AddressSpace {
   AddressSpace(std::unique_ptr<Backend> backend, const vta_config_t& config, uint64_t capacity, size_t page_bytes);
 
   void check_open_locked() const;
+  // The driver call counters of the stats (every call of this space passes calls_).
+  void fill_call_counts(vta_stats_t* s) const;
   // Check open, complete the copies that finished, and find the live allocation at `address`.
   LiveAllocations::Map::iterator settled_live_locked(uintptr_t address);
 
   mutable std::mutex mu_;
   bool closed_ = false;
   bool leased_ = false;
+  CallCountingBackend* calls_;  // directly over the backend, under the fault injector; owned by backend_
   std::unique_ptr<FaultInjectingBackend> backend_;
   int backend_kind_;
   int device_;

@@ -1,8 +1,11 @@
 // AddressSpace introspection: stats, the page map and the list of allocations.
 //
 // Owns: the assembly of vta_stats_t from its parts (the policy's counters, the page table's,
-// the engine's) and the state each page is reported in.
-// Invariants: read-only but for completing finished copies (pages()); a page is reported
+// the engine's, the driver calls the call-counting backend saw) and the state each page is
+// reported in.
+// Invariants: read-only but for completing finished copies (pages()) and sealing the open
+// pending frees (stats() and pages(): one event per stream that has some, then the completed
+// ones are released, so what they report is what any stream could reuse); a page is reported
 // once: a device page with its state, or, for an evicted virtual page whose device page was
 // released, a row with page_id VTA_NO_PAGE.
 #include <unordered_map>
@@ -14,6 +17,7 @@ namespace vta {
 vta_stats_t AddressSpace::stats() {
   std::lock_guard<std::mutex> lk(mu_);
   check_open_locked();
+  policy_.settle();  // a free shows as cached once its stream passed it, as any stream sees it
   vta_stats_t s{};
   s.struct_size = sizeof(vta_stats_t);
   policy_.fill_stats(&s);
@@ -24,11 +28,27 @@ vta_stats_t AddressSpace::stats() {
   s.pages_mapped = pages_.pages_mapped();
   s.pages_free = pages_.pages_unmapped();
   s.peak_mapped_bytes = pages_.peak_pages_mapped() * page_bytes_;
-  s.num_map_calls = pages_.num_map_calls();
-  s.num_unmap_calls = pages_.num_unmap_calls();
   s.pages_resident = pages_.pages_mapped() - policy_.cached_bytes() / page_bytes_;
   residency_.fill_stats(&s);  // and subtracts the held device pages from pages_resident
+  fill_call_counts(&s);
   return s;
+}
+
+void AddressSpace::fill_call_counts(vta_stats_t* s) const {
+  const CallCountingBackend& c = *calls_;
+  s->num_map_calls = c.calls(DriverCall::map);
+  s->num_unmap_calls = c.calls(DriverCall::unmap);
+  s->num_create_page_calls = c.calls(DriverCall::create_page);
+  s->num_release_page_calls = c.calls(DriverCall::release_page);
+  s->num_set_access_calls = c.calls(DriverCall::set_access);
+  s->num_copy_calls = c.calls(DriverCall::copy);
+  s->num_event_record_calls = c.calls(DriverCall::event_record);
+  s->num_event_query_calls = c.calls(DriverCall::event_query);
+  s->num_event_synchronize_calls = c.calls(DriverCall::event_synchronize);
+  s->num_stream_wait_event_calls = c.calls(DriverCall::stream_wait_event);
+  s->num_stream_synchronize_calls = c.calls(DriverCall::stream_synchronize);
+  s->num_reserve_calls = c.calls(DriverCall::reserve);
+  s->num_free_va_calls = c.calls(DriverCall::free_va);
 }
 
 void AddressSpace::reset_peak_stats() {
@@ -41,6 +61,7 @@ void AddressSpace::reset_peak_stats() {
 std::vector<vta_page_info_t> AddressSpace::pages() {
   std::lock_guard<std::mutex> lk(mu_);
   check_open_locked();
+  policy_.settle();
   residency_.drain_inflight(false);
   using State = Residency::State;
   const LiveAllocations& live = policy_.live();

@@ -44,11 +44,13 @@ void AddressSpace::destroy_stream(StreamHandle stream) {
   need_known_stream(user_streams_, stream, false);
   if (policy_.live().any_on_stream(stream))
     fail(VTA_ERR_INVALID_ARGUMENT, "stream " + std::to_string(stream) + " still has live allocations; free them first");
+  policy_.settle_stream(stream);  // no event may be recorded on it once it is gone
   user_streams_.erase(std::find(user_streams_.begin(), user_streams_.end(), stream));
   Status synced = backend_->stream_synchronize(stream);
   Status destroyed = backend_->stream_destroy(stream);
   check(synced);
   check(destroyed);
+  policy_.drain_pending(false);  // its frees' events completed with the stream
 }
 
 void AddressSpace::synchronize_stream(StreamHandle stream) {

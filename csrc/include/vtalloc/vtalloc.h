@@ -85,9 +85,9 @@ typedef struct vta_stats {
   uint64_t num_frees;
   uint64_t num_ooms;
   uint64_t num_page_reclaims;     /* pages unmapped from cached ranges to serve a new allocation */
-  uint64_t num_map_calls;
-  uint64_t num_unmap_calls;
-  uint64_t pending_free_bytes;    /* freed, waiting for their stream's event */
+  uint64_t num_map_calls;         /* every driver map call of this space (cuMemMap) */
+  uint64_t num_unmap_calls;       /* every driver unmap call (cuMemUnmap) */
+  uint64_t pending_free_bytes;    /* freed, reusable on their own stream only until it passes them */
   /* eviction engine */
   uint64_t evict_mode;            /* VTA_EVICT_COPY or VTA_EVICT_MAPPED (the active mode) */
   uint64_t pages_resident;        /* device pages mapped under live allocations */
@@ -106,6 +106,19 @@ typedef struct vta_stats {
   uint64_t restore_wait_ns;       /* time callers spent blocked waiting for restores */
   uint64_t evict_copy_ns;         /* issue-to-completion time of eviction copies */
   uint64_t restore_copy_ns;       /* issue-to-completion time of restore copies */
+  /* driver calls this space made, by kind: every call, the eviction engine's and the host
+   * pool's included (num_map_calls and num_unmap_calls above count every map and unmap too) */
+  uint64_t num_create_page_calls;
+  uint64_t num_release_page_calls;
+  uint64_t num_set_access_calls;
+  uint64_t num_copy_calls;
+  uint64_t num_event_record_calls;
+  uint64_t num_event_query_calls;
+  uint64_t num_event_synchronize_calls;
+  uint64_t num_stream_wait_event_calls;
+  uint64_t num_stream_synchronize_calls;
+  uint64_t num_reserve_calls;
+  uint64_t num_free_va_calls;
 } vta_stats_t;
 
 /* One physical page of an address space. */

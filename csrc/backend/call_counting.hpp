@@ -1,0 +1,82 @@
+// CallCountingBackend: an adaptor over any backend that counts the driver calls made through it.
+//
+// Owns: one counter per kind of call (DriverCall) that costs driver time: page create and
+// release, map, unmap, set access, copy, event record/query/synchronize, stream wait and
+// synchronize, reserve and free of virtual space. Every address space puts one directly over
+// its backend (under the fault injector), so every call of the space passes it: the page
+// table's, the eviction engine's, the host pool's, the event pool's.
+// Invariants: a call is counted once when it is made, whatever it returns (a failed call cost
+// the driver too); a call refused by the fault injector above never reaches it and is not
+// counted. Counters only grow. Thread-safe (relaxed atomics: counts, not synchronization).
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+
+#include "backend/backend.hpp"
+
+namespace vta {
+
+enum class DriverCall : int {
+  create_page, release_page, map, unmap, set_access, copy, event_record, event_query, event_synchronize,
+  stream_wait_event, stream_synchronize, reserve, free_va, count
+};
+
+class CallCountingBackend final : public Backend {
+ public:
+  explicit CallCountingBackend(std::unique_ptr<Backend> inner) : inner_(std::move(inner)) {}
+  uint64_t calls(DriverCall c) const { return calls_[static_cast<int>(c)].load(std::memory_order_relaxed); }
+
+  int kind() const override { return inner_->kind(); }
+  const char* name() const override { return inner_->name(); }
+  int device() const override { return inner_->device(); }
+  size_t granularity() const override { return inner_->granularity(); }
+  uint64_t default_capacity() const override { return inner_->default_capacity(); }
+  bool supports_host_pages() const override { return inner_->supports_host_pages(); }
+  Status reserve(size_t b, size_t a, uintptr_t* va) override { return count(DriverCall::reserve), inner_->reserve(b, a, va); }
+  Status free_va(uintptr_t va, size_t b) override { return count(DriverCall::free_va), inner_->free_va(va, b); }
+  Status create_page(size_t b, PageLocation w, PageHandle* out) override {
+    return count(DriverCall::create_page), inner_->create_page(b, w, out);
+  }
+  Status release_page(PageHandle p) override { return count(DriverCall::release_page), inner_->release_page(p); }
+  Status map(uintptr_t va, size_t b, PageHandle p) override { return count(DriverCall::map), inner_->map(va, b, p); }
+  Status unmap(uintptr_t va, size_t b) override { return count(DriverCall::unmap), inner_->unmap(va, b); }
+  Status set_access(uintptr_t va, size_t b) override { return count(DriverCall::set_access), inner_->set_access(va, b); }
+  Status copy(uintptr_t d, uintptr_t s, size_t b, StreamHandle st) override {
+    return count(DriverCall::copy), inner_->copy(d, s, b, st);
+  }
+  Status stream_create(StreamHandle* out) override { return inner_->stream_create(out); }
+  Status stream_destroy(StreamHandle s) override { return inner_->stream_destroy(s); }
+  Status stream_synchronize(StreamHandle s) override {
+    return count(DriverCall::stream_synchronize), inner_->stream_synchronize(s);
+  }
+  Status event_create(EventHandle* out) override { return inner_->event_create(out); }
+  Status event_destroy(EventHandle e) override { return inner_->event_destroy(e); }
+  Status event_record(EventHandle e, StreamHandle s) override {
+    return count(DriverCall::event_record), inner_->event_record(e, s);
+  }
+  Status event_query(EventHandle e, bool* c) override { return count(DriverCall::event_query), inner_->event_query(e, c); }
+  Status event_synchronize(EventHandle e) override {
+    return count(DriverCall::event_synchronize), inner_->event_synchronize(e);
+  }
+  Status stream_wait_event(StreamHandle s, EventHandle e) override {
+    return count(DriverCall::stream_wait_event), inner_->stream_wait_event(s, e);
+  }
+  Status host_alloc_pinned(size_t b, void** out) override { return inner_->host_alloc_pinned(b, out); }
+  Status host_free_pinned(void* p, size_t b) override { return inner_->host_free_pinned(p, b); }
+  Status export_page(PageHandle p, int* fd) override { return inner_->export_page(p, fd); }
+  Status import_page(int fd, size_t b, PageHandle* out) override { return inner_->import_page(fd, b, out); }
+  Status launch_test_kernel(StreamHandle s, uintptr_t va, size_t b, int kind, uint64_t seed, uint64_t ns) override {
+    return inner_->launch_test_kernel(s, va, b, kind, seed, ns);
+  }
+  Status test_kernel_counters(vta_kernel_counters_t* out) override { return inner_->test_kernel_counters(out); }
+
+ private:
+  void count(DriverCall c) { calls_[static_cast<int>(c)].fetch_add(1, std::memory_order_relaxed); }
+
+  std::unique_ptr<Backend> inner_;
+  std::atomic<uint64_t> calls_[static_cast<int>(DriverCall::count)] = {};
+};
+
+}  // namespace vta
