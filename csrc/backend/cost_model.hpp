@@ -38,8 +38,11 @@ struct DriverCosts {
   double d2h_gbps[kCopyPoints], h2d_gbps[kCopyPoints];
   // Device-to-host copies whose destination is a host-located VMM page (mapped-mode eviction)
   // run at this fraction of the pinned D2H figure. FITTED, not measured per call: see
-  // h100_costs() and docs/cost-model.md.
+  // kH100 in cost_model.cpp and docs/cost-model.md.
   double d2h_to_host_page_factor;
+  // Added to each cuMemUnmap of a mapping of a host-located VMM page (mapped-mode restore).
+  // FITTED, not measured per call: see kH100 in cost_model.cpp and docs/cost-model.md.
+  double host_page_unmap_extra_us;
 };
 
 // The table of VTA_COST_MODEL_*; null for VTA_COST_MODEL_NONE or an unknown model.
