@@ -21,7 +21,7 @@ from .config import Config
 from .errors import InternalError
 from .stats import DRIVER_CALL_FIELDS
 
-ABI_VERSION = 1
+ABI_VERSION = 2
 BACKEND_CODES = {"auto": 0, "host": 1, "cuda": 2}
 BACKEND_NAMES = {v: k for k, v in BACKEND_CODES.items()}
 
@@ -33,7 +33,7 @@ class VtaConfig(ctypes.Structure):
         ("struct_size", u32), ("backend", i32), ("device", i32), ("flags", u32),
         ("capacity_bytes", u64), ("page_bytes", u64), ("small_threshold_bytes", u64),
         ("host_granularity_bytes", u64), ("host_capacity_bytes", u64), ("reservation_bytes", u64),
-        ("evict_mode", u32), ("reserved1", u32),
+        ("evict_mode", u32), ("reserved1", u32), ("cost_model", u32), ("reserved2", u32),
     ]
 
 
@@ -74,6 +74,8 @@ CONFIG_LEASED = 1
 MALLOC_NO_EVICT = 1
 EVICT_MODES = {"auto": 0, "copy": 1, "mapped": 2}
 EVICT_MODE_NAMES = {v: k for k, v in EVICT_MODES.items()}
+COST_MODEL_CODES = {None: 0, "h100": 1}  # VTA_COST_MODEL_*
+COST_MODEL_NAMES = {v: k for k, v in COST_MODEL_CODES.items()}
 RESIDENCY_NAMES = {0: "resident", 1: "evicted", 2: "in_flight"}
 NO_PAGE = (1 << 64) - 1
 FAULT_OPS = {"copy": 0, "map": 1, "create_page": 2, "set_access": 3}
@@ -115,6 +117,7 @@ _PROTOTYPES = {
     "vta_space_close": (i32, [ctypes.c_void_p]),
     "vta_space_destroy": (None, [ctypes.c_void_p]),
     "vta_space_backend": (i32, [ctypes.c_void_p, _P(i32), _P(i32)]),
+    "vta_space_modeled_ns": (i32, [ctypes.c_void_p, _P(i32), _P(u64)]),
     "vta_malloc": (i32, [ctypes.c_void_p, u64, u64, _P(u64)]),
     "vta_malloc_ex": (i32, [ctypes.c_void_p, u64, u64, u32, _P(u64)]),
     "vta_free": (i32, [ctypes.c_void_p, u64]),
@@ -166,6 +169,7 @@ def make_config(config: Config, *, flags: int = 0) -> VtaConfig:
     c.host_capacity_bytes = config.host_capacity or 0
     c.reservation_bytes = config.reservation_size or 0
     c.evict_mode = EVICT_MODES[config.evict_mode]
+    c.cost_model = COST_MODEL_CODES[config.cost_model]
     return c
 
 
@@ -182,6 +186,7 @@ def config_from_struct(raw: VtaConfig) -> Config:
         host_capacity=raw.host_capacity_bytes or None,
         reservation_size=raw.reservation_bytes or None,
         evict_mode=EVICT_MODE_NAMES[raw.evict_mode],
+        cost_model=COST_MODEL_NAMES[raw.cost_model],
     )
 
 _lib: ctypes.CDLL | None = None

@@ -56,6 +56,7 @@ class AddressSpace(NativeHandle):
         host_capacity: int | str | None = None,
         reservation_size: int | str | None = None,
         evict_mode: str = "auto",
+        cost_model: str | None = None,
         config: Config | None = None,
         leased: bool = False,
         page_source: PageSource | None = None,
@@ -79,6 +80,7 @@ class AddressSpace(NativeHandle):
                 backend=backend, device=device, capacity=capacity, page_size=page_size,
                 small_threshold=small_threshold, host_granularity=host_granularity,
                 host_capacity=host_capacity, reservation_size=reservation_size, evict_mode=evict_mode,
+                cost_model=cost_model,
             )
         self.config = config
         lib = _native.load()
@@ -405,6 +407,14 @@ class AddressSpace(NativeHandle):
         raw = _native.VtaStats()
         _native.check(self._lib.vta_stats(self._h(), ctypes.byref(raw)))
         return _native.stats_from_struct(raw)
+
+    def modeled_ns(self) -> int | None:
+        """The cost model's modeled host clock (ns since the space was created): the time the
+        calls made so far would have taken on the modeled GPU, waits for copies included
+        (docs/cost-model.md). None when the space runs without a cost model."""
+        enabled, ns = ctypes.c_int32(), ctypes.c_uint64()
+        _native.check(self._lib.vta_space_modeled_ns(self._h(), ctypes.byref(enabled), ctypes.byref(ns)))
+        return ns.value if enabled.value else None
 
     def reset_peak_stats(self) -> None:
         _native.check(self._lib.vta_reset_peak_stats(self._h()))

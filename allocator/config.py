@@ -21,6 +21,9 @@ __all__ = ["Config", "parse_size", "format_size", "BACKENDS"]
 
 BACKENDS = ("auto", "host", "cuda")
 EVICT_MODES = ("auto", "copy", "mapped")
+# Driver cost models of the host backend (docs/cost-model.md): the GPU whose measured per-call
+# costs and copy bandwidths a modeled clock charges.
+COST_MODELS = ("h100",)
 
 _UNITS = {
     "": 1, "b": 1,
@@ -88,6 +91,8 @@ class Config:
     evict_mode: str = "auto"              # "mapped": evicted pages stay mapped, backed by host memory
                                           # (CUDA >= 12.2 HOST_NUMA; host backend); "copy": pinned slots,
                                           # address unmapped while evicted; "auto": mapped where supported
+    cost_model: str | None = None         # host backend only: charge each call what it costs on this GPU
+                                          # on a modeled clock (docs/cost-model.md); None: no model
 
     _SIZE_FIELDS = ("capacity", "page_size", "small_threshold", "host_granularity", "host_capacity", "reservation_size")
 
@@ -96,6 +101,15 @@ class Config:
             raise InvalidArgumentError(f"backend must be one of {', '.join(BACKENDS)}, got {self.backend!r}")
         if self.evict_mode not in EVICT_MODES:
             raise InvalidArgumentError(f"evict_mode must be one of {', '.join(EVICT_MODES)}, got {self.evict_mode!r}")
+        if self.cost_model is not None:
+            name = self.cost_model.lower() if isinstance(self.cost_model, str) else self.cost_model
+            if name not in COST_MODELS:
+                raise InvalidArgumentError(f"cost_model must be one of {', '.join(COST_MODELS)} or None, "
+                                           f"got {self.cost_model!r}")
+            if self.backend != "host":
+                raise InvalidArgumentError(f"cost_model={name!r} models the driver on the host backend: it needs "
+                                           f"backend='host', not {self.backend!r}")
+            object.__setattr__(self, "cost_model", name)
         if isinstance(self.device, bool):
             raise InvalidArgumentError("device must be an integer ordinal")
         try:

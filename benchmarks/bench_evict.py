@@ -14,7 +14,12 @@ Owns: the eviction benchmark and the JSON it writes. Not a test (outside ``testp
   machine without CUDA this is CPU training over a host-backend space: the figures show the
   scheduler's and the copies' overhead on a CPU, not GPU behaviour.
 
+* predicted  - with ``--cost-model h100`` (host backend): the eviction and restore rates the
+  driver cost model (docs/cost-model.md) predicts for each configuration measured on an H100,
+  beside the measured figures and the relative error. Predictions, not measurements.
+
 Run from the repository root:  python benchmarks/bench_evict.py [--quick] [--backend host|cuda]
+                               python benchmarks/bench_evict.py --backend host --cost-model h100
 """
 
 from __future__ import annotations
@@ -52,6 +57,21 @@ def gbps(nbytes: int, seconds: float) -> float:
 
 
 # -- bandwidth -------------------------------------------------------------------------------
+def evict_restore_cycles(space: AddressSpace, a: int, repeats: int, clock) -> tuple[list[float], list[float]]:
+    """Seconds by `clock` of `repeats` cycles: offload + synchronize (evict), ensure_resident
+    (restore)."""
+    evict, restore = [], []
+    for _ in range(repeats):
+        t0 = clock()
+        space.offload(a)
+        space.synchronize()
+        evict.append(clock() - t0)
+        t0 = clock()
+        space.ensure_resident(a)
+        restore.append(clock() - t0)
+    return evict, restore
+
+
 def bandwidth(backend: str, size: int, repeats: int) -> dict[str, Any]:
     out: dict[str, Any] = {"size_bytes": size, "modes": {}}
     for mode in ("mapped", "copy"):
@@ -64,15 +84,7 @@ def bandwidth(backend: str, size: int, repeats: int) -> dict[str, Any]:
             a = space.malloc(size)
             space.write(a, os.urandom(1 << 20) * (size // (1 << 20)))
             space.set_evictable(a)
-            evict, restore = [], []
-            for _ in range(repeats):
-                t0 = time.perf_counter()
-                space.offload(a)
-                space.synchronize()
-                evict.append(time.perf_counter() - t0)
-                t0 = time.perf_counter()
-                space.ensure_resident(a)
-                restore.append(time.perf_counter() - t0)
+            evict, restore = evict_restore_cycles(space, a, repeats, time.perf_counter)
             space.free(a)
             out["modes"][mode] = {
                 "active_mode": space.evict_mode,
@@ -113,6 +125,85 @@ def reference_copy(backend: str, size: int, repeats: int) -> dict[str, Any]:
             times.append(start.elapsed_time(end) / 1e3)
         result[name] = {"s": times, "GBps": round(gbps(size, median_s(times)), 3)}
     return {"what": "pinned cudaMemcpy through torch", **result}
+
+
+# -- predicted GPU rates: the host backend under a driver cost model -------------------------
+# Measured on an H100 (80GB HBM3), 2026-11-22, with `bench_evict.py --backend cuda` (run 1:
+# 256 MiB as above, and 1 GiB; run 2: 1 GiB, median of 4 offload+restore cycles in one process).
+# (allocation bytes, page bytes, mode, evict GB/s, restore GB/s, run)
+MEASURED_H100 = (
+    (256 * MiB, 2 * MiB, "mapped", 16.8, 15.5, 1),
+    (256 * MiB, 2 * MiB, "copy", 33.3, 46.2, 1),
+    (1024 * MiB, 2 * MiB, "copy", 30.5, 42.1, 1),
+    (1024 * MiB, 32 * MiB, "copy", 52.0, 53.9, 1),
+    (1024 * MiB, 2 * MiB, "mapped", 15.8, 13.9, 2),
+    (1024 * MiB, 32 * MiB, "mapped", 34.4, 53.7, 2),
+    (1024 * MiB, 64 * MiB, "mapped", 37.1, 53.9, 2),
+    (1024 * MiB, 2 * MiB, "copy", 34.2, 49.6, 2),
+    (1024 * MiB, 32 * MiB, "copy", 51.9, 54.2, 2),
+    (1024 * MiB, 64 * MiB, "copy", 53.2, 54.3, 2),
+)
+# Figures two parameters of the model were fitted to (csrc/backend/cost_model.cpp, kH100): their
+# predictions are not independent of the measurement.
+FITTED_TO = {
+    (1024 * MiB, 32 * MiB, "mapped", "evict"): "d2h_to_host_page_factor",
+    (256 * MiB, 2 * MiB, "mapped", "restore"): "host_page_unmap_extra_us",
+    (1024 * MiB, 2 * MiB, "mapped", "restore"): "host_page_unmap_extra_us",
+}
+TARGET_REL_ERROR = 0.25
+
+
+def predict(cost_model: str, size: int, page: int, mode: str, repeats: int) -> dict[str, Any]:
+    """Eviction and restore of one `size` allocation on the host backend under `cost_model`,
+    timed by the modeled clock (deterministic: the host's own speed does not enter)."""
+    with AddressSpace(backend="host", capacity=size + page, host_capacity=size + page, page_size=page,
+                      evict_mode=mode, cost_model=cost_model) as space:
+        a = space.malloc(size)
+        space.set_evictable(a)
+        evict, restore = evict_restore_cycles(space, a, repeats, lambda: space.modeled_ns() / 1e9)
+        space.free(a)
+    return {"evict_GBps": round(gbps(size, median_s(evict)), 2), "restore_GBps": round(gbps(size, median_s(restore)), 2),
+            "evict_s": evict, "restore_s": restore}
+
+
+def prediction(cost_model: str, quick: bool, repeats: int) -> dict[str, Any]:
+    """The measured H100 rows beside the rates the model predicts for the same configuration."""
+    rows, cache = [], {}
+    for size, page, mode, evict, restore, run in MEASURED_H100:
+        if quick and size > 256 * MiB:
+            continue
+        key = (size, page, mode)
+        if key not in cache:
+            cache[key] = predict(cost_model, size, page, mode, repeats)
+        p = cache[key]
+        row: dict[str, Any] = {"size_bytes": size, "page_bytes": page, "mode": mode, "measured_run": run}
+        for what, measured in (("evict", evict), ("restore", restore)):
+            predicted = p[f"{what}_GBps"]
+            err = predicted / measured - 1
+            row[what] = {"measured_GBps": measured, "predicted_GBps": predicted, "rel_error": round(err, 3),
+                         "within_target": abs(err) <= TARGET_REL_ERROR,
+                         "fitted_parameter": FITTED_TO.get((size, page, mode, what))}
+        rows.append(row)
+    return {"cost_model": cost_model, "target_rel_error": TARGET_REL_ERROR, "modeled_repeats": repeats,
+            "measured_source": "measured on an H100 (80GB HBM3), 2026-11-22, bench_evict.py --backend cuda",
+            "rows": rows}
+
+
+def print_prediction(pred: dict[str, Any]) -> None:
+    print(f"PREDICTED by the host backend's cost model {pred['cost_model']!r} vs {pred['measured_source']}")
+    print(f"{'size':>6} {'page':>5} {'mode':6} {'run':>3} | {'evict meas':>10} {'pred':>6} {'err':>6} | "
+          f"{'restore meas':>12} {'pred':>6} {'err':>6}")
+    for r in pred["rows"]:
+        cells = []
+        for what in ("evict", "restore"):
+            c = r[what]
+            mark = "*" if c["fitted_parameter"] else ("" if c["within_target"] else " !")
+            cells.append(f"{c['measured_GBps']:>{10 if what == 'evict' else 12}.1f} {c['predicted_GBps']:>6.1f} "
+                         f"{c['rel_error'] * 100:>+5.0f}%{mark}")
+        print(f"{r['size_bytes'] // MiB:>4}Mi {r['page_bytes'] // MiB:>3}Mi {r['mode']:6} {r['measured_run']:>3} | "
+              + " | ".join(cells))
+    print(f"GB/s; * = a parameter of the model was fitted to this figure; ! = beyond "
+          f"{pred['target_rel_error']:.0%}")
 
 
 # -- training --------------------------------------------------------------------------------
@@ -189,7 +280,21 @@ def main() -> None:
     ap.add_argument("--out", default="benchmarks/results/evict-{backend}-{date}.json")
     ap.add_argument("--threads", default=1, type=int, help="torch CPU threads for the training part (1: least noise)")
     ap.add_argument("--note", action="append", default=[])
+    ap.add_argument("--cost-model", choices=["h100"], default=None,
+                    help="host backend only: predict the GPU's eviction rates from the driver cost model's "
+                         "modeled clock, beside the rates measured on it (--quick: the 256 MiB rows only)")
     args = ap.parse_args()
+    if args.cost_model:
+        if args.backend != "host":
+            ap.error("--cost-model runs on the host backend (--backend host)")
+        record = {"benchmark": "evict-predicted", "backend": "host", "provenance": provenance(), "notes": args.note,
+                  "prediction": prediction(args.cost_model, args.quick, 1 if args.quick else 3)}
+        out = Path(args.out.format(backend=f"host-{args.cost_model}-model", date=_dt.date.today().isoformat()))
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(record, indent=2) + "\n")
+        print_prediction(record["prediction"])
+        print(f"wrote {out}")
+        return
     if args.backend == "cuda":
         ok, why = backend_available("cuda")
         if not ok:

@@ -39,6 +39,7 @@ struct BackendOptions {
   int device = 0;
   uint64_t host_device_bytes = 0;      // host backend: simulated device memory; 0 = 1 GiB
   uint64_t host_granularity_bytes = 0; // host backend: simulated granularity; 0 = 2 MiB
+  int cost_model = VTA_COST_MODEL_NONE;  // host backend only: wrap it in a CostModelBackend
 };
 
 class Backend {

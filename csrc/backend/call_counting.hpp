@@ -14,7 +14,7 @@
 #include <cstdint>
 #include <memory>
 
-#include "backend/backend.hpp"
+#include "backend/forwarding_backend.hpp"
 
 namespace vta {
 
@@ -23,17 +23,11 @@ enum class DriverCall : int {
   stream_wait_event, stream_synchronize, reserve, free_va, count
 };
 
-class CallCountingBackend final : public Backend {
+class CallCountingBackend final : public ForwardingBackend {
  public:
-  explicit CallCountingBackend(std::unique_ptr<Backend> inner) : inner_(std::move(inner)) {}
+  using ForwardingBackend::ForwardingBackend;
   uint64_t calls(DriverCall c) const { return calls_[static_cast<int>(c)].load(std::memory_order_relaxed); }
 
-  int kind() const override { return inner_->kind(); }
-  const char* name() const override { return inner_->name(); }
-  int device() const override { return inner_->device(); }
-  size_t granularity() const override { return inner_->granularity(); }
-  uint64_t default_capacity() const override { return inner_->default_capacity(); }
-  bool supports_host_pages() const override { return inner_->supports_host_pages(); }
   Status reserve(size_t b, size_t a, uintptr_t* va) override { return count(DriverCall::reserve), inner_->reserve(b, a, va); }
   Status free_va(uintptr_t va, size_t b) override { return count(DriverCall::free_va), inner_->free_va(va, b); }
   Status create_page(size_t b, PageLocation w, PageHandle* out) override {
@@ -46,13 +40,9 @@ class CallCountingBackend final : public Backend {
   Status copy(uintptr_t d, uintptr_t s, size_t b, StreamHandle st) override {
     return count(DriverCall::copy), inner_->copy(d, s, b, st);
   }
-  Status stream_create(StreamHandle* out) override { return inner_->stream_create(out); }
-  Status stream_destroy(StreamHandle s) override { return inner_->stream_destroy(s); }
   Status stream_synchronize(StreamHandle s) override {
     return count(DriverCall::stream_synchronize), inner_->stream_synchronize(s);
   }
-  Status event_create(EventHandle* out) override { return inner_->event_create(out); }
-  Status event_destroy(EventHandle e) override { return inner_->event_destroy(e); }
   Status event_record(EventHandle e, StreamHandle s) override {
     return count(DriverCall::event_record), inner_->event_record(e, s);
   }
@@ -63,19 +53,10 @@ class CallCountingBackend final : public Backend {
   Status stream_wait_event(StreamHandle s, EventHandle e) override {
     return count(DriverCall::stream_wait_event), inner_->stream_wait_event(s, e);
   }
-  Status host_alloc_pinned(size_t b, void** out) override { return inner_->host_alloc_pinned(b, out); }
-  Status host_free_pinned(void* p, size_t b) override { return inner_->host_free_pinned(p, b); }
-  Status export_page(PageHandle p, int* fd) override { return inner_->export_page(p, fd); }
-  Status import_page(int fd, size_t b, PageHandle* out) override { return inner_->import_page(fd, b, out); }
-  Status launch_test_kernel(StreamHandle s, uintptr_t va, size_t b, int kind, uint64_t seed, uint64_t ns) override {
-    return inner_->launch_test_kernel(s, va, b, kind, seed, ns);
-  }
-  Status test_kernel_counters(vta_kernel_counters_t* out) override { return inner_->test_kernel_counters(out); }
 
  private:
   void count(DriverCall c) { calls_[static_cast<int>(c)].fetch_add(1, std::memory_order_relaxed); }
 
-  std::unique_ptr<Backend> inner_;
   std::atomic<uint64_t> calls_[static_cast<int>(DriverCall::count)] = {};
 };
 

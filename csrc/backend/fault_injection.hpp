@@ -8,36 +8,27 @@
 #include <atomic>
 #include <memory>
 
-#include "backend/backend.hpp"
+#include <string>
+
+#include "backend/forwarding_backend.hpp"
 
 namespace vta {
 
 enum class FaultOp : int { copy = 0, map = 1, create_page = 2, set_access = 3, count = 4 };
 
-class FaultInjectingBackend final : public Backend {
+class FaultInjectingBackend final : public ForwardingBackend {
  public:
-  explicit FaultInjectingBackend(std::unique_ptr<Backend> inner) : inner_(std::move(inner)) {}
+  using ForwardingBackend::ForwardingBackend;
   void inject(FaultOp op, int times) { faults_[static_cast<int>(op)].store(times); }
-  Backend& inner() { return *inner_; }
 
-  int kind() const override { return inner_->kind(); }
-  const char* name() const override { return inner_->name(); }
-  int device() const override { return inner_->device(); }
-  size_t granularity() const override { return inner_->granularity(); }
-  uint64_t default_capacity() const override { return inner_->default_capacity(); }
-  bool supports_host_pages() const override { return inner_->supports_host_pages(); }
-  Status reserve(size_t b, size_t a, uintptr_t* va) override { return inner_->reserve(b, a, va); }
-  Status free_va(uintptr_t va, size_t b) override { return inner_->free_va(va, b); }
   Status create_page(size_t b, PageLocation w, PageHandle* out) override {
     if (fire(FaultOp::create_page)) return injected("create_page");
     return inner_->create_page(b, w, out);
   }
-  Status release_page(PageHandle p) override { return inner_->release_page(p); }
   Status map(uintptr_t va, size_t b, PageHandle p) override {
     if (fire(FaultOp::map)) return injected("map");
     return inner_->map(va, b, p);
   }
-  Status unmap(uintptr_t va, size_t b) override { return inner_->unmap(va, b); }
   Status set_access(uintptr_t va, size_t b) override {
     if (fire(FaultOp::set_access)) return injected("set_access");
     return inner_->set_access(va, b);
@@ -46,23 +37,6 @@ class FaultInjectingBackend final : public Backend {
     if (fire(FaultOp::copy)) return injected("copy");
     return inner_->copy(d, s, b, st);
   }
-  Status stream_create(StreamHandle* out) override { return inner_->stream_create(out); }
-  Status stream_destroy(StreamHandle s) override { return inner_->stream_destroy(s); }
-  Status stream_synchronize(StreamHandle s) override { return inner_->stream_synchronize(s); }
-  Status event_create(EventHandle* out) override { return inner_->event_create(out); }
-  Status event_destroy(EventHandle e) override { return inner_->event_destroy(e); }
-  Status event_record(EventHandle e, StreamHandle s) override { return inner_->event_record(e, s); }
-  Status event_query(EventHandle e, bool* c) override { return inner_->event_query(e, c); }
-  Status event_synchronize(EventHandle e) override { return inner_->event_synchronize(e); }
-  Status stream_wait_event(StreamHandle s, EventHandle e) override { return inner_->stream_wait_event(s, e); }
-  Status host_alloc_pinned(size_t b, void** out) override { return inner_->host_alloc_pinned(b, out); }
-  Status host_free_pinned(void* p, size_t b) override { return inner_->host_free_pinned(p, b); }
-  Status export_page(PageHandle p, int* fd) override { return inner_->export_page(p, fd); }
-  Status import_page(int fd, size_t b, PageHandle* out) override { return inner_->import_page(fd, b, out); }
-  Status launch_test_kernel(StreamHandle s, uintptr_t va, size_t b, int kind, uint64_t seed, uint64_t ns) override {
-    return inner_->launch_test_kernel(s, va, b, kind, seed, ns);
-  }
-  Status test_kernel_counters(vta_kernel_counters_t* out) override { return inner_->test_kernel_counters(out); }
 
  private:
   bool fire(FaultOp op) {
@@ -76,7 +50,6 @@ class FaultInjectingBackend final : public Backend {
     return Status(VTA_ERR_DRIVER, std::string("injected failure of ") + op + " (test fault injection)");
   }
 
-  std::unique_ptr<Backend> inner_;
   std::atomic<int> faults_[static_cast<int>(FaultOp::count)] = {};
 };
 

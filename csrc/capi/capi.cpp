@@ -102,6 +102,14 @@ vta_status_t vta_space_backend(vta_space_t* space, int32_t* backend, int32_t* de
   });
 }
 
+vta_status_t vta_space_modeled_ns(vta_space_t* space, int32_t* enabled, uint64_t* modeled_ns) {
+  return guarded([&] {
+    need(enabled, "output");
+    need(modeled_ns, "output");
+    *enabled = open_space(space).modeled_ns(modeled_ns) ? 1 : 0;
+  });
+}
+
 vta_status_t vta_malloc(vta_space_t* space, uint64_t nbytes, uint64_t stream, uint64_t* out_address) {
   return guarded([&] {
     need(out_address, "output");

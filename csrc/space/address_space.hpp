@@ -24,6 +24,7 @@
 #include "alloc/alloc_policy.hpp"
 #include "backend/backend.hpp"
 #include "backend/call_counting.hpp"
+#include "backend/cost_model.hpp"
 #include "backend/fault_injection.hpp"
 #include "evict/residency.hpp"
 #include "vmm/event_pool.hpp"
@@ -78,6 +79,8 @@ class AddressSpace {
   std::vector<vta_alloc_info_t> allocations();
   int backend_kind() const { return backend_kind_; }
   int device() const { return device_; }
+  // The cost model's host clock (backend/cost_model.hpp); false (and 0) without a cost model.
+  bool modeled_ns(uint64_t* out) { return modeled_host_ns(calls_->inner(), out); }  // the model sits under the counter
 
  private:
   AddressSpace(std::unique_ptr<Backend> backend, const vta_config_t& config, uint64_t capacity, size_t page_bytes);

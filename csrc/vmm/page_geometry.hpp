@@ -5,6 +5,7 @@
 // pages, at least one; default the backend's). Used by AddressSpace and PagePool alike.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -21,8 +22,11 @@ struct PageGeometry {
 };
 
 inline PageGeometry make_page_geometry(const vta_config_t& config) {
-  if (config.struct_size < sizeof(vta_config_t)) fail(VTA_ERR_INVALID_ARGUMENT, "vta_config_t: struct_size too small");
+  // Callers built before cost_model was appended pass a shorter struct: no cost model.
+  if (config.struct_size < offsetof(vta_config_t, cost_model))
+    fail(VTA_ERR_INVALID_ARGUMENT, "vta_config_t: struct_size too small");
   BackendOptions opts;
+  if (config.struct_size >= offsetof(vta_config_t, reserved2)) opts.cost_model = static_cast<int>(config.cost_model);
   opts.kind = config.backend;
   opts.device = config.device;
   opts.host_device_bytes = config.capacity_bytes;

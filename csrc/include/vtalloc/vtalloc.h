@@ -17,7 +17,7 @@
 extern "C" {
 #endif
 
-#define VTA_ABI_VERSION 1
+#define VTA_ABI_VERSION 2  /* 2: vta_stats_t gained the driver call counters (an output struct grew) */
 #define VTA_API __attribute__((visibility("default")))
 
 typedef int32_t vta_status_t;
@@ -53,7 +53,14 @@ typedef struct vta_config {
   uint64_t reservation_bytes;    /* VA reserved per reservation; 0 = max(2 x capacity, 64 pages) */
   uint32_t evict_mode;           /* VTA_EVICT_* */
   uint32_t reserved1;
+  /* Appended: a caller whose struct_size ends before here gets VTA_COST_MODEL_NONE. */
+  uint32_t cost_model;           /* VTA_COST_MODEL_*; host backend only (docs/cost-model.md) */
+  uint32_t reserved2;
 } vta_config_t;
+
+/* A driver cost model for the host backend: the bytes still move, and a modeled clock charges
+ * each backend call what it cost on the named GPU (docs/cost-model.md). NONE: no model. */
+enum { VTA_COST_MODEL_NONE = 0, VTA_COST_MODEL_H100 = 1 };
 
 /* Where an evicted page's bytes go. AUTO: MAPPED where the backend supports host-located
  * pages (CUDA >= 12.2 HOST_NUMA; always on host), else COPY. */
@@ -175,6 +182,9 @@ VTA_API vta_status_t vta_space_close(vta_space_t* space);
 /* Free the handle itself (after close). Not thread-safe with other calls on the handle. */
 VTA_API void vta_space_destroy(vta_space_t* space);
 VTA_API vta_status_t vta_space_backend(vta_space_t* space, int32_t* backend, int32_t* device);
+/* The cost model's modeled host clock in ns since the space was created (docs/cost-model.md):
+ * *enabled = 0 and *modeled_ns = 0 when the space runs without a cost model. */
+VTA_API vta_status_t vta_space_modeled_ns(vta_space_t* space, int32_t* enabled, uint64_t* modeled_ns);
 
 VTA_API vta_status_t vta_malloc(vta_space_t* space, uint64_t nbytes, uint64_t stream, uint64_t* out_address);
 /* vta_malloc with flags: VTA_MALLOC_NO_EVICT fails with VTA_ERR_OUT_OF_MEMORY rather than
