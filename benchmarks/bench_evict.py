@@ -189,6 +189,44 @@ def prediction(cost_model: str, quick: bool, repeats: int) -> dict[str, Any]:
             "rows": rows}
 
 
+SWEEP_PAGES = (2 * MiB, 8 * MiB, 32 * MiB, 64 * MiB, 128 * MiB, 256 * MiB)
+PINNED_GBPS_H100 = 54.9  # pinned cudaMemcpy, 256 MiB, measured on an H100 (80GB HBM3), 2026-11-22
+
+
+def handle_sweep(cost_model: str, size: int, repeats: int) -> list[dict[str, Any]]:
+    """What the physical handle size buys: one `size` allocation evicted and restored with each
+    page size of SWEEP_PAGES, both modes, under the cost model; rates and the driver calls of one
+    evict + restore cycle (from the space's call counters)."""
+    rows = []
+    for mode in ("copy", "mapped"):
+        for page in SWEEP_PAGES:
+            with AddressSpace(backend="host", capacity=size + page, host_capacity=size + page, page_size=page,
+                              evict_mode=mode, cost_model=cost_model) as space:
+                a = space.malloc(size)
+                space.set_evictable(a)
+                before = space.stats().driver_calls()
+                evict, restore = evict_restore_cycles(space, a, repeats, lambda: space.modeled_ns() / 1e9)
+                after = space.stats().driver_calls()
+                space.free(a)
+            calls = {k: (after[k] - before[k]) // repeats for k in ("map", "unmap", "set_access")}
+            ev, re = gbps(size, median_s(evict)), gbps(size, median_s(restore))
+            rows.append({"mode": mode, "page_bytes": page, "evict_GBps": round(ev, 2), "restore_GBps": round(re, 2),
+                         "evict_pct_of_pinned": round(100 * ev / PINNED_GBPS_H100), "restore_pct_of_pinned":
+                         round(100 * re / PINNED_GBPS_H100), "calls_per_cycle": calls})
+    return rows
+
+
+def print_sweep(rows: list[dict[str, Any]], size: int) -> None:
+    print(f"PREDICTED (cost model): one {size // MiB} MiB allocation, evict + restore per page (handle) size")
+    print(f"{'mode':6} {'page':>8} | {'evict GB/s':>10} {'%pin':>5} | {'restore GB/s':>12} {'%pin':>5} | "
+          f"{'map':>5} {'unmap':>5} {'access':>6}  per cycle")
+    for r in rows:
+        c = r["calls_per_cycle"]
+        print(f"{r['mode']:6} {r['page_bytes'] // MiB:>5} MiB | {r['evict_GBps']:>10} {r['evict_pct_of_pinned']:>4}% | "
+              f"{r['restore_GBps']:>12} {r['restore_pct_of_pinned']:>4}% | {c['map']:>5} "
+              f"{c['unmap']:>5} {c['set_access']:>6}")
+
+
 def print_prediction(pred: dict[str, Any]) -> None:
     print(f"PREDICTED by the host backend's cost model {pred['cost_model']!r} vs {pred['measured_source']}")
     print(f"{'size':>6} {'page':>5} {'mode':6} {'run':>3} | {'evict meas':>10} {'pred':>6} {'err':>6} | "
@@ -283,7 +321,22 @@ def main() -> None:
     ap.add_argument("--cost-model", choices=["h100"], default=None,
                     help="host backend only: predict the GPU's eviction rates from the driver cost model's "
                          "modeled clock, beside the rates measured on it (--quick: the 256 MiB rows only)")
+    ap.add_argument("--handle-sweep", action="store_true",
+                    help="with --cost-model: predict evict/restore of one --size allocation for page (handle) "
+                         "sizes 2..256 MiB, with the driver calls per cycle")
     args = ap.parse_args()
+    if args.handle_sweep:
+        if not args.cost_model or args.backend != "host":
+            ap.error("--handle-sweep needs --backend host --cost-model NAME")
+        rows = handle_sweep(args.cost_model, args.size, 1 if args.quick else 3)
+        record = {"benchmark": "evict-handle-sweep-predicted", "backend": "host", "cost_model": args.cost_model,
+                  "size_bytes": args.size, "provenance": provenance(), "notes": args.note, "rows": rows}
+        out = Path(args.out.format(backend=f"host-{args.cost_model}-sweep", date=_dt.date.today().isoformat()))
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(record, indent=2) + "\n")
+        print_sweep(rows, args.size)
+        print(f"wrote {out}")
+        return
     if args.cost_model:
         if args.backend != "host":
             ap.error("--cost-model runs on the host backend (--backend host)")
