@@ -17,8 +17,9 @@ from pathlib import Path
 
 import pytest
 
+from helpers.sizes import MiB
+
 BENCH = Path(__file__).resolve().parent.parent / "benchmarks"
-MiB = 1 << 20
 
 
 def run_bench(script: str, *args: str, timeout: float = 240) -> subprocess.CompletedProcess:
@@ -109,3 +110,19 @@ def test_churn_sequence_is_seeded_and_stays_under_the_live_limit():
     assert peak > 0.7 * limit  # it presses the limit, or it would not test fragmentation
     with pytest.raises(ValueError):
         churn.churn_ops(0, 10, MiB, 2 * limit, limit)
+
+
+def test_handle_sweep_prediction_falls_in_calls_and_rises_in_rate_with_handle_size(tmp_path):
+    out = tmp_path / "sweep.json"
+    run_bench("bench_evict.py", "--backend", "host", "--cost-model", "h100", "--handle-sweep", "--quick",
+              "--size", str(64 << 20), "--out", str(out))
+    record = json.loads(out.read_text())
+    check_provenance(record)
+    for mode in ("copy", "mapped"):
+        rows = [r for r in record["rows"] if r["mode"] == mode and r["page_bytes"] <= 64 << 20]
+        assert [r["page_bytes"] for r in rows] == sorted(r["page_bytes"] for r in rows) and len(rows) == 4
+        calls = [r["calls_per_cycle"]["map"] + r["calls_per_cycle"]["unmap"] for r in rows]
+        assert calls == sorted(calls, reverse=True) and calls[0] > calls[-1] > 0
+        if mode == "copy":  # the model is deterministic: bigger handles, fewer calls, faster
+            rates = [r["evict_GBps"] for r in rows]
+            assert rates == sorted(rates) and rates[0] < rates[-1]

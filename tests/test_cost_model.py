@@ -15,10 +15,11 @@ from pathlib import Path
 
 import pytest
 
+from helpers.sizes import MiB
+
 from vtalloc.allocator import AddressSpace, Config, InvalidArgumentError
 from vtalloc.allocator import _native
 
-MiB = 1 << 20
 # The H100 table of csrc/backend/cost_model.cpp, in microseconds and GB/s (2 MiB handles/copies).
 CREATE_2M, MAP_2M, SET_ACCESS_2M, UNMAP_2M, RELEASE_2M = 10.0, 2.1, 26.9, 18.2, 12.4
 EVENT_RECORD = 0.98
