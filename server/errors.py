@@ -4,7 +4,9 @@ Owns: the interceptor that applies vtalloc.server.protocol.errors' table to ever
 vtalloc.v1 handler (the classes and the table live there, shared with the client; they are
 importable from here too). Invariants: no exception, and no undecodable request, leaves a
 handler unmapped: an unexpected exception becomes INTERNAL (logged with its traceback), and
-the daemon keeps serving. Handlers never build status codes themselves.
+the daemon keeps serving; no status message is longer than MAX_STATUS_CHARS (it travels in
+trailing metadata, whose size gRPC limits; messages quote request fields through
+protocol.errors.echo, and this is the last bound). Handlers never build status codes themselves.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ __all__ = [
 ]
 
 log = logging.getLogger("vtalloc.server")
+MAX_STATUS_CHARS = 1024  # the longest status message sent (gRPC's metadata limit is 8-16 KiB)
 
 
 class _Undecodable:
@@ -66,6 +69,8 @@ async def _abort(context: grpc.aio.ServicerContext, exc: BaseException, method: 
         message = f"internal error in {method} ({type(exc).__name__}); the daemon logged it"
     else:
         message = str(exc)
+    if len(message) > MAX_STATUS_CHARS:
+        message = f"{message[:MAX_STATUS_CHARS]}... ({len(message)} characters)"
     context.set_trailing_metadata(((ERROR_KIND_KEY, type(exc).__name__),))
     await context.abort(code, message)
 

@@ -11,6 +11,7 @@ Invariants (``check_invariants()``):
 - the quota minimums of all principals together fit in the node's capacity;
 - a principal's pages never exceed its maximum because of a lease the ledger admitted
   (lowering a maximum later refuses new leases; it takes nothing away).
+Reports are untrusted: reports.py keeps their values in range and their sums in a uint64.
 Page ids are never reused (the page pool hands out fresh ones), so an id seen once identifies a
 page for the daemon's lifetime. Thread safety: every public method takes one lock (the
 metrics thread reads while the event loop writes).
@@ -32,9 +33,11 @@ from .protocol.errors import (
     PermissionDeniedError,
     QuotaExceededError,
     UnauthenticatedError,
+    echo,
 )
 from .quota import PrincipalMap, Quota, check_principal
 from .records import SESSION_KINDS, EvictTicket, NodeCounters, NodeGeometry, Session
+from .reports import check_report, saturating_sum, take_report
 from .views import (
     PAGE_STATES,
     PAGE_USES,
@@ -121,7 +124,7 @@ class Ledger:
         with self._lock:
             s = self._sessions.get(session_id)
             if s is None or not s.live:
-                raise NotFoundError(f"no session {session_id!r}")
+                raise NotFoundError(f"no session {echo(session_id)}")
             if s.uid != caller.uid and not self.is_admin(caller):
                 raise PermissionDeniedError(f"session {session_id} belongs to another uid")
             return s
@@ -317,22 +320,19 @@ class Ledger:
 
     # -- reports ----------------------------------------------------------------------------
     def record_report(self, s: Session, report: ClientReport) -> None:
+        """Take a client's report; one with a value out of range is refused whole (reports.py)
+        and counted as a protocol error."""
         with self._lock:
             if s.kind != "client":
                 raise FailedPreconditionError("an observer session has no pages to report")
             if not s.live:
                 raise NotFoundError(f"session {s.session_id} has ended")
-            now = self._clock()
-            prev, prev_at = s.report, s.report_at
-            if prev is not None and now > prev_at:
-                dt = now - prev_at
-                s.evictions_per_s = max(0, report.evictions_total - prev.evictions_total) / dt
-                s.restores_per_s = max(0, report.restores_total - prev.restores_total) / dt
-            self._counters.evictions_total += max(0, report.evictions_total - (prev.evictions_total if prev else 0))
-            self._counters.restores_total += max(0, report.restores_total - (prev.restores_total if prev else 0))
-            # Keep only what the session holds: a report cannot speak for another session's pages.
-            uses = tuple(u for u in report.page_uses if u.page_id in s.pages and u.use in PAGE_USES)
-            s.report, s.report_at = dataclasses.replace(report, page_uses=uses), now
+            try:
+                check_report(report)
+            except InvalidArgumentError:
+                self._counters.protocol_errors_total += 1
+                raise
+            take_report(s, report, self._clock(), self._counters)
 
     # -- eviction ---------------------------------------------------------------------------
     def excess_pages(self, principal: str) -> int:
@@ -413,8 +413,8 @@ class Ledger:
     def _device(self) -> DeviceView:
         g = self.geometry
         delivering = sum(1 for s in self._sessions.values() for st in s.pages.values() if st == "delivering")
-        evicted_pages = sum(s.report.evicted_pages for s in self._sessions.values() if s.report)
-        evicted_bytes = sum(s.report.evicted_bytes for s in self._sessions.values() if s.report)
+        evicted_pages = saturating_sum(s.report.evicted_pages for s in self._sessions.values() if s.report)
+        evicted_bytes = saturating_sum(s.report.evicted_bytes for s in self._sessions.values() if s.report)
         return DeviceView(g.backend, g.device, g.page_bytes, g.capacity_pages, len(self._owner) - delivering,
                           delivering, g.capacity_pages - len(self._owner), evicted_pages, evicted_bytes,
                           g.host_capacity_bytes)
@@ -425,7 +425,7 @@ class Ledger:
         if session_id:
             target = self.session_for(caller, session_id) if caller else self._sessions.get(session_id)
             if target is None:
-                raise NotFoundError(f"no session {session_id!r}")
+                raise NotFoundError(f"no session {echo(session_id)}")
             return [target], 0, admin
         seen = [s for s in clients if admin or s.uid == caller.uid]
         return seen, len(clients) - len(seen), admin
@@ -449,7 +449,7 @@ class Ledger:
             for p in sorted(principals):
                 members = [s for s in self._sessions.values() if s.kind == "client" and s.principal == p]
                 pviews.append(PrincipalView(self.quota_of(p), len(members), sum(len(s.pages) for s in members),
-                                            sum(s.report.evicted_bytes for s in members if s.report),
+                                            saturating_sum(s.report.evicted_bytes for s in members if s.report),
                                             self._quota_rejections.get(p, 0)))
             observers = sum(1 for s in self._sessions.values() if s.kind == "observer")
             return NodeView(now - self._started, self._device(), sessions, tuple(pviews),

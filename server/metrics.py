@@ -39,7 +39,8 @@ _COUNTERS = (
     ("reclaimed_pages_total", "vtalloc_reclaimed_pages", "Pages reclaimed from such sessions."),
     ("evictions_total", "vtalloc_evictions", "Pages clients evicted to host memory (their reports)."),
     ("restores_total", "vtalloc_restores", "Pages clients restored from host memory (their reports)."),
-    ("protocol_errors_total", "vtalloc_side_channel_protocol_errors", "Side-channel connections dropped for bad input."),
+    ("protocol_errors_total", "vtalloc_side_channel_protocol_errors",
+     "Side-channel connections dropped, and client reports refused, for bad input."),
 )
 if sorted(key for key, _, _ in _COUNTERS) != sorted(NODE_COUNTERS):
     raise InternalError("metrics.py: every node counter of pages.proto needs exactly one metric; "

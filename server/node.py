@@ -14,13 +14,16 @@ zeroed; see docs/service.md on cuda pages).
 
 Note [Missed eviction deadline]
 -------------------------------
-A session asked to evict has ``evict_deadline_s`` to return the pages. If it misses:
+A session asked to evict has ``evict_deadline_s`` to return the pages, and the request tells
+it exactly that (less only when the waiting lease's own RPC deadline comes sooner); it is
+judged then. If it misses:
 - when the waiting lease is within its principal's guaranteed minimum, the guarantee wins:
   the daemon kills the laggard (SIGKILL through its pidfd; the daemon cannot revoke pages
   already mapped in another process), reclaims its pages, and serves the lease;
 - otherwise (the requester is borrowing above its minimum), the lease fails with
   RESOURCE_EXHAUSTED (NodeShortError) and the laggard keeps running.
-Every miss and every kill is counted (metrics, stats). ``vtalloc serve --no-kill`` makes
+After a kill the lease waits up to KILL_WAIT_S more for the
+laggard's pages. Every miss and every kill is counted (metrics, stats). ``vtalloc serve --no-kill`` makes
 every miss fail the lease. Pages the laggard returns late still go back to the page pool.
 """
 
@@ -38,8 +41,8 @@ from vtalloc.allocator.errors import InvalidArgumentError, OutOfMemoryError
 from vtalloc.allocator.pool import PagePool
 
 from .ledger import Ledger
-from .protocol.errors import FailedPreconditionError, NodeShortError, ServiceUnavailableError
-from .protocol.side_channel import MAX_FDS_PER_MESSAGE, PROTOCOL_VERSION, ProtocolError
+from .protocol.errors import FailedPreconditionError, NodeShortError, ServiceUnavailableError, echo
+from .protocol.side_channel import MAX_FDS_PER_MESSAGE, PROTOCOL_VERSION, ProtocolError, version_of
 from .quota import Quota
 from .records import SESSION_KINDS, EvictTicket, Session
 from .side_channel import AsyncConnection, peer_credentials, peer_pidfd
@@ -145,13 +148,14 @@ class Node:
         peer: _Peer | None = None
         try:
             hello = await conn.recv(HELLO_TIMEOUT_S)
-            if hello.get("t") != "hello" or hello.get("v") != PROTOCOL_VERSION:
-                raise ProtocolError(f"expected hello v{PROTOCOL_VERSION}, got {hello.get('t')!r} v{hello.get('v')!r}")
+            if hello.get("t") != "hello" or version_of(hello) != PROTOCOL_VERSION:
+                raise ProtocolError(f"expected hello v{PROTOCOL_VERSION}, got {echo(hello.get('t'))} "
+                                    f"v{echo(hello.get('v'))}")
             if self._closing:
                 return
             kind = hello.get("kind")
             if kind not in SESSION_KINDS:
-                raise ProtocolError(f"unknown session kind {kind!r}")
+                raise ProtocolError(f"unknown session kind {echo(kind)}")
             pidfd = peer_pidfd(sock, pid)
             session = self.ledger.open_session(pid, uid, gid, kind)
             peer = self._peers[session.session_id] = _Peer(session, conn, pidfd)
@@ -172,6 +176,8 @@ class Node:
             log.warning("side channel from pid %d uid %d dropped: %s", pid, uid, e)
         except (EOFError, OSError):
             pass
+        except Exception:  # noqa: BLE001 - a bug here ends this connection, never the daemon
+            log.exception("side channel from pid %d uid %d failed unexpectedly; dropped", pid, uid)
         finally:
             if peer is not None:
                 self._end(peer, clean=False)
@@ -192,7 +198,7 @@ class Node:
                 msg = reader.result()  # EOFError / ProtocolError propagate
                 if msg.get("t") == "bye":
                     return True
-                raise ProtocolError(f"unexpected side-channel message {msg.get('t')!r} after hello")
+                raise ProtocolError(f"unexpected side-channel message {echo(msg.get('t'))} after hello")
             return False
         finally:
             if peer.pidfd is not None:
@@ -295,18 +301,21 @@ class Node:
 
     # -- pressure ---------------------------------------------------------------------------
     async def _relieve(self, requester: Session, pages: int, short: int, deadline: float) -> None:
-        """Ask others for ``short`` pages; wait for them until ``deadline``; enforce on a miss."""
+        """Ask others for ``short`` pages by the eviction deadline (the configured one, or less
+        when the lease's ``deadline`` is nearer); judge them then, enforce on a miss, and wait
+        for killed sessions' pages until ``deadline``."""
         loop = asyncio.get_running_loop()
         victims = self.ledger.pick_victims(short, requester)
         if sum(k for _, k in victims) < short:
             return  # nobody can give enough back: the caller fails at once
-        asked = [self._ask(v, k, deadline - loop.time()) for v, k in victims]
+        evict_by = min(deadline, loop.time() + self.ledger.geometry.evict_deadline_s)
+        asked = [self._ask(v, k, evict_by - loop.time()) for v, k in victims]
         tickets = [t for t in asked if t is not None]
 
         def enough() -> bool:
             return self.ledger.free_pages() >= pages
 
-        if await self._wait(enough, deadline - loop.time()):
+        if await self._wait(enough, evict_by - loop.time()):
             for t in tickets:
                 self.ledger.close_eviction(t, judge=False)
             return
@@ -321,7 +330,7 @@ class Node:
             peer = self._peers.get(t.session_id)
             if peer is not None:
                 self._kill(peer, f"missed an eviction deadline while {requester.principal} needed its guarantee")
-        await self._wait(enough, KILL_WAIT_S)
+        await self._wait(enough, max(deadline - loop.time(), 0.0))
 
     def _ask(self, victim: Session, pages: int, deadline_s: float) -> EvictTicket | None:
         peer = self._peers.get(victim.session_id)

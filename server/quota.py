@@ -15,6 +15,8 @@ from dataclasses import dataclass
 from vtalloc.allocator.config import parse_size
 from vtalloc.allocator.errors import InvalidArgumentError
 
+from .protocol.errors import echo
+
 __all__ = [
     "Quota", "PrincipalMap", "check_principal", "parse_quota", "parse_named_quota", "parse_principal_map", "uid_principal",
 ]
@@ -46,7 +48,7 @@ def uid_principal(uid: int) -> str:
 def check_principal(name: str) -> str:
     if not isinstance(name, str) or not _NAME_RE.match(name):
         raise InvalidArgumentError(
-            f"principal {name!r} is not 'uid:<n>' or a name of 1-64 letters, digits, '_', '.', '-'")
+            f"principal {echo(name)} is not 'uid:<n>' or a name of 1-64 letters, digits, '_', '.', '-'")
     return name
 
 

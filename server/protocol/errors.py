@@ -4,8 +4,11 @@ Owns: the exception classes the service raises (all :class:`VtallocError`s, each
 built-in a user would catch), the table from class to status code (:func:`status_for`, the
 daemon's side) and :func:`error_from_rpc` (the client's side), which raises the same class
 back: the daemon names it in trailing metadata (:data:`ERROR_KIND_KEY`), and only classes
-of this table may be named. Invariant: a status without a known class name still maps to
-a typed error (INTERNAL for anything unexpected).
+of this table may be named; and :func:`echo`, how a message quotes what a request said.
+Invariants: a status without a known class name still maps to a typed error (INTERNAL for
+anything unexpected); a message quotes request fields only through :func:`echo`, so its
+length does not grow with the request (gRPC carries it in trailing metadata, whose size is
+limited: an unbounded echo turned the answer into RESOURCE_EXHAUSTED).
 """
 
 from __future__ import annotations
@@ -26,11 +29,24 @@ from vtalloc.allocator.errors import (
 __all__ = [
     "ServiceError", "UnauthenticatedError", "PermissionDeniedError", "NotFoundError",
     "FailedPreconditionError", "ServiceUnavailableError", "QuotaExceededError", "NodeShortError",
-    "status_for", "error_from_rpc", "ERROR_KIND_KEY",
+    "status_for", "error_from_rpc", "ERROR_KIND_KEY", "ECHO_CHARS", "echo",
 ]
 
 # Trailing metadata naming the exception class, so a client raises exactly that class.
 ERROR_KIND_KEY = "x-vtalloc-error"
+ECHO_CHARS = 64  # the most characters of one request field an error message quotes
+
+
+def echo(value: object) -> str:
+    """``value`` for an error message: its repr if short, else its first :data:`ECHO_CHARS`
+    characters and its length."""
+    if not isinstance(value, (str, bytes)):
+        text = repr(value)
+        return text if len(text) <= ECHO_CHARS else f"{text[:ECHO_CHARS]}... ({len(text)} characters)"
+    if len(value) <= ECHO_CHARS:
+        return repr(value)
+    unit = "characters" if isinstance(value, str) else "bytes"
+    return f"{value[:ECHO_CHARS]!r}... ({len(value)} {unit})"
 
 
 class ServiceError(VtallocError):

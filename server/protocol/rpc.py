@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from vtalloc.server.proto.vtalloc.v1 import admin_pb2, pages_pb2
 
-__all__ = ["SESSION_KEY", "SERVICE_NAMES", "MAX_LEASE_PAGES", "MAX_RETURN_PAGES", "MAX_REPLY_BYTES", "NODE_COUNTERS"]
+__all__ = ["SESSION_KEY", "SERVICE_NAMES", "MAX_LEASE_PAGES", "MAX_RETURN_PAGES", "MAX_REPLY_BYTES", "MAX_REPORT_VALUE",
+           "NODE_COUNTERS"]
 
 SESSION_KEY = "x-vtalloc-session"          # metadata: the token the side channel gave the session
 SERVICE_NAMES = (
@@ -20,4 +21,8 @@ SERVICE_NAMES = (
 MAX_LEASE_PAGES = 4096                     # most pages one Lease may ask for
 MAX_RETURN_PAGES = 65536                   # most page ids one Return or Report may carry
 MAX_REPLY_BYTES = 64 << 20                 # largest answer (the page map of a large node)
+# Largest value of one ClientReport field the daemon accepts (bytes or counts): 2**53, the
+# largest integer a double holds exactly (rates, JSON readers and Prometheus samples are
+# doubles), 8 PiB or 9e15 events, far above any real report. Larger is refused.
+MAX_REPORT_VALUE = 1 << 53
 NODE_COUNTERS: tuple[str, ...] = tuple(f.name for f in pages_pb2.Counters.DESCRIPTOR.fields)

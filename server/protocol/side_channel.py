@@ -4,7 +4,7 @@ Owns what both ends speak, and the blocking calls a client uses: every message i
 datagram of compact JSON (an object with a ``"t"`` type), at most :data:`MAX_MESSAGE_BYTES`;
 a ``pages`` message carries one descriptor per page id, at most
 :data:`MAX_FDS_PER_MESSAGE`. Client to daemon: ``hello`` (first, once, with
-:data:`PROTOCOL_VERSION`) then only ``bye``. Daemon to client: ``session`` (the answer to
+:data:`PROTOCOL_VERSION`, a JSON integer) then only ``bye``. Daemon to client: ``session`` (the answer to
 hello) and ``pages``. Anything else, a truncated datagram, or descriptors sent to the
 daemon, ends the connection. The daemon's end of a connection (peer identity, the event
 loop) is in vtalloc.server.side_channel.
@@ -21,7 +21,7 @@ from typing import Any
 
 __all__ = [
     "ProtocolError", "MAX_MESSAGE_BYTES", "MAX_FDS_PER_MESSAGE", "PROTOCOL_VERSION", "FD_BYTES", "encode",
-    "decode", "parse_datagram", "connect", "send_message", "recv_message",
+    "decode", "version_of", "parse_datagram", "connect", "send_message", "recv_message",
 ]
 
 PROTOCOL_VERSION = 1
@@ -46,9 +46,18 @@ def decode(data: bytes) -> dict[str, Any]:
         obj = json.loads(data.decode("utf-8"))
     except (UnicodeDecodeError, ValueError) as e:
         raise ProtocolError(f"undecodable side-channel message: {e}") from None
+    except RecursionError:  # nesting deeper than the interpreter's stack: "[[[[...", at most 8 KiB
+        raise ProtocolError("side-channel message nests too deeply") from None
     if not isinstance(obj, dict) or not isinstance(obj.get("t"), str):
         raise ProtocolError("side-channel message is not an object with a string 't'")
     return obj
+
+
+def version_of(message: dict[str, Any]) -> int | None:
+    """The message's protocol version ``"v"``, or None unless it is a JSON integer (not
+    ``true``, ``1.0`` or ``"1"``: Python's ``True == 1`` must not pass as version 1)."""
+    v = message.get("v")
+    return v if type(v) is int else None
 
 
 def connect(path: str, timeout_s: float) -> socket.socket:
