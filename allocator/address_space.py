@@ -17,6 +17,7 @@ import ctypes
 from typing import Any, Callable
 
 from . import _native
+from .checks import MAX_U64 as _MAX_U64
 from .checks import as_u64 as _as_u64
 from ._handle import NativeHandle
 from .config import Config
@@ -216,6 +217,20 @@ class AddressSpace(NativeHandle):
         return out.value
 
     # -- bytes ----------------------------------------------------------------------------
+    # read and write address the bytes [address + offset, + nbytes): ``address`` may be any
+    # address inside a live allocation (its start, or an interior one: the start plus an
+    # offset), and the whole range must lie inside that allocation's requested bytes. Every
+    # other method takes the start address malloc returned.
+    def _check_range(self, verb: str, addr: int, off: int, n: int) -> None:
+        """Refuse an access that leaves its allocation before any buffer is made for it: the
+        core checks the range's end with a zero-byte access (nothing copied, nothing allocated)."""
+        end = off + n
+        if end <= _MAX_U64 and not self._lib.vta_read(self._h(), addr, end, None, 0):
+            return
+        _native.check(self._lib.vta_read(self._h(), addr, off, None, 0))  # a bad address or offset says so
+        raise InvalidArgumentError(
+            f"{verb} of {n} bytes at offset {off} from {addr:#x} runs past the end of its allocation")
+
     def write(self, address: int, data: Any, offset: int = 0) -> None:
         """Copy ``data`` (any bytes-like object) into the allocation at ``address + offset``."""
         addr = _as_u64(address, "address")
@@ -228,6 +243,8 @@ class AddressSpace(NativeHandle):
         if n == 0:
             _native.check(self._lib.vta_write(self._h(), addr, off, None, 0))
             return
+        if not isinstance(data, bytes):
+            self._check_range("write", addr, off, n)  # before the data is copied
         if isinstance(data, bytes):
             ptr = ctypes.cast(ctypes.c_char_p(data), ctypes.c_void_p)
             keep = data
@@ -242,6 +259,7 @@ class AddressSpace(NativeHandle):
         addr = _as_u64(address, "address")
         n = _as_u64(nbytes, "nbytes")
         off = _as_u64(offset, "offset")
+        self._check_range("read", addr, off, n)  # before the buffer is allocated
         buf = ctypes.create_string_buffer(max(n, 1))
         _native.check(self._lib.vta_read(self._h(), addr, off, buf, n))
         return buf.raw[:n]
@@ -388,7 +406,8 @@ class AddressSpace(NativeHandle):
 
     # -- leased pages (the client side of the service) -------------------------------------
     def import_page(self, fd: int, tag: int) -> None:
-        """Adopt a page received as file descriptor ``fd`` (still yours to close); ``tag`` names it."""
+        """Adopt a page received as file descriptor ``fd`` (still yours to close); ``tag`` names it
+        (:meth:`return_pages` reports it), so a tag this space already holds is refused."""
         fd_ = _as_u64(fd, "fd")
         if fd_ >= 1 << 31:
             raise InvalidArgumentError(f"fd {fd_} is not a file descriptor")
@@ -396,7 +415,8 @@ class AddressSpace(NativeHandle):
 
     def return_pages(self, max_pages: int) -> list[int]:
         """Give back up to ``max_pages`` pages holding no live data; returns their tags."""
-        n = _as_u64(max_pages, "max_pages")
+        # No space holds more pages than its capacity: that many tags at most, whatever is asked.
+        n = min(_as_u64(max_pages, "max_pages"), self.capacity_bytes // self.page_bytes)
         tags = (ctypes.c_uint64 * max(n, 1))()
         count = ctypes.c_uint64()
         _native.check(self._lib.vta_space_return_pages(self._h(), n, tags, ctypes.byref(count)))

@@ -4,6 +4,11 @@ Sizes are accepted as positive integers (bytes) or strings such as ``"64MiB"``, 
 ``"512KB"`` (binary units KiB/MiB/GiB/TiB and bare K/M/G/T; decimal units KB/MB/GB/TB).
 Environment variables ``VTALLOC_<FIELD>`` (e.g. ``VTALLOC_CAPACITY=8GiB``) are read by
 :meth:`Config.from_env`; keyword arguments override them.
+
+Invariants: every bad value raises InvalidArgumentError (never a bare ValueError, whatever the
+input's length) whose message quotes at most a bounded prefix of it; ``capacity`` and
+``reservation_size`` are at most ``MAX_SPACE_BYTES`` (2^46 bytes, the core's limit too), so a
+Config that normalizes builds a space whose allocations can be served.
 """
 
 from __future__ import annotations
@@ -17,7 +22,7 @@ from typing import Any, Mapping
 from .checks import MAX_U64
 from .errors import InvalidArgumentError
 
-__all__ = ["Config", "parse_size", "format_size", "BACKENDS"]
+__all__ = ["Config", "parse_size", "format_size", "BACKENDS", "MAX_SPACE_BYTES"]
 
 BACKENDS = ("auto", "host", "cuda")
 EVICT_MODES = ("auto", "copy", "mapped")
@@ -33,6 +38,18 @@ _UNITS = {
     "t": 1 << 40, "tib": 1 << 40, "tb": 10**12,
 }
 _SIZE_RE = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*([a-zA-Z]*)\s*$")
+# Longer size strings are refused before any parsing (no size needs more: 2^64 has 20 digits),
+# which keeps them below Python's int-string limit and the regex's work bounded.
+_MAX_SIZE_CHARS = 64
+# The most bytes a capacity or a reservation may name, and the largest allocation the core
+# serves (kMaxSpaceBytes in csrc/vmm/page_geometry.hpp): 64 TiB.
+MAX_SPACE_BYTES = 1 << 46
+_LIMITED_FIELDS = ("capacity", "reservation_size")
+
+
+def _quote(value: str, limit: int = 40) -> str:
+    """``value`` for an error message: its repr, cut after ``limit`` characters."""
+    return repr(value) if len(value) <= limit else f"{value[:limit]!r}... ({len(value)} characters)"
 
 
 def parse_size(value: Any, *, name: str = "size") -> int:
@@ -40,16 +57,19 @@ def parse_size(value: Any, *, name: str = "size") -> int:
     if isinstance(value, bool):
         raise InvalidArgumentError(f"{name} must be a number of bytes, not a bool")
     if isinstance(value, str):
+        if len(value) > _MAX_SIZE_CHARS:
+            raise InvalidArgumentError(f"{name}: {_quote(value)} is too long for a size (at most "
+                                       f"{_MAX_SIZE_CHARS} characters; try '64MiB' or '2GiB')")
         m = _SIZE_RE.match(value)
         unit = m.group(2).lower() if m else None
         if not m or unit not in _UNITS:
-            raise InvalidArgumentError(f"{name}: cannot parse {value!r} as a size (try '64MiB' or '2GiB')")
+            raise InvalidArgumentError(f"{name}: cannot parse {_quote(value)} as a size (try '64MiB' or '2GiB')")
         number = m.group(1)
         if "." in number:
             whole, frac = number.split(".")
             scaled = int(whole) * _UNITS[unit] * 10 ** len(frac) + int(frac) * _UNITS[unit]
             if scaled % 10 ** len(frac):
-                raise InvalidArgumentError(f"{name}: {value!r} is not a whole number of bytes")
+                raise InvalidArgumentError(f"{name}: {_quote(value)} is not a whole number of bytes")
             n = scaled // 10 ** len(frac)
         else:
             n = int(number) * _UNITS[unit]
@@ -123,6 +143,12 @@ class Config:
             value = getattr(self, name)
             if value is not None:
                 object.__setattr__(self, name, parse_size(value, name=name))
+        for name in _LIMITED_FIELDS:
+            value = getattr(self, name)
+            if value is not None and value > MAX_SPACE_BYTES:
+                raise InvalidArgumentError(
+                    f"{name} of {value} bytes ({format_size(value)}) is above the limit of an address space, "
+                    f"2^46 bytes (64 TiB)")
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> "Config":
@@ -137,7 +163,7 @@ class Config:
                 try:
                     values["device"] = int(raw)
                 except ValueError:
-                    raise InvalidArgumentError(f"VTALLOC_DEVICE must be an integer, got {raw!r}") from None
+                    raise InvalidArgumentError(f"VTALLOC_DEVICE must be an integer, got {_quote(raw)}") from None
             else:
                 values[field.name] = raw
         unknown = set(overrides) - {f.name for f in dataclasses.fields(cls)}

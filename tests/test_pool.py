@@ -8,20 +8,7 @@ import os
 import pytest
 
 from vtalloc.allocator import AddressSpace, InvalidArgumentError, OutOfMemoryError, PagePool
-from helpers.spaces import MiB, pattern
-
-
-def lease(pool: PagePool, space: AddressSpace, n: int) -> list[int]:
-    ids = []
-    for _ in range(n):
-        pid = pool.create_page()
-        fd = pool.export_page(pid)
-        try:
-            space.import_page(fd, pid)
-        finally:
-            os.close(fd)
-        ids.append(pid)
-    return ids
+from helpers.spaces import MiB, lease, pattern
 
 
 def test_leased_space_maps_only_imported_pages():

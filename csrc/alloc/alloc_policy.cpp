@@ -14,6 +14,14 @@ namespace {
 
 uint64_t round_up(uint64_t n, uint64_t to) { return (n + to - 1) / to * to; }
 
+// The virtual bytes of one reservation: the configured size (already checked against
+// kMaxSpaceBytes) in whole pages, or 2 x capacity (at least 64 pages), capped at the whole
+// pages of kMaxSpaceBytes: no allocation is larger, and a bigger default could not be reserved.
+uint64_t reservation_bytes(const vta_config_t& config, uint64_t capacity, uint64_t page) {
+  if (config.reservation_bytes) return round_up(config.reservation_bytes, page);
+  return std::min(std::max<uint64_t>(2 * capacity, 64 * page), std::max(kMaxSpaceBytes / page * page, page));
+}
+
 }  // namespace
 
 AllocPolicy::AllocPolicy(const vta_config_t& config, PageTable& pages, EventPool& events, uint64_t capacity,
@@ -26,8 +34,7 @@ AllocPolicy::AllocPolicy(const vta_config_t& config, PageTable& pages, EventPool
       live_(pages),
       pending_(events, page_bytes_, backend_kind),
       slabs_(page_bytes_),
-      ranges_(pages, config.reservation_bytes ? round_up(config.reservation_bytes, page_bytes_)
-                                              : std::max<uint64_t>(2 * capacity, 64 * page_bytes_)) {
+      ranges_(pages, reservation_bytes(config, capacity, page_bytes_)) {
   if (small_threshold_ > page_bytes_)
     fail(VTA_ERR_INVALID_ARGUMENT, "small_threshold must not exceed the page size");
 }

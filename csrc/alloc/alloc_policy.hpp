@@ -35,6 +35,7 @@
 #include "alloc/slabs.hpp"
 #include "alloc/virtual_ranges.hpp"
 #include "vmm/event_pool.hpp"
+#include "vmm/page_geometry.hpp"
 #include "vmm/page_table.hpp"
 #include "vtalloc/vtalloc.h"
 
@@ -42,7 +43,7 @@ namespace vta {
 
 constexpr uint64_t kMinAlignment = 512;
 // Larger requests are refused as invalid: no device has this much memory to back them.
-constexpr uint64_t kMaxAllocationBytes = 1ull << 46;
+constexpr uint64_t kMaxAllocationBytes = kMaxSpaceBytes;
 
 class AllocPolicy {
  public:

@@ -75,6 +75,14 @@ class Backend {
   virtual Status event_query(EventHandle event, bool* complete) = 0;
   virtual Status event_synchronize(EventHandle event) = 0;
   virtual Status stream_wait_event(StreamHandle stream, EventHandle event) = 0;
+  // Whether work may be ordered on `stream`: InvalidArgument for a stream the backend does
+  // not know (host: not 0 and not created by stream_create, or destroyed). Not a driver call:
+  // the default accepts every handle, as cuda does, whose driver cannot tell a stream handle
+  // from garbage without using it.
+  virtual Status check_stream(StreamHandle stream) {
+    (void)stream;
+    return Status::ok();
+  }
 
   // Host memory the device can copy to and from at full speed (cuda: page-locked).
   virtual Status host_alloc_pinned(size_t bytes, void** out) = 0;

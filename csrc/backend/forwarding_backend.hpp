@@ -40,6 +40,7 @@ class ForwardingBackend : public Backend {
   Status event_query(EventHandle e, bool* c) override { return inner_->event_query(e, c); }
   Status event_synchronize(EventHandle e) override { return inner_->event_synchronize(e); }
   Status stream_wait_event(StreamHandle s, EventHandle e) override { return inner_->stream_wait_event(s, e); }
+  Status check_stream(StreamHandle s) override { return inner_->check_stream(s); }
   Status host_alloc_pinned(size_t b, void** out) override { return inner_->host_alloc_pinned(b, out); }
   Status host_free_pinned(void* p, size_t b) override { return inner_->host_free_pinned(p, b); }
   Status export_page(PageHandle p, int* fd) override { return inner_->export_page(p, fd); }

@@ -259,6 +259,11 @@ class HostBackend final : public Backend {
     return streams_.stream_wait_event(stream, event) ? Status::ok() : bad("stream_wait_event: unknown event or stream");
   }
 
+  Status check_stream(StreamHandle stream) override {
+    if (streams_.known(stream)) return Status::ok();
+    return bad("unknown stream " + std::to_string(stream) + " (streams are 0 and those this space created)");
+  }
+
   Status host_alloc_pinned(size_t bytes, void** out) override {
     // Ordinary memory through the same code path the cuda backend pins.
     void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);

@@ -35,6 +35,8 @@ class HostStreams {
   // Run `task` in order on `stream` (stream 0: now, on this thread). False for an unknown stream.
   bool enqueue(uint64_t stream, std::function<void()> task);
   bool synchronize(uint64_t stream);
+  // Stream 0, or one created and not yet destroyed.
+  bool known(uint64_t stream) { return stream == 0 || this->stream(stream) != nullptr; }
 
   uint64_t create_event();
   bool destroy_event(uint64_t event);

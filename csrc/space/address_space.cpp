@@ -14,6 +14,7 @@ namespace vta {
 
 std::unique_ptr<AddressSpace> AddressSpace::create(const vta_config_t& config) {
   if (config.flags & ~VTA_CONFIG_LEASED) fail(VTA_ERR_INVALID_ARGUMENT, "unknown vta_config_t flags");
+  check_space_bytes("reservation_size", config.reservation_bytes);  // capacity: make_page_geometry
   PageGeometry g = make_page_geometry(config);
   return std::unique_ptr<AddressSpace>(new AddressSpace(std::move(g.backend), config, g.capacity_bytes, g.page_bytes));
 }
@@ -53,6 +54,7 @@ void AddressSpace::check_open_locked() const {
 uintptr_t AddressSpace::malloc(uint64_t nbytes, StreamHandle stream, bool allow_evict) {
   std::lock_guard<std::mutex> lk(mu_);
   check_open_locked();
+  check(backend_->check_stream(stream));  // the host backend refuses an unknown stream; cuda cannot tell
   AllocPolicy::Request r = policy_.request(nbytes);
   residency_.drain_inflight(false);  // pending frees: the policy polls them only when it needs them
   return policy_.allocate(r, stream, allow_evict);
@@ -103,6 +105,8 @@ void AddressSpace::import_page(int fd, uint64_t tag) {
   if (fd < 0) fail(VTA_ERR_INVALID_ARGUMENT, "import_page: invalid file descriptor");
   if ((pages_.pages_held() + 1) * page_bytes_ > capacity_)
     fail(VTA_ERR_INVALID_ARGUMENT, "import_page: the lease would exceed this space's capacity ceiling");
+  if (pages_.holds_tag(tag))  // a tag names the page when it is given back: two would be ambiguous
+    fail(VTA_ERR_INVALID_ARGUMENT, "import_page: this space already holds a page with tag " + std::to_string(tag));
   PageHandle h = 0;
   check(backend_->import_page(fd, page_bytes_, &h));
   pages_.adopt_page(h, tag);

@@ -40,7 +40,11 @@ class AddressSpace {
   ~AddressSpace();
 
   // allow_evict: under pressure, evict least-recently-used evictable pages before failing.
+  // A stream the backend does not know is refused (Backend::check_stream: host only).
   uintptr_t malloc(uint64_t nbytes, StreamHandle stream, bool allow_evict = true);
+  // free, size_of and the eviction calls take the start address malloc returned; read and
+  // write take any address inside a live allocation, and [address + offset, + nbytes) must
+  // lie inside its requested bytes (an interior address is an error everywhere else).
   void free(uintptr_t address);
   uint64_t size_of(uintptr_t address);
   void write(uintptr_t address, uint64_t offset, const void* src, uint64_t nbytes);
@@ -69,6 +73,7 @@ class AddressSpace {
   vta_kernel_counters_t kernel_counters();
 
   // Leased mode (VTA_CONFIG_LEASED): pages come from the service, not from the backend.
+  // A tag names one page held: a second import with the same tag is refused.
   void import_page(int fd, uint64_t tag);
   std::vector<uint64_t> return_pages(uint64_t max_pages);
 

@@ -1,7 +1,8 @@
 // AddressSpace entry points of eviction: each takes the lock, finds the live allocation and
 // hands its pages to the engine (csrc/evict/residency.hpp has the states and the ordering).
 //
-// Owns: nothing of its own; the argument checks of these entry points.
+// Owns: nothing of its own; the argument checks of these entry points (a stream given is
+// one the backend knows).
 // Invariants: every entry point first completes the copies that finished
 // (drain_inflight(false)), so states read below are current; only break_ordering and
 // inject_fault touch test-only state.
@@ -33,12 +34,14 @@ void AddressSpace::offload(uintptr_t address) {
 void AddressSpace::prefetch(uintptr_t address, const StreamHandle* stream) {
   std::lock_guard<std::mutex> lk(mu_);
   auto it = settled_live_locked(address);
+  if (stream) check(backend_->check_stream(*stream));
   residency_.prefetch(it->first, it->second.size, stream ? *stream : it->second.stream);
 }
 
 void AddressSpace::ensure_resident(uintptr_t address, const StreamHandle* stream) {
   std::lock_guard<std::mutex> lk(mu_);
   auto it = settled_live_locked(address);
+  if (stream) check(backend_->check_stream(*stream));
   residency_.ensure_resident(it->first, it->second.size, stream ? *stream : it->second.stream);
 }
 

@@ -2,7 +2,8 @@
 //
 // Owns: the one place a config becomes a backend plus a page size (a multiple of the
 // backend's granularity, default the granularity itself) and a capacity (a whole number of
-// pages, at least one; default the backend's). Used by AddressSpace and PagePool alike.
+// pages, at least one; default the backend's, at most kMaxSpaceBytes). Used by AddressSpace
+// and PagePool alike.
 #pragma once
 
 #include <cstddef>
@@ -14,6 +15,18 @@
 #include "vtalloc/vtalloc.h"
 
 namespace vta {
+
+// The most bytes a capacity or a reservation may name, and the largest allocation served
+// (kMaxAllocationBytes): 64 TiB, more than any device holds and half of the 47-bit user
+// address space of x86-64 Linux, so that a default reservation (2 x capacity) still fits.
+constexpr uint64_t kMaxSpaceBytes = 1ull << 46;
+
+// Refuse a setting above kMaxSpaceBytes (InvalidArgument, naming the setting and the limit).
+inline void check_space_bytes(const char* setting, uint64_t bytes) {
+  if (bytes > kMaxSpaceBytes)
+    fail(VTA_ERR_INVALID_ARGUMENT, std::string(setting) + " of " + std::to_string(bytes) +
+                                       " bytes is above the limit of an address space, 2^46 bytes (64 TiB)");
+}
 
 struct PageGeometry {
   std::unique_ptr<Backend> backend;
@@ -27,6 +40,7 @@ inline PageGeometry make_page_geometry(const vta_config_t& config) {
     fail(VTA_ERR_INVALID_ARGUMENT, "vta_config_t: struct_size too small");
   BackendOptions opts;
   if (config.struct_size >= offsetof(vta_config_t, reserved2)) opts.cost_model = static_cast<int>(config.cost_model);
+  check_space_bytes("capacity", config.capacity_bytes);
   opts.kind = config.backend;
   opts.device = config.device;
   opts.host_device_bytes = config.capacity_bytes;

@@ -55,6 +55,12 @@ void PageTable::adopt_page(PageHandle handle, uint64_t tag) {
   ++capacity_pages_;
 }
 
+bool PageTable::holds_tag(uint64_t tag) const {
+  for (const Page& p : pages_)
+    if (p.held && p.tag == tag) return true;
+  return false;
+}
+
 std::vector<uint64_t> PageTable::give_back_pages(uint64_t max_pages) {
   std::vector<uint64_t> tags;
   while (!free_pool_.empty() && tags.size() < max_pages) {

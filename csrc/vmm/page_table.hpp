@@ -60,6 +60,8 @@ class PageTable {
   // unmapped pages back (capacity shrinks), reporting the tags they were adopted with.
   void adopt_page(PageHandle handle, uint64_t tag);
   std::vector<uint64_t> give_back_pages(uint64_t max_pages);
+  // Some held page was adopted with `tag` (tags name leased pages: import refuses a second).
+  bool holds_tag(uint64_t tag) const;
   void set_capacity_pages(uint64_t n) { capacity_pages_ = n; }
   // Unmap and release everything and free every reservation (close()).
   void release_all();

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import os
 
-from vtalloc.allocator import AddressSpace
+from vtalloc.allocator import AddressSpace, PagePool
 
 from .sizes import MiB, PAGE
 
@@ -27,3 +28,18 @@ def space_for(backend: str, **kw):
         yield space
     finally:
         space.close()
+
+
+def lease(pool: PagePool, space: AddressSpace, n: int) -> list[int]:
+    """Create ``n`` pages in ``pool`` and import them into the leased ``space``, each tagged
+    with its pool id; returns the ids."""
+    ids = []
+    for _ in range(n):
+        pid = pool.create_page()
+        fd = pool.export_page(pid)
+        try:
+            space.import_page(fd, pid)
+        finally:
+            os.close(fd)
+        ids.append(pid)
+    return ids
