@@ -44,11 +44,13 @@ def test_close_while_other_threads_allocate_is_safe():
     from vtalloc.allocator import ClosedError
 
     space = host_space(32 * MiB)
-    stop = threading.Event()
+    allocating = threading.Barrier(5)  # the 4 threads, each after its first malloc+free, and the closer
+    safety = threading.Event()  # only if close() never reaches them: ends the loops so the test fails, not hangs
     seen: list[str] = []
 
     def hammer() -> None:
-        while not stop.is_set():
+        first = True
+        while not safety.is_set():
             try:
                 a = space.malloc(4096)
                 space.free(a)
@@ -58,10 +60,18 @@ def test_close_while_other_threads_allocate_is_safe():
             except Exception as e:  # anything else is a bug
                 seen.append(repr(e))
                 return
+            if first:
+                allocating.wait(timeout=60)
+                first = False
 
     def close_under_them() -> None:
+        allocating.wait(timeout=60)  # every thread is allocating now
         space.close()
-        stop.set()
 
-    assert run_threads(hammer, [()] * 4, between=close_under_them) == []
-    assert seen and all(s == "closed" for s in seen), seen
+    timer = threading.Timer(60, safety.set)
+    timer.start()
+    try:
+        assert run_threads(hammer, [()] * 4, between=close_under_them) == []
+    finally:
+        timer.cancel()
+    assert seen == ["closed"] * 4, seen
