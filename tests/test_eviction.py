@@ -15,7 +15,7 @@ from vtalloc.allocator import (
     InvalidArgumentError,
     OutOfMemoryError,
 )
-from helpers.spaces import MiB, pattern
+from helpers.spaces import MiB, PAGE, pattern
 
 MODES = ["mapped", "copy"]
 
@@ -369,3 +369,27 @@ def test_a_restored_page_is_swapped_in_by_ensure_resident_or_a_write():
         assert s.residency(a) == "resident" and s.stats().host_pool_used_bytes == 0
         assert s.read(a, 4) == b"swap" and s.read(a, 64, offset=4) == pattern(3, 68)[4:]
         s.free(a)
+
+
+def test_pages_prefetched_for_later_give_their_device_pages_back_under_pressure():
+    """A prefetch restores ahead of need; when an allocation must be made resident now and no
+    other page can be freed, those restores go back to evicted (their bytes are still in the host
+    slot) instead of the call failing with an OOM."""
+    with AddressSpace(backend="host", capacity=4 * PAGE, host_capacity=16 * PAGE, evict_mode="mapped") as space:
+        live = []
+        for pages, seed in ((2, 1), (3, 2)):  # 5 pages of live data in a 4-page space
+            x = space.malloc(pages * PAGE)
+            space.write(x, pattern(seed, pages * PAGE))
+            space.set_evictable(x)
+            space.offload(x)
+            space.synchronize()  # the device pages of x are free again
+            live.append(x)
+        a, b = live
+        space.prefetch(b)  # 3 device pages now hold b's restores
+        space.ensure_resident(a)  # needs 2: one free, one from b's prefetch
+        assert space.residency(a) == "resident"
+        assert space.read(a, 2 * PAGE) == pattern(1, 2 * PAGE)
+        space.ensure_resident(b)  # and b still comes back whole, a evicted for it
+        assert space.read(b, 3 * PAGE) == pattern(2, 3 * PAGE)
+        space.free(a)
+        space.free(b)

@@ -10,8 +10,8 @@
 //      free (unmapped) pages of the page table, pages created under capacity, reclaimed from cached
 //      free ranges, freed by waiting for frees still pending on their streams, or freed by
 //      the eviction engine: releasing the device pages evicted pages still hold, finishing
-//      eviction copies still running, evicting the least-recently-used evictable page
-//      (obtain_page, in that order);
+//      eviction copies still running, evicting the least-recently-used evictable page,
+//      giving back a prefetched restore's device page (obtain_page, in that order);
 //   3. if pending frees completed meanwhile, retry once (a small request may now fit a
 //      freed block); then OutOfMemory.
 // Before all of these, stream-ordered reuse: a block freed on the request's own stream and

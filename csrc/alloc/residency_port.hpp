@@ -17,7 +17,8 @@ class ResidencyPort {
   // Memory is short and the cheaper sources are spent: make a device page free, in this
   // order: release the device pages that evicted pages still hold (one wait for their
   // streams), else finish the eviction copies still running (their pages are held next),
-  // else, if `may_evict`, evict the least recently used evictable page. False when none of
+  // else, if `may_evict`, evict the least recently used evictable page, else give back the
+  // device page of a restore made ahead of need (a prefetch). False when none of
   // these could be done (nothing changed); true means "try to acquire a page again".
   virtual bool free_device_page(bool may_evict) = 0;
   virtual bool any_away() const = 0;

@@ -142,6 +142,8 @@ class Residency final : public ResidencyPort {
   // LRU (residency_ops.cpp).
   void touch_page(uintptr_t va);
   bool evict_lru();
+  // Under pressure, after the LRU: a prefetched restore outside the pin gives its device page back.
+  bool give_back_prefetched();
 
   Backend& backend_;
   PageTable& pages_;

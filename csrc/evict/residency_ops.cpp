@@ -28,7 +28,28 @@ void Residency::touch_range(uintptr_t start, uint64_t bytes) {
 bool Residency::free_device_page(bool may_evict) {
   if (release_evicted()) return true;
   if (finish_evictions()) return true;  // copies still running: their pages are next
-  return may_evict && evict_lru();
+  if (!may_evict) return false;
+  if (evict_lru()) return true;
+  return give_back_prefetched();
+}
+
+// Restores made ahead of need (a prefetch for later) hold device pages that nothing waits for
+// yet: their bytes are still in the host slot, so when nothing else can free a page, one of them
+// goes back to evicted and its device page is free. Never those being made resident now (pin).
+bool Residency::give_back_prefetched() {
+  auto vas = away_where([&](const AwayPage& p) {
+    return (p.state == State::restoring || p.state == State::restored) && p.device_page >= 0;
+  });
+  for (uintptr_t va : vas) {
+    if (va >= pin_lo_ && va < pin_hi_) continue;
+    finish_inflight(va, true);  // a copy still running completes first
+    auto it = away_.find(va);
+    if (it == away_.end()) return true;  // copy mode: resident now, an LRU victim like any other
+    if (it->second.state != State::restored) continue;
+    unrestore(it->second);
+    return true;
+  }
+  return false;
 }
 
 bool Residency::evict_lru() {
