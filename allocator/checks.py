@@ -1,6 +1,7 @@
 """Argument checks shared by the classes that hand Python values to the C ABI.
 
-Owns: :func:`as_u64` (an integer argument as an unsigned 64-bit value) and ``MAX_U64``.
+Owns: :func:`as_u64` (an integer argument as an unsigned 64-bit value), ``MAX_U64``, and
+:func:`quote` (how an error message quotes what a caller passed, bounded in length).
 Invariant: a bad value raises InvalidArgumentError naming the argument, before any call
 into C; nothing here touches the native library, so every allocator module may use it.
 """
@@ -12,7 +13,7 @@ from typing import Any
 
 from .errors import InvalidArgumentError
 
-__all__ = ["as_u64", "MAX_U64"]
+__all__ = ["as_u64", "MAX_U64", "quote"]
 
 MAX_U64 = (1 << 64) - 1
 
@@ -32,3 +33,15 @@ def as_u64(value: Any, name: str, *, positive: bool = False) -> int:
     if n > MAX_U64:
         raise InvalidArgumentError(f"{name} {n} does not fit in 64 bits")
     return n
+
+
+def quote(value: object, limit: int) -> str:
+    """``value`` for an error message: its repr if short, else its first ``limit`` characters
+    (bytes for bytes) and its length, so a message never grows with what it quotes."""
+    if not isinstance(value, (str, bytes)):
+        text = repr(value)
+        return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
+    if len(value) <= limit:
+        return repr(value)
+    unit = "characters" if isinstance(value, str) else "bytes"
+    return f"{value[:limit]!r}... ({len(value)} {unit})"

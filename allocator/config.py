@@ -19,7 +19,7 @@ import os
 import re
 from typing import Any, Mapping
 
-from .checks import MAX_U64
+from .checks import MAX_U64, quote
 from .errors import InvalidArgumentError
 
 __all__ = ["Config", "parse_size", "format_size", "BACKENDS", "MAX_SPACE_BYTES"]
@@ -47,9 +47,8 @@ MAX_SPACE_BYTES = 1 << 46
 _LIMITED_FIELDS = ("capacity", "reservation_size")
 
 
-def _quote(value: str, limit: int = 40) -> str:
-    """``value`` for an error message: its repr, cut after ``limit`` characters."""
-    return repr(value) if len(value) <= limit else f"{value[:limit]!r}... ({len(value)} characters)"
+def _quote(value: str) -> str:
+    return quote(value, 40)
 
 
 def parse_size(value: Any, *, name: str = "size") -> int:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import grpc
 
+from vtalloc.allocator.checks import quote
 from vtalloc.allocator.errors import (
     BackendUnavailableError,
     ClosedError,
@@ -40,13 +41,7 @@ ECHO_CHARS = 64  # the most characters of one request field an error message quo
 def echo(value: object) -> str:
     """``value`` for an error message: its repr if short, else its first :data:`ECHO_CHARS`
     characters and its length."""
-    if not isinstance(value, (str, bytes)):
-        text = repr(value)
-        return text if len(text) <= ECHO_CHARS else f"{text[:ECHO_CHARS]}... ({len(text)} characters)"
-    if len(value) <= ECHO_CHARS:
-        return repr(value)
-    unit = "characters" if isinstance(value, str) else "bytes"
-    return f"{value[:ECHO_CHARS]!r}... ({len(value)} {unit})"
+    return quote(value, ECHO_CHARS)
 
 
 class ServiceError(VtallocError):
