@@ -22,9 +22,9 @@ uintptr_t PageTable::reserve(size_t bytes) {
 }
 
 bool PageTable::acquire_page(int32_t* id) {
-  if (!free_pool_.empty()) {
-    *id = free_pool_.back();
-    free_pool_.pop_back();
+  if (!free_pages_.empty()) {
+    *id = free_pages_.back();
+    free_pages_.pop_back();
     return true;
   }
   if (pages_held_ >= capacity_pages_) return false;
@@ -51,7 +51,7 @@ int32_t PageTable::new_slot(PageHandle handle, uint64_t tag) {
 }
 
 void PageTable::adopt_page(PageHandle handle, uint64_t tag) {
-  free_pool_.push_back(new_slot(handle, tag));
+  free_pages_.push_back(new_slot(handle, tag));
   ++capacity_pages_;
 }
 
@@ -63,10 +63,10 @@ bool PageTable::holds_tag(uint64_t tag) const {
 
 std::vector<uint64_t> PageTable::give_back_pages(uint64_t max_pages) {
   std::vector<uint64_t> tags;
-  while (!free_pool_.empty() && tags.size() < max_pages) {
-    int32_t id = free_pool_.back();
+  while (!free_pages_.empty() && tags.size() < max_pages) {
+    int32_t id = free_pages_.back();
     check(backend_.release_page(pages_[id].handle));
-    free_pool_.pop_back();
+    free_pages_.pop_back();
     tags.push_back(pages_[id].tag);
     pages_[id] = Page{};
     free_slots_.push_back(id);
@@ -78,7 +78,7 @@ std::vector<uint64_t> PageTable::give_back_pages(uint64_t max_pages) {
 
 void PageTable::return_page(int32_t id) {
   VTA_INVARIANT(pages_[id].held && pages_[id].va == 0);
-  free_pool_.push_back(id);
+  free_pages_.push_back(id);
 }
 
 namespace {
@@ -107,7 +107,6 @@ void PageTable::map_pages(uintptr_t va, const std::vector<int32_t>& ids) {
   for (size_t i = 0; i < ids.size(); ++i) {
     const Page& p = pages_[ids[i]];
     VTA_INVARIANT(p.held && p.va == 0);
-    ++num_map_calls_;
     check(backend_.map(va + i * page_bytes_, page_bytes_, p.handle));
     rollback.mapped_one();
   }
@@ -126,11 +125,10 @@ void PageTable::unmap_range(uintptr_t va, size_t bytes) {
   VTA_INVARIANT(bytes % page_bytes_ == 0);
   for (uintptr_t at = va; at < va + bytes; at += page_bytes_) VTA_INVARIANT(mapped_.count(at));
   for (uintptr_t at = va; at < va + bytes; at += page_bytes_) {
-    ++num_unmap_calls_;
     check(backend_.unmap(at, page_bytes_));  // one mapping per call, as cuMemUnmap requires
     auto it = mapped_.find(at);
     pages_[it->second].va = 0;
-    free_pool_.push_back(it->second);
+    free_pages_.push_back(it->second);
     mapped_.erase(it);
     --pages_mapped_;
   }
@@ -143,10 +141,10 @@ int32_t PageTable::page_at(uintptr_t va) const {
 
 uint64_t PageTable::release_free_pages() {
   uint64_t released = 0;
-  while (!free_pool_.empty()) {
-    int32_t id = free_pool_.back();
+  while (!free_pages_.empty()) {
+    int32_t id = free_pages_.back();
     check(backend_.release_page(pages_[id].handle));
-    free_pool_.pop_back();
+    free_pages_.pop_back();
     pages_[id] = Page{};
     free_slots_.push_back(id);
     --pages_held_;

@@ -70,9 +70,7 @@ class PageTable {
   uint64_t pages_mapped() const { return pages_mapped_; }
   uint64_t peak_pages_mapped() const { return peak_pages_mapped_; }
   void reset_peak() { peak_pages_mapped_ = pages_mapped_; }
-  uint64_t pages_unmapped() const { return free_pool_.size(); }
-  uint64_t num_map_calls() const { return num_map_calls_; }
-  uint64_t num_unmap_calls() const { return num_unmap_calls_; }
+  uint64_t pages_unmapped() const { return free_pages_.size(); }
 
   // Visit every held page: (id, mapped address or 0).
   template <typename F>
@@ -94,15 +92,13 @@ class PageTable {
   uint64_t capacity_pages_;
   std::vector<Page> pages_;
   std::vector<int32_t> free_slots_;  // unused slots in pages_
-  std::vector<int32_t> free_pool_;   // held, unmapped pages
+  std::vector<int32_t> free_pages_;   // held, unmapped pages
   std::unordered_map<uintptr_t, int32_t> mapped_;  // page-aligned va -> page id
   std::map<uintptr_t, size_t> reservations_;
   uint64_t reserved_bytes_ = 0;
   uint64_t pages_held_ = 0;
   uint64_t pages_mapped_ = 0;
   uint64_t peak_pages_mapped_ = 0;  // every mapping counts: allocations, restores
-  uint64_t num_map_calls_ = 0;
-  uint64_t num_unmap_calls_ = 0;
 };
 
 }  // namespace vta
