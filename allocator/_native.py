@@ -34,6 +34,7 @@ class VtaConfig(ctypes.Structure):
         ("capacity_bytes", u64), ("page_bytes", u64), ("small_threshold_bytes", u64),
         ("host_granularity_bytes", u64), ("host_capacity_bytes", u64), ("reservation_bytes", u64),
         ("evict_mode", u32), ("reserved1", u32), ("cost_model", u32), ("reserved2", u32),
+        ("extent_bytes", u64),
     ]
 
 
@@ -170,6 +171,7 @@ def make_config(config: Config, *, flags: int = 0) -> VtaConfig:
     c.reservation_bytes = config.reservation_size or 0
     c.evict_mode = EVICT_MODES[config.evict_mode]
     c.cost_model = COST_MODEL_CODES[config.cost_model]
+    c.extent_bytes = config.extent_size or 0
     return c
 
 
@@ -187,6 +189,7 @@ def config_from_struct(raw: VtaConfig) -> Config:
         reservation_size=raw.reservation_bytes or None,
         evict_mode=EVICT_MODE_NAMES[raw.evict_mode],
         cost_model=COST_MODEL_NAMES[raw.cost_model],
+        extent_size=raw.extent_bytes or None,
     )
 
 _lib: ctypes.CDLL | None = None

@@ -58,6 +58,7 @@ class AddressSpace(NativeHandle):
         reservation_size: int | str | None = None,
         evict_mode: str = "auto",
         cost_model: str | None = None,
+        extent_size: int | str | None = None,
         config: Config | None = None,
         leased: bool = False,
         page_source: PageSource | None = None,
@@ -81,7 +82,7 @@ class AddressSpace(NativeHandle):
                 backend=backend, device=device, capacity=capacity, page_size=page_size,
                 small_threshold=small_threshold, host_granularity=host_granularity,
                 host_capacity=host_capacity, reservation_size=reservation_size, evict_mode=evict_mode,
-                cost_model=cost_model,
+                cost_model=cost_model, extent_size=extent_size,
             )
         self.config = config
         lib = _native.load()

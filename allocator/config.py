@@ -44,7 +44,7 @@ _MAX_SIZE_CHARS = 64
 # The most bytes a capacity or a reservation may name, and the largest allocation the core
 # serves (kMaxSpaceBytes in csrc/vmm/page_geometry.hpp): 64 TiB.
 MAX_SPACE_BYTES = 1 << 46
-_LIMITED_FIELDS = ("capacity", "reservation_size")
+_LIMITED_FIELDS = ("capacity", "reservation_size", "extent_size")
 
 
 def _quote(value: str) -> str:
@@ -112,8 +112,12 @@ class Config:
                                           # address unmapped while evicted; "auto": mapped where supported
     cost_model: str | None = None         # host backend only: charge each call what it costs on this GPU
                                           # on a modeled clock (docs/cost-model.md); None: no model
+    extent_size: int | None = None        # largest physical handle under one large allocation: those of
+                                          # >= min(32 MiB, extent_size) get extents (docs/eviction.md);
+                                          # default 256 MiB; the page size turns extents off
 
-    _SIZE_FIELDS = ("capacity", "page_size", "small_threshold", "host_granularity", "host_capacity", "reservation_size")
+    _SIZE_FIELDS = ("capacity", "page_size", "small_threshold", "host_granularity", "host_capacity", "reservation_size",
+                    "extent_size")
 
     def __post_init__(self) -> None:
         if self.backend not in BACKENDS:

@@ -156,8 +156,9 @@ TARGET_REL_ERROR = 0.25
 def predict(cost_model: str, size: int, page: int, mode: str, repeats: int) -> dict[str, Any]:
     """Eviction and restore of one `size` allocation on the host backend under `cost_model`,
     timed by the modeled clock (deterministic: the host's own speed does not enter)."""
+    # extent_size=page: one handle per page, as the measured runs had (before extents).
     with AddressSpace(backend="host", capacity=size + page, host_capacity=size + page, page_size=page,
-                      evict_mode=mode, cost_model=cost_model) as space:
+                      extent_size=page, evict_mode=mode, cost_model=cost_model) as space:
         a = space.malloc(size)
         space.set_evictable(a)
         evict, restore = evict_restore_cycles(space, a, repeats, lambda: space.modeled_ns() / 1e9)
@@ -193,38 +194,60 @@ SWEEP_PAGES = (2 * MiB, 8 * MiB, 32 * MiB, 64 * MiB, 128 * MiB, 256 * MiB)
 PINNED_GBPS_H100 = 54.9  # pinned cudaMemcpy, 256 MiB, measured on an H100 (80GB HBM3), 2026-11-22
 
 
+def modeled_cycle(cost_model: str, mode: str, size: int, repeats: int, **space_kw: Any) -> dict[str, Any]:
+    """One `size` allocation evicted and restored `repeats` times under the cost model: rates by
+    the modeled clock, % of pinned, and the driver calls of one cycle (the space's counters)."""
+    page = space_kw.get("page_size") or 2 * MiB
+    with AddressSpace(backend="host", capacity=size + page, host_capacity=size + page, evict_mode=mode,
+                      cost_model=cost_model, **space_kw) as space:
+        a = space.malloc(size)
+        space.set_evictable(a)
+        before = space.stats().driver_calls()
+        evict, restore = evict_restore_cycles(space, a, repeats, lambda: space.modeled_ns() / 1e9)
+        after = space.stats().driver_calls()
+        space.free(a)
+    calls = {k: (after[k] - before[k]) // repeats for k in ("map", "unmap", "set_access")}
+    ev, re = gbps(size, median_s(evict)), gbps(size, median_s(restore))
+    return {"mode": mode, "evict_GBps": round(ev, 2), "restore_GBps": round(re, 2),
+            "evict_pct_of_pinned": round(100 * ev / PINNED_GBPS_H100),
+            "restore_pct_of_pinned": round(100 * re / PINNED_GBPS_H100), "calls_per_cycle": calls}
+
+
 def handle_sweep(cost_model: str, size: int, repeats: int) -> list[dict[str, Any]]:
     """What the physical handle size buys: one `size` allocation evicted and restored with each
-    page size of SWEEP_PAGES, both modes, under the cost model; rates and the driver calls of one
-    evict + restore cycle (from the space's call counters)."""
-    rows = []
-    for mode in ("copy", "mapped"):
-        for page in SWEEP_PAGES:
-            with AddressSpace(backend="host", capacity=size + page, host_capacity=size + page, page_size=page,
-                              evict_mode=mode, cost_model=cost_model) as space:
-                a = space.malloc(size)
-                space.set_evictable(a)
-                before = space.stats().driver_calls()
-                evict, restore = evict_restore_cycles(space, a, repeats, lambda: space.modeled_ns() / 1e9)
-                after = space.stats().driver_calls()
-                space.free(a)
-            calls = {k: (after[k] - before[k]) // repeats for k in ("map", "unmap", "set_access")}
-            ev, re = gbps(size, median_s(evict)), gbps(size, median_s(restore))
-            rows.append({"mode": mode, "page_bytes": page, "evict_GBps": round(ev, 2), "restore_GBps": round(re, 2),
-                         "evict_pct_of_pinned": round(100 * ev / PINNED_GBPS_H100), "restore_pct_of_pinned":
-                         round(100 * re / PINNED_GBPS_H100), "calls_per_cycle": calls})
-    return rows
+    page size of SWEEP_PAGES (one handle per page: extent_size = page), both modes."""
+    return [{"page_bytes": page, **modeled_cycle(cost_model, mode, size, repeats, page_size=page, extent_size=page)}
+            for mode in ("copy", "mapped") for page in SWEEP_PAGES]
+
+
+DEFAULT_SIZES = (32 * MiB, 256 * MiB, 1024 * MiB)
+
+
+def default_settings(cost_model: str, sizes: tuple[int, ...], repeats: int) -> list[dict[str, Any]]:
+    """Eviction and restore at default settings (2 MiB pages, extents on) for each of `sizes`,
+    both modes."""
+    return [{"size_bytes": size, **modeled_cycle(cost_model, mode, size, repeats)}
+            for mode in ("copy", "mapped") for size in sizes]
+
+
+def print_defaults(rows: list[dict[str, Any]]) -> None:
+    print("PREDICTED (cost model): default settings (2 MiB pages, extents), one allocation evicted + restored")
+    print_rows(rows, "size_bytes", "size")
+
+
+def print_rows(rows: list[dict[str, Any]], key: str, label: str) -> None:
+    print(f"{'mode':6} {label:>8} | {'evict GB/s':>10} {'%pin':>5} | {'restore GB/s':>12} {'%pin':>5} | "
+          f"{'map':>5} {'unmap':>5} {'access':>6}  per cycle")
+    for r in rows:
+        c = r["calls_per_cycle"]
+        print(f"{r['mode']:6} {r[key] // MiB:>5} MiB | {r['evict_GBps']:>10} {r['evict_pct_of_pinned']:>4}% | "
+              f"{r['restore_GBps']:>12} {r['restore_pct_of_pinned']:>4}% | {c['map']:>5} "
+              f"{c['unmap']:>5} {c['set_access']:>6}")
 
 
 def print_sweep(rows: list[dict[str, Any]], size: int) -> None:
     print(f"PREDICTED (cost model): one {size // MiB} MiB allocation, evict + restore per page (handle) size")
-    print(f"{'mode':6} {'page':>8} | {'evict GB/s':>10} {'%pin':>5} | {'restore GB/s':>12} {'%pin':>5} | "
-          f"{'map':>5} {'unmap':>5} {'access':>6}  per cycle")
-    for r in rows:
-        c = r["calls_per_cycle"]
-        print(f"{r['mode']:6} {r['page_bytes'] // MiB:>5} MiB | {r['evict_GBps']:>10} {r['evict_pct_of_pinned']:>4}% | "
-              f"{r['restore_GBps']:>12} {r['restore_pct_of_pinned']:>4}% | {c['map']:>5} "
-              f"{c['unmap']:>5} {c['set_access']:>6}")
+    print_rows(rows, "page_bytes", "page")
 
 
 def print_prediction(pred: dict[str, Any]) -> None:
@@ -340,12 +363,17 @@ def main() -> None:
     if args.cost_model:
         if args.backend != "host":
             ap.error("--cost-model runs on the host backend (--backend host)")
+        repeats = 1 if args.quick else 3
         record = {"benchmark": "evict-predicted", "backend": "host", "provenance": provenance(), "notes": args.note,
-                  "prediction": prediction(args.cost_model, args.quick, 1 if args.quick else 3)}
+                  "prediction": prediction(args.cost_model, args.quick, repeats),
+                  "default_settings": default_settings(args.cost_model, DEFAULT_SIZES[:2] if args.quick
+                                                       else DEFAULT_SIZES, repeats)}
         out = Path(args.out.format(backend=f"host-{args.cost_model}-model", date=_dt.date.today().isoformat()))
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps(record, indent=2) + "\n")
         print_prediction(record["prediction"])
+        print()
+        print_defaults(record["default_settings"])
         print(f"wrote {out}")
         return
     if args.backend == "cuda":

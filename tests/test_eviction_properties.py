@@ -15,9 +15,11 @@ from helpers.spaces import MiB, pattern
 from helpers.threads import run_threads
 
 
+@pytest.mark.parametrize("extent_size", [None, "4MiB"])  # 4 MiB: extents from 4 MiB up (3 MiB + 7 rounds to one)
 @pytest.mark.parametrize("mode", ["mapped", "copy"])
-def test_threads_offload_prefetch_alloc_free(mode):
-    with AddressSpace(backend="host", capacity=24 * MiB, host_capacity=96 * MiB, evict_mode=mode) as space:
+def test_threads_offload_prefetch_alloc_free(mode, extent_size):
+    with AddressSpace(backend="host", capacity=24 * MiB, host_capacity=96 * MiB, evict_mode=mode,
+                      extent_size=extent_size) as space:
         def worker(seed: int) -> None:
             rng = random.Random(seed)
             mine: list[tuple[int, int, int]] = []
@@ -71,10 +73,12 @@ class EvictionMachine(RuleBasedStateMachine):
     """A model of live allocations; random malloc/free/offload/prefetch/evictable/rewrite."""
 
     mode = "mapped"
+    extent_size: str | None = None
 
     def __init__(self) -> None:
         super().__init__()
-        self.space = AddressSpace(backend="host", capacity=CAPACITY, host_capacity=64 * MiB, evict_mode=self.mode)
+        self.space = AddressSpace(backend="host", capacity=CAPACITY, host_capacity=64 * MiB, evict_mode=self.mode,
+                                  extent_size=self.extent_size)
         self.live: dict[int, tuple[int, int, bool]] = {}  # address -> (size, tag, evictable)
         self.tag = 0
 
@@ -97,7 +101,7 @@ class EvictionMachine(RuleBasedStateMachine):
         if n >= 2 * 4096:
             assert self.space.read(a, 4096, offset=n - 4096) == pattern(tag + 1 << 32, 4096)
 
-    @rule(n=st.sampled_from([100, 512, 40_000, 2 * MiB, 2 * MiB + 1, 4 * MiB]), evictable=st.booleans())
+    @rule(n=st.sampled_from([100, 512, 40_000, 2 * MiB, 2 * MiB + 1, 4 * MiB, 6 * MiB]), evictable=st.booleans())
     def malloc(self, n, evictable):
         try:
             a = self.space.malloc(n)
@@ -176,8 +180,23 @@ class CopyModeMachine(EvictionMachine):
     mode = "copy"
 
 
+# Extents of at most 4 MiB (two pages), from 4 MiB up: 2 MiB + 1 and 4 MiB get one, 6 MiB gets
+# one and a one-page handle, so handles of mixed sizes are evicted, restored and traded.
+class ExtentMachine(EvictionMachine):
+    extent_size = "4MiB"
+
+
+class CopyModeExtentMachine(EvictionMachine):
+    mode = "copy"
+    extent_size = "4MiB"
+
+
 _SETTINGS = settings(max_examples=40, stateful_step_count=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 TestEvictionMachineMapped = EvictionMachine.TestCase
 TestEvictionMachineMapped.settings = _SETTINGS
 TestEvictionMachineCopy = CopyModeMachine.TestCase
 TestEvictionMachineCopy.settings = _SETTINGS
+TestEvictionMachineExtents = ExtentMachine.TestCase
+TestEvictionMachineExtents.settings = _SETTINGS
+TestEvictionMachineCopyExtents = CopyModeExtentMachine.TestCase
+TestEvictionMachineCopyExtents.settings = _SETTINGS

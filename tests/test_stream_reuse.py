@@ -135,28 +135,3 @@ def test_skipping_the_free_wait_is_caught():
     took, d, k = reuse_on_another_stream(broken=True)
     assert took < 0.1 and "event_synchronize" not in d, "T took the block without waiting for S"
     assert k.bytes_mismatched > 0 or k.kernels_faulted > 0, "S's kernel overwrote T's bytes under it"
-
-
-def test_evict_and_restore_driver_calls_64MiB_at_2MiB_pages_copy_mode():
-    """The driver calls to evict and restore one 64 MiB allocation at the default 2 MiB page
-    (copy mode): one map, one unmap and one set-access per page, each way. The measure issue 10
-    asks to lower (bigger physical handles under large allocations): a change that adds calls
-    fails here, and one that removes them updates these numbers."""
-    with host_space(128 * MiB, page_size=2 * MiB, host_capacity=128 * MiB, evict_mode="copy") as space:
-        a = space.malloc(64 * MiB)
-        space.set_evictable(a)
-        before = calls(space)
-        space.offload(a)
-        space.synchronize()  # the copies complete, then the held device pages are unmapped
-        evicted = calls(space)
-        space.ensure_resident(a)
-        restored = calls(space)
-        pages = 32
-        out, back = delta(before, evicted), delta(evicted, restored)
-        assert (out.get("map", 0), out.get("unmap", 0), out.get("set_access", 0)) == (0, pages, 0), out
-        assert (back.get("map", 0), back.get("unmap", 0), back.get("set_access", 0)) == (pages, 0, pages), back
-        assert out["copy"] == back["copy"] == pages
-        for d in (out, back):
-            assert d.get("create_page", 0) == d.get("release_page", 0) == 0, d  # the pages are reused
-        assert out["unmap"] + back["map"] == 64  # 1,024 for 1 GiB
-        space.free(a)

@@ -5,6 +5,7 @@
 #include "alloc/alloc_policy.hpp"
 
 #include <algorithm>
+#include <cstddef>
 #include <string>
 
 #include "alloc/text.hpp"
@@ -22,6 +23,15 @@ uint64_t reservation_bytes(const vta_config_t& config, uint64_t capacity, uint64
   return std::min(std::max<uint64_t>(2 * capacity, 64 * page), std::max(kMaxSpaceBytes / page * page, page));
 }
 
+// The largest extent, in pages: the configured bytes (0: the default) in whole pages; fewer
+// than two pages means no extents. Callers built before extent_bytes was appended get the default.
+uint64_t extent_max_pages(const vta_config_t& config, uint64_t page) {
+  uint64_t bytes = config.struct_size >= offsetof(vta_config_t, extent_bytes) + sizeof(uint64_t) ? config.extent_bytes : 0;
+  if (bytes > kMaxSpaceBytes) fail(VTA_ERR_INVALID_ARGUMENT, "extent_size is above 2^46 bytes");
+  uint64_t pages = (bytes ? bytes : kDefaultExtentBytes) / page;
+  return pages >= 2 ? std::min<uint64_t>(pages, UINT32_MAX) : 0;
+}
+
 }  // namespace
 
 AllocPolicy::AllocPolicy(const vta_config_t& config, PageTable& pages, EventPool& events, uint64_t capacity,
@@ -34,6 +44,9 @@ AllocPolicy::AllocPolicy(const vta_config_t& config, PageTable& pages, EventPool
       live_(pages),
       pending_(events, page_bytes_, backend_kind),
       slabs_(page_bytes_),
+      extent_max_pages_(extent_max_pages(config, page_bytes_)),
+      extent_min_pages_(std::max<uint64_t>(
+          2, (std::min<uint64_t>(kExtentMinBytes, extent_max_pages_ * page_bytes_) + page_bytes_ - 1) / page_bytes_)),
       ranges_(pages, reservation_bytes(config, capacity, page_bytes_)) {
   if (small_threshold_ > page_bytes_)
     fail(VTA_ERR_INVALID_ARGUMENT, "small_threshold must not exceed the page size");
@@ -73,6 +86,7 @@ uintptr_t AllocPolicy::allocate(const Request& r, StreamHandle stream, bool may_
 bool AllocPolicy::take_same_stream(const Request& r, StreamHandle stream, uintptr_t* out) {
   // A block on a page that is away is not reused here: it returns through the eviction engine.
   auto usable = [&](uintptr_t address, uint64_t bytes) {
+    if (!r.small && !pages_.handle_boundary(address + bytes)) return false;  // would split an extent
     if (!port_->any_away()) return true;
     for (uintptr_t va = page_of(address); va < address + bytes; va += page_bytes_)
       if (port_->is_away(va)) return false;
@@ -97,15 +111,39 @@ bool AllocPolicy::try_allocate(uint64_t rounded, bool small, bool may_evict, uin
   return true;
 }
 
-bool AllocPolicy::map_range(size_t npages, bool may_evict, uintptr_t* out) {
-  return ranges_.map_range(npages, [&](int32_t* id) { return obtain_page(id, may_evict); }, out);
+std::vector<uint32_t> AllocPolicy::handle_plan(size_t npages) const {
+  if (!extent_max_pages_ || npages < extent_min_pages_) return std::vector<uint32_t>(npages, 1);
+  // Even extents of at most extent_max_pages_: ceil(n / max) of them, the first few one page larger.
+  size_t count = (npages + extent_max_pages_ - 1) / extent_max_pages_;
+  std::vector<uint32_t> plan(count, static_cast<uint32_t>(npages / count));
+  for (size_t i = 0; i < npages % count; ++i) ++plan[i];
+  return plan;
 }
 
-bool AllocPolicy::obtain_page(int32_t* id, bool may_evict) {
-  // Cheapest first: a free page, a cached one, memory freed but waiting for its stream, and
-  // only then what the eviction engine can free (ResidencyPort::free_device_page).
+bool AllocPolicy::map_range(size_t npages, bool may_evict, uintptr_t* out) {
+  std::vector<uint32_t> plan = handle_plan(npages);
+  bool driver_oom = false;
+  auto obtain = [&](uint32_t n, int32_t* id) { return obtain_handle(n, id, may_evict, &driver_oom); };
+  if (ranges_.map_range(plan, obtain, out)) return true;
+  if (!driver_oom) return false;
+  // The driver refused an extent's size although capacity was there: one-page handles.
+  return ranges_.map_range(std::vector<uint32_t>(npages, 1), obtain, out);
+}
+
+bool AllocPolicy::obtain_page(int32_t* id, bool may_evict) { return obtain_handle(1, id, may_evict); }
+
+bool AllocPolicy::obtain_handle(uint32_t npages, int32_t* id, bool may_evict, bool* driver_oom) {
+  // Cheapest first: a free handle of this size (or a new one under capacity), room made by
+  // releasing free handles of other sizes, a cached handle, memory freed but waiting for its
+  // stream, and only then what the eviction engine can free (ResidencyPort::free_device_page).
   for (;;) {
-    if (pages_.acquire_page(id)) return true;
+    bool refused = false;
+    if (npages == 1 ? pages_.acquire_page(id) : pages_.acquire_extent(npages, id, &refused)) return true;
+    if (refused) {
+      if (driver_oom) *driver_oom = true;
+      return false;
+    }
+    if (pages_.release_free_for(npages, /*pages_first=*/npages > 1)) continue;
     if (reclaim_one_page()) continue;
     if (pending_.count() && drain_pending(true)) continue;  // none: streams capturing a graph
     if (!port_->free_device_page(may_evict)) return false;
@@ -113,11 +151,12 @@ bool AllocPolicy::obtain_page(int32_t* id, bool may_evict) {
 }
 
 bool AllocPolicy::reclaim_one_page() {
-  // Cached pages under free ranges first (smallest range: the least useful for reuse),
+  // Cached handles under free ranges first (smallest range: the least useful for reuse),
   // then the spare empty slab. Pages here were freed and their events completed.
   uintptr_t victim = 0;
-  if (!ranges_.take_cached_page(&victim) && !slabs_.take_spare(&victim)) return false;
-  ranges_.unmap(victim, page_bytes_);
+  size_t bytes = page_bytes_;
+  if (!ranges_.take_cached_page(&victim, &bytes) && !slabs_.take_spare(&victim)) return false;
+  ranges_.unmap(victim, bytes);
   num_page_reclaims_++;
   return true;
 }

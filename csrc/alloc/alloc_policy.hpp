@@ -18,6 +18,13 @@
 // still pending is taken at once, best fit, with no event and no driver call (0.); only when
 // none fits are the open frees of every stream sealed (one event each) and polled.
 // Small allocations (<= small_threshold) are 512-byte blocks packed into one-page slabs.
+// Large allocations of at least min(kExtentMinBytes, extent_bytes) (and two pages) get extents when step 2 maps
+// them: physical handles of several pages each, at most extent_bytes, split evenly (docs/
+// eviction.md, "Extents"); smaller ones get one-page handles. A cached range or a pending
+// free is only ever cut at a handle boundary, so an extent always lies under one allocation
+// or one free range. When memory is short, free handles of the other kind are released to
+// make room under capacity (an extent's bytes can back pages again, and the reverse); if the
+// driver refuses an extent's size, the allocation falls back to one-page handles.
 //
 // Invariants: every address is 512-byte aligned; allocations of a page or more are
 // page-aligned; a freed allocation's memory is reused on its own stream at once, and by
@@ -28,6 +35,7 @@
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 #include "alloc/live_allocations.hpp"
 #include "alloc/pending_frees.hpp"
@@ -44,6 +52,9 @@ namespace vta {
 constexpr uint64_t kMinAlignment = 512;
 // Larger requests are refused as invalid: no device has this much memory to back them.
 constexpr uint64_t kMaxAllocationBytes = kMaxSpaceBytes;
+// Allocations from this size up are backed by extents (when extents are on).
+constexpr uint64_t kExtentMinBytes = 32ull << 20;
+constexpr uint64_t kDefaultExtentBytes = 256ull << 20;
 
 class AllocPolicy {
  public:
@@ -79,6 +90,11 @@ class AllocPolicy {
   void settle_stream(StreamHandle stream);
   // A device page for the caller to map, cheapest source first; false when none can be had.
   bool obtain_page(int32_t* id, bool may_evict);
+  // The same for a handle of `npages` pages (an extent when more than one). *driver_oom (if
+  // given) is set when the driver refused an extent's size while capacity was there.
+  bool obtain_handle(uint32_t npages, int32_t* id, bool may_evict, bool* driver_oom = nullptr);
+  // No extents from now on (a leased space's pages are the service's one-page pages).
+  void disable_extents() { extent_max_pages_ = 0; }
   // Unmap one cached page (or the spare slab's); false when there is none.
   bool reclaim_one_page();
   // Unmap every cached page, the spare slab's too (trim).
@@ -103,6 +119,8 @@ class AllocPolicy {
   bool take_same_stream(const Request& r, StreamHandle stream, uintptr_t* out);
   bool try_allocate(uint64_t rounded, bool small, bool may_evict, uintptr_t* out);
   bool map_range(size_t npages, bool may_evict, uintptr_t* out);
+  // The handle sizes (in pages) that back a new range of npages.
+  std::vector<uint32_t> handle_plan(size_t npages) const;
   void release_block(uintptr_t address, uint64_t size, bool small);
   void release_large_range(uintptr_t address, uint64_t size);
   void release_small_block(uintptr_t address, uint64_t size);
@@ -113,6 +131,8 @@ class AllocPolicy {
   uint64_t capacity_;
   size_t page_bytes_;
   uint64_t small_threshold_;
+  uint64_t extent_max_pages_;  // the largest extent; 0 when extents are off
+  uint64_t extent_min_pages_;  // ranges of at least this many pages get extents
   LiveAllocations live_;
   PendingFrees pending_;
   Slabs slabs_;

@@ -9,12 +9,15 @@
 
 namespace vta {
 
-bool VirtualRanges::take_cached_page(uintptr_t* va) {
+bool VirtualRanges::take_cached_page(uintptr_t* va, size_t* bytes) {
   uintptr_t start = 0;
-  size_t bytes = 0;
-  if (!cached_.smallest(&start, &bytes)) return false;
-  *va = start + bytes - pages_.page_bytes();
-  bool taken = cached_.take_exact(*va, pages_.page_bytes());
+  size_t range = 0;
+  if (!cached_.smallest(&start, &range)) return false;
+  int32_t last = pages_.page_at(start + range - pages_.page_bytes());
+  VTA_INVARIANT(last >= 0 && pages_.address_of(last) >= start);
+  *va = pages_.address_of(last);
+  *bytes = pages_.bytes_of(last);
+  bool taken = cached_.take_exact(*va, *bytes);
   VTA_INVARIANT(taken);
   return true;
 }

@@ -3,7 +3,8 @@
 // Owns: cached ranges (free, pages still mapped: reused with no driver call), unmapped
 // ranges (free, nothing mapped), and the growth of virtual space by one more reservation.
 // Invariants: a free range never crosses a reservation (both sets fence at every
-// reservation's edges); a cached range's pages all hold no live or pending-free data and
+// reservation's edges); a cached range is a run of whole handles (taken only at a handle
+// boundary); a cached range's pages all hold no live or pending-free data and
 // their events completed; map_range() is all-or-nothing: on failure every page it obtained
 // and the range go back, and nothing is mapped.
 #pragma once
@@ -21,15 +22,21 @@ class VirtualRanges {
  public:
   VirtualRanges(PageTable& pages, size_t reservation_bytes) : pages_(pages), reservation_bytes_(reservation_bytes) {}
 
-  // Best fit among cached ranges: the pages are mapped already.
-  bool take_cached(size_t bytes, uintptr_t* out) { return cached_.take_best_fit(bytes, out); }
-  // A page-aligned range of npages with pages mapped under it: best fit among unmapped ranges
-  // (reserving more virtual space if none fits), backed by pages from obtain(int32_t* id),
-  // which returns false when no page can be had; false then (nothing changed).
+  // Best fit among cached ranges whose first `bytes` are whole handles: the pages are mapped
+  // already (an extent is never split: the driver maps and unmaps it whole).
+  bool take_cached(size_t bytes, uintptr_t* out) {
+    return cached_.take_best_fit_if(
+        bytes, [&](uintptr_t start, size_t n) { return pages_.handle_boundary(start + n); }, out);
+  }
+  // A page-aligned range backed by one handle of each size in `handles` (in pages, back to
+  // back): best fit among unmapped ranges (reserving more virtual space if none fits), the
+  // handles from obtain(uint32_t npages, int32_t* id), which returns false when none can be
+  // had; false then (nothing changed).
   template <typename Obtain>
-  bool map_range(size_t npages, Obtain&& obtain, uintptr_t* out);
-  // The last page of the smallest cached range (the least useful for reuse), taken out.
-  bool take_cached_page(uintptr_t* va);
+  bool map_range(const std::vector<uint32_t>& handles, Obtain&& obtain, uintptr_t* out);
+  // The last handle (a page or an extent) of the smallest cached range (the least useful
+  // for reuse), taken out: its first virtual page and its bytes.
+  bool take_cached_page(uintptr_t* va, size_t* bytes);
   // Unmap [va, va + bytes) (its pages become the page table's free pages); unmapped range.
   void unmap(uintptr_t va, size_t bytes);
   // Unmap every cached range (trim).
@@ -52,8 +59,9 @@ class VirtualRanges {
 };
 
 template <typename Obtain>
-bool VirtualRanges::map_range(size_t npages, Obtain&& obtain, uintptr_t* out) {
-  size_t bytes = npages * pages_.page_bytes();
+bool VirtualRanges::map_range(const std::vector<uint32_t>& handles, Obtain&& obtain, uintptr_t* out) {
+  size_t bytes = 0;
+  for (uint32_t n : handles) bytes += n * pages_.page_bytes();
   uintptr_t va = 0;
   if (!unmapped_.take_best_fit(bytes, &va)) {
     grow(bytes);
@@ -61,15 +69,15 @@ bool VirtualRanges::map_range(size_t npages, Obtain&& obtain, uintptr_t* out) {
     VTA_INVARIANT(taken);
   }
   std::vector<int32_t> ids;
-  ids.reserve(npages);
+  ids.reserve(handles.size());
   auto give_back = [&] {
     for (int32_t id : ids) pages_.return_page(id);
     unmapped_.insert(va, bytes);
   };
   try {
-    while (ids.size() < npages) {
+    for (uint32_t n : handles) {
       int32_t id = -1;
-      if (!obtain(&id)) {
+      if (!obtain(n, &id)) {
         give_back();
         return false;
       }

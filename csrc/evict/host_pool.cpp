@@ -6,7 +6,7 @@
 namespace vta {
 
 namespace {
-constexpr uint64_t kChunkBytes = 64ull << 20;  // pinned memory is allocated 64 MiB at a time
+constexpr uint64_t kChunkBytes = 64ull << 20;  // pinned memory is allocated 64 MiB at a time (or one slot's worth)
 }
 
 HostPool::HostPool(Backend& backend, size_t page_bytes, uint64_t capacity_bytes, bool mapped)
@@ -19,53 +19,116 @@ HostPool::~HostPool() {
   }
 }
 
-bool HostPool::grow() {
-  if (held_ + page_ > capacity_) return false;
-  if (!mapped_) {
-    size_t chunk = std::min<uint64_t>(std::max<uint64_t>(kChunkBytes / page_ * page_, page_), capacity_ - held_);
-    void* p = nullptr;
-    Status s = backend_.host_alloc_pinned(chunk, &p);
-    if (s.code() == VTA_ERR_OUT_OF_MEMORY) return false;
-    check(s);
-    chunks_.push_back({p, chunk});
-    held_ += chunk;
-    for (size_t off = chunk; off >= page_; off -= page_)
-      free_.push_back(Slot{reinterpret_cast<uintptr_t>(p) + off - page_, 0});
-    return true;
-  }
-  if (!window_) {
-    window_bytes_ = capacity_;
-    check(backend_.reserve(window_bytes_, page_, &window_));
-  }
-  PageHandle h = 0;
-  Status s = backend_.create_page(page_, PageLocation::host, &h);
+bool HostPool::grow_pinned(uint64_t bytes) {
+  if (held_ + bytes > capacity_) return false;
+  uint64_t chunk = std::min<uint64_t>(std::max<uint64_t>(kChunkBytes / page_ * page_, bytes), capacity_ - held_);
+  void* p = nullptr;
+  Status s = backend_.host_alloc_pinned(chunk, &p);
   if (s.code() == VTA_ERR_OUT_OF_MEMORY) return false;
   check(s);
-  uintptr_t at = window_ + pages_.size() * page_;
-  Status m = backend_.map(at, page_, h);
-  if (m.is_ok()) m = backend_.set_access(at, page_);
-  if (!m.is_ok()) {
-    (void)backend_.unmap(at, page_);
-    (void)backend_.release_page(h);
-    check(m);
-  }
-  pages_.push_back(Slot{at, h});
-  free_.push_back(pages_.back());
-  held_ += page_;
+  chunks_.push_back({p, chunk});
+  held_ += chunk;
+  uintptr_t at = reinterpret_cast<uintptr_t>(p);
+  free_pinned_.add_fence(at);  // a slot never crosses a chunk
+  free_pinned_.add_fence(at + chunk);
+  free_pinned_.insert(at, chunk);
   return true;
 }
 
-bool HostPool::acquire(Slot* out) {
-  if (free_.empty() && !grow()) return false;
-  *out = free_.back();
-  free_.pop_back();
-  ++used_;
+bool HostPool::release_empty_chunks() {
+  bool any = false;
+  for (size_t i = 0; i < chunks_.size();) {
+    auto [p, n] = chunks_[i];
+    uintptr_t at = reinterpret_cast<uintptr_t>(p);
+    if (!free_pinned_.contains(at, n)) {
+      ++i;
+      continue;
+    }
+    check(backend_.host_free_pinned(p, n));
+    free_pinned_.take_exact(at, n);
+    free_pinned_.remove_fence(at);
+    free_pinned_.remove_fence(at + n);
+    held_ -= n;
+    chunks_.erase(chunks_.begin() + static_cast<std::ptrdiff_t>(i));
+    any = true;
+  }
+  return any;
+}
+
+bool HostPool::create_mapped(uint32_t npages, Slot* out) {
+  uint64_t bytes = uint64_t{npages} * page_;
+  if (!window_) {
+    window_bytes_ = 2 * capacity_;  // room for slots of mixed sizes
+    check(backend_.reserve(window_bytes_, page_, &window_));
+    free_window_.insert(window_, window_bytes_);
+  }
+  uintptr_t at = 0;
+  if (!free_window_.take_best_fit(bytes, &at)) return false;
+  PageHandle h = 0;
+  Status s = backend_.create_page(bytes, PageLocation::host, &h);
+  if (!s.is_ok()) {
+    free_window_.insert(at, bytes);
+    if (s.code() == VTA_ERR_OUT_OF_MEMORY) return false;
+    check(s);
+  }
+  Status m = backend_.map(at, bytes, h);
+  if (m.is_ok()) m = backend_.set_access(at, bytes);
+  if (!m.is_ok()) {
+    (void)backend_.unmap(at, bytes);
+    (void)backend_.release_page(h);
+    free_window_.insert(at, bytes);
+    check(m);
+  }
+  *out = Slot{at, h, npages};
+  created_.push_back(*out);
+  held_ += bytes;
+  return true;
+}
+
+void HostPool::destroy_mapped(const Slot& s) {
+  uint64_t bytes = uint64_t{s.npages} * page_;
+  check(backend_.unmap(s.addr, bytes));
+  check(backend_.release_page(s.page));
+  free_window_.insert(s.addr, bytes);
+  held_ -= bytes;
+  created_.erase(std::find_if(created_.begin(), created_.end(), [&](const Slot& c) { return c.addr == s.addr; }));
+}
+
+bool HostPool::acquire(uint32_t npages, Slot* out) {
+  uint64_t bytes = uint64_t{npages} * page_;
+  if (used_bytes() + bytes > capacity_) return false;
+  if (!mapped_) {
+    uintptr_t at = 0;
+    if (!free_pinned_.take_best_fit(bytes, &at)) {
+      if (!grow_pinned(bytes) && !(release_empty_chunks() && grow_pinned(bytes))) return false;
+      bool taken = free_pinned_.take_best_fit(bytes, &at);
+      VTA_INVARIANT(taken);
+    }
+    *out = Slot{at, 0, npages};
+  } else {
+    auto same = std::find_if(free_slots_.begin(), free_slots_.end(), [&](const Slot& s) { return s.npages == npages; });
+    if (same != free_slots_.end()) {
+      *out = *same;
+      free_slots_.erase(same);
+    } else {
+      // Room under capacity: give back unused slots of other sizes first.
+      while (held_ + bytes > capacity_ && !free_slots_.empty()) {
+        destroy_mapped(free_slots_.back());
+        free_slots_.pop_back();
+      }
+      if (held_ + bytes > capacity_ || !create_mapped(npages, out)) return false;
+    }
+  }
+  used_pages_ += npages;
   return true;
 }
 
 void HostPool::release(const Slot& slot) {
-  free_.push_back(slot);
-  --used_;
+  if (mapped_)
+    free_slots_.push_back(slot);
+  else
+    free_pinned_.insert(slot.addr, uint64_t{slot.npages} * page_);
+  used_pages_ -= slot.npages;
 }
 
 void HostPool::release_all() {
@@ -75,15 +138,17 @@ void HostPool::release_all() {
   };
   for (auto& [p, n] : chunks_) keep(backend_.host_free_pinned(p, n));
   chunks_.clear();
-  for (const Slot& s : pages_) {
-    keep(backend_.unmap(s.addr, page_));
+  free_pinned_ = RangeSet();
+  for (const Slot& s : created_) {
+    keep(backend_.unmap(s.addr, uint64_t{s.npages} * page_));
     keep(backend_.release_page(s.page));
   }
-  pages_.clear();
+  created_.clear();
+  free_slots_.clear();
+  free_window_ = RangeSet();
   if (window_) keep(backend_.free_va(window_, window_bytes_));
   window_ = 0;
-  free_.clear();
-  held_ = used_ = 0;
+  held_ = used_pages_ = 0;
   check(first);
 }
 

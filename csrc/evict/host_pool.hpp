@@ -1,19 +1,25 @@
 // HostPool: where evicted pages' bytes live, bounded by host_capacity, allocated once, reused.
 //
-// Owns: page-sized host slots of one of two kinds, chosen by the eviction mode:
-//  - copy mode: slots carved from pinned host memory (cuMemHostAlloc on cuda, plain memory
-//    on host), allocated in chunks as needed and kept until close: no per-evict pinning and
-//    no power-of-two rounding (a slot is exactly one page);
-//  - mapped mode: host-located VMM pages (CUDA HOST_NUMA; memfds on the host backend), each
-//    also mapped at its own address in a "window" reservation so copies can reach it while
-//    it is not mapped at the evicted page's address.
-// Invariant: used slots * page_bytes <= capacity; after release_all() nothing is held.
+// Owns: host slots, each a run of one or more page-sized pieces that holds the bytes of one
+// away handle (a page, or an extent of several: one slot, one copy), of one of two kinds,
+// chosen by the eviction mode:
+//  - copy mode: slots carved best-fit from pinned host memory (cuMemHostAlloc on cuda, plain
+//    memory on host), allocated in chunks of at least 64 MiB as needed and kept until close
+//    (a chunk with nothing in it is given back when a larger slot needs the room): no
+//    per-evict pinning and no power-of-two rounding (a slot is exactly its pages);
+//  - mapped mode: host-located VMM handles (CUDA HOST_NUMA; memfds on the host backend) of
+//    the slot's size, each also mapped at its own address in a "window" reservation so copies
+//    can reach it while it is not mapped at the evicted handle's address. A released slot is
+//    kept for the next of its size; one of another size is given back when room is needed.
+// Invariant: used pages * page_bytes <= held bytes <= capacity; a slot never crosses a chunk;
+// after release_all() nothing is held.
 #pragma once
 
 #include <cstdint>
 #include <vector>
 
 #include "backend/backend.hpp"
+#include "vmm/range_set.hpp"
 
 namespace vta {
 
@@ -21,7 +27,8 @@ class HostPool {
  public:
   struct Slot {
     uintptr_t addr = 0;    // where the bytes can be copied to/from
-    PageHandle page = 0;   // mapped mode: the host-located page handle (0 in copy mode)
+    PageHandle page = 0;   // mapped mode: the host-located handle (0 in copy mode)
+    uint32_t npages = 0;   // how many pages it holds
   };
 
   HostPool(Backend& backend, size_t page_bytes, uint64_t capacity_bytes, bool mapped);
@@ -29,29 +36,36 @@ class HostPool {
   HostPool(const HostPool&) = delete;
   HostPool& operator=(const HostPool&) = delete;
 
-  // A free slot; false when the pool is at capacity. Throws on driver errors.
-  bool acquire(Slot* out);
+  // A free slot of `npages` pages; false when the pool cannot hold it. Throws on driver errors.
+  bool acquire(uint32_t npages, Slot* out);
   void release(const Slot& slot);
   void release_all();
 
   bool mapped() const { return mapped_; }
   uint64_t capacity_bytes() const { return capacity_; }
   uint64_t held_bytes() const { return held_; }  // pinned or created so far
-  uint64_t used_bytes() const { return used_ * page_; }
+  uint64_t used_bytes() const { return used_pages_ * page_; }
 
  private:
-  bool grow();
+  bool grow_pinned(uint64_t bytes);
+  bool release_empty_chunks();
+  bool create_mapped(uint32_t npages, Slot* out);
+  void destroy_mapped(const Slot& s);
 
   Backend& backend_;
   size_t page_;
   uint64_t capacity_;
   bool mapped_;
   uint64_t held_ = 0;
-  uint64_t used_ = 0;
-  std::vector<Slot> free_;
-  std::vector<std::pair<void*, size_t>> chunks_;  // copy mode: pinned chunks
-  std::vector<Slot> pages_;                        // mapped mode: every host page created
-  uintptr_t window_ = 0;                           // mapped mode: window reservation
+  uint64_t used_pages_ = 0;
+  // Copy mode.
+  RangeSet free_pinned_;                          // free pieces of the chunks
+  std::vector<std::pair<void*, size_t>> chunks_;  // pinned chunks
+  // Mapped mode.
+  std::vector<Slot> free_slots_;  // created, unused
+  std::vector<Slot> created_;     // every host handle created
+  RangeSet free_window_;          // unused addresses of the window
+  uintptr_t window_ = 0;          // window reservation
   size_t window_bytes_ = 0;
 };
 

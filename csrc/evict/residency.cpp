@@ -64,47 +64,79 @@ StreamHandle Residency::copy_stream() {
   return copy_stream_;
 }
 
-bool Residency::evict_page(uintptr_t va, bool wait) {
-  VTA_INVARIANT(!away_.count(va) && pages_.page_at(va) >= 0);
+const Residency::AwayPage* Residency::away_at(uintptr_t va, uintptr_t* first) const {
+  uintptr_t f = away_first(va);
+  if (!f) return nullptr;
+  if (first) *first = f;
+  return &away_.at(f);
+}
+
+uintptr_t Residency::away_first(uintptr_t va) const {
+  uintptr_t page = page_of(va);
+  if (away_.count(page)) return page;
+  auto it = away_first_.find(page);
+  return it == away_first_.end() ? 0 : it->second;
+}
+
+Residency::AwayPage& Residency::add_away(uintptr_t va, const AwayPage& p) {
+  for (uint32_t k = 1; k < p.npages; ++k) away_first_[va + k * page_bytes_] = va;
+  return away_[va] = p;
+}
+
+void Residency::erase_away(uintptr_t va) {
+  auto it = away_.find(va);
+  for (uint32_t k = 1; k < it->second.npages; ++k) away_first_.erase(va + k * page_bytes_);
+  away_.erase(it);
+}
+
+bool Residency::evict_page(uintptr_t page, bool wait) {
+  // The whole handle under the page moves: one copy, and later one unmap.
+  int32_t id = pages_.page_at(page);
+  VTA_INVARIANT(!away_first(page) && id >= 0);
+  uintptr_t va = pages_.address_of(id);
+  uint32_t npages = pages_.pages_of(id);
+  uint64_t bytes = pages_.bytes_of(id);
   HostPool::Slot slot;
-  if (!host_pool_->acquire(&slot)) return false;
+  if (!host_pool_->acquire(npages, &slot)) return false;
   StreamHandle cs = 0;
   EventHandle done = 0;
   try {
     cs = copy_stream();
-    // Order the copy after the last use: an event on every stream of the page's allocations.
+    // Order the copy after the last use: an event on every stream of the handle's allocations.
     std::vector<StreamHandle> streams;
-    if (!broken(VTA_DEBUG_BREAK_COPY_ORDER)) policy_.live().add_page_streams(va, &streams);
+    if (!broken(VTA_DEBUG_BREAK_COPY_ORDER))
+      for (uint32_t k = 0; k < npages; ++k) policy_.live().add_page_streams(va + k * page_bytes_, &streams);
     for (StreamHandle s : streams) events_.record_then_wait(s, cs);
-    check(backend_.copy(slot.addr, va, page_bytes_, cs));
+    check(backend_.copy(slot.addr, va, bytes, cs));
     // The copy is queued; if no event records its end, wait for it so the slot is not reused under it.
     done = events_.record_after_copy(cs);
   } catch (...) {
-    host_pool_->release(slot);  // the page stays resident, untouched
+    host_pool_->release(slot);  // the handle stays resident, untouched
     throw;
   }
   AwayPage p;
   p.state = State::evicting;
+  p.npages = npages;
   p.slot = slot;
   p.event = done;
   p.issued = Clock::now();
-  away_[va] = p;
-  ++in_flight_;
-  lru_.remove(va);
+  add_away(va, p);
+  in_flight_ += npages;
+  for (uint32_t k = 0; k < npages; ++k) lru_.remove(va + k * page_bytes_);
   if (policy_.slabs().is_slab(va)) policy_.slabs().stash(va);  // no new small block may land on it
   if (wait) finish_inflight(va, true);
   return true;
 }
 
 void Residency::complete_evict(uintptr_t va, AwayPage& p) {
-  // The copy completed: the bytes are safe in the host pool. The device page stays mapped
+  // The copy completed: the bytes are safe in the host pool. The device handle stays mapped
   // at the address (held) until memory is needed: work queued after the offload may still
   // read it, and unmapping it under that work would be an illegal access.
   p.state = State::evicted;
   p.device_held = true;
-  --in_flight_;
-  counters_.evictions++;
-  counters_.bytes_evicted_total += page_bytes_;
+  in_flight_ -= p.npages;
+  counters_.evictions += p.npages;
+  counters_.bytes_evicted_total += bytes_of(p);
   counters_.evict_copy_ns += ns_since(p.issued);
   events_.give(p.event);
   p.event = 0;
@@ -114,28 +146,33 @@ void Residency::complete_evict(uintptr_t va, AwayPage& p) {
 void Residency::quiesce_pages(const std::vector<uintptr_t>& vas) {
   if (broken(VTA_DEBUG_BREAK_QUIESCE)) return;
   std::vector<StreamHandle> streams;
+  std::vector<uintptr_t> pages;  // every virtual page of these away pages
   for (uintptr_t va : vas) {
-    policy_.live().add_page_streams(va, &streams);
     auto it = away_.find(va);
+    uint32_t npages = it != away_.end() ? it->second.npages : 1;
+    for (uint32_t k = 0; k < npages; ++k) {
+      pages.push_back(va + k * page_bytes_);
+      policy_.live().add_page_streams(pages.back(), &streams);
+    }
     if (it != away_.end())
       for (StreamHandle s : it->second.consumers) add_stream(&streams, s);
   }
   // A freed block's work may still run until its free completes.
-  policy_.pending().add_streams_over(vas, &streams);
+  policy_.pending().add_streams_over(pages, &streams);
   for (StreamHandle s : streams) events_.record_then_sync(s);
 }
 
 void Residency::map_host_copy(uintptr_t va, AwayPage& p) {
-  Status s = backend_.map(va, page_bytes_, p.slot.page);
+  Status s = backend_.map(va, bytes_of(p), p.slot.page);
   if (s.is_ok()) {
-    s = backend_.set_access(va, page_bytes_);
-    if (!s.is_ok()) (void)backend_.unmap(va, page_bytes_);
+    s = backend_.set_access(va, bytes_of(p));
+    if (!s.is_ok()) (void)backend_.unmap(va, bytes_of(p));
   }
   p.host_mapped = s.is_ok();  // if not, the bytes are still safe in the slot (copy-mode semantics)
 }
 
 void Residency::release_held_page(uintptr_t va, AwayPage& p) {
-  pages_.unmap_range(va, page_bytes_);
+  pages_.unmap_range(va, bytes_of(p));  // the whole handle: one call
   p.device_held = false;
   if (mapped_mode_) map_host_copy(va, p);  // keep the address valid
 }
@@ -155,20 +192,23 @@ bool Residency::finish_evictions() {
 }
 
 void Residency::finish_resident(uintptr_t va) {
-  away_.erase(va);
+  uint32_t npages = away_.at(va).npages;
+  erase_away(va);
   if (policy_.slabs().is_slab(va)) policy_.slabs().unstash(va);
-  touch_page(va);
+  for (uint32_t k = 0; k < npages; ++k) touch_page(va + k * page_bytes_);
 }
 
 void Residency::unevict_held(uintptr_t va) {
   AwayPage& p = away_.at(va);
   VTA_INVARIANT(p.state == State::evicted && p.device_held);
-  host_pool_->release(p.slot);  // the device page never stopped holding the bytes
-  counters_.restores++;
+  host_pool_->release(p.slot);  // the device handle never stopped holding the bytes
+  counters_.restores += p.npages;
   finish_resident(va);
 }
 
-void Residency::restore_page(uintptr_t va, StreamHandle consumer) {
+void Residency::restore_page(uintptr_t page, StreamHandle consumer) {
+  uintptr_t va = away_first(page);
+  VTA_INVARIANT(va != 0);
   if (away_.at(va).state == State::evicting) finish_inflight(va, true);
   AwayPage& q = away_.at(va);
   if (q.state == State::restoring || q.state == State::restored) {
@@ -182,43 +222,48 @@ void Residency::restore_page(uintptr_t va, StreamHandle consumer) {
     unevict_held(va);
     return;
   }
+  uint32_t npages = q.npages;
+  uint64_t bytes = bytes_of(q);
   int32_t id = -1;
-  if (!policy_.obtain_page(&id, true)) policy_.throw_oom(page_bytes_, "no device page to restore an evicted page into");
+  if (!policy_.obtain_handle(npages, &id, true))
+    policy_.throw_oom(bytes, "no device memory to restore an evicted page into");
   AwayPage& r = away_.at(va);  // obtain may have evicted others: re-find
   StreamHandle cs = 0;
   uintptr_t dst = va;
-  bool mapped_at_va = false, mapped_at_window = false;
+  bool mapped_at_va = false, mapped_at_window = false, window_taken = false;
   try {
     cs = copy_stream();
     if (r.host_mapped) {
-      // Mapped mode: fill the device page through its window; the address keeps showing the
-      // host copy until the swap (swap_restored_page).
+      // Mapped mode: fill the device handle through the window; the address keeps showing
+      // the host copy until the swap (swap_restored_page).
       if (!window_) {
-        window_bytes_ = capacity_ / page_bytes_ * page_bytes_;
+        window_bytes_ = 2 * (capacity_ / page_bytes_ * page_bytes_);  // room for handles of mixed sizes
         check(backend_.reserve(window_bytes_, page_bytes_, &window_));
+        free_window_.insert(window_, window_bytes_);
       }
-      dst = window_of(id);
-      VTA_INVARIANT(dst + page_bytes_ <= window_ + window_bytes_);
-      check(backend_.map(dst, page_bytes_, pages_.handle_of(id)));
+      if (!free_window_.take_best_fit(bytes, &dst)) fail(VTA_ERR_OUT_OF_MEMORY, "restore window is full");
+      window_taken = true;
+      check(backend_.map(dst, bytes, pages_.handle_of(id)));
       mapped_at_window = true;
-      check(backend_.set_access(dst, page_bytes_));
+      check(backend_.set_access(dst, bytes));
     } else {
       // Copy mode: the address is unmapped, so nothing can be using it: map at once.
       pages_.map_pages(va, {id});
       mapped_at_va = true;
     }
-    check(backend_.copy(dst, r.slot.addr, page_bytes_, cs));
+    check(backend_.copy(dst, r.slot.addr, bytes, cs));
     r.event = events_.record_after_copy(cs);
   } catch (...) {
-    // Undo: the bytes are still in the host slot; the page goes back to the free pages.
+    // Undo: the bytes are still in the host slot; the handle goes back to the free handles.
     if (mapped_at_va) {
       (void)backend_.stream_synchronize(cs);
-      pages_.unmap_range(va, page_bytes_);
+      pages_.unmap_range(va, bytes);
     } else {
       if (mapped_at_window) {
         (void)backend_.stream_synchronize(cs);
-        (void)backend_.unmap(dst, page_bytes_);
+        (void)backend_.unmap(dst, bytes);
       }
+      if (window_taken) free_window_.insert(dst, bytes);
       pages_.return_page(id);
     }
     throw;
@@ -226,16 +271,17 @@ void Residency::restore_page(uintptr_t va, StreamHandle consumer) {
   r.state = State::restoring;
   r.device_page = id;
   r.window_mapped = mapped_at_window;
+  r.window = mapped_at_window ? dst : 0;
   r.consumers.assign(1, consumer);
   r.issued = Clock::now();
-  ++in_flight_;
+  in_flight_ += npages;
   if (consumer != cs) (void)backend_.stream_wait_event(consumer, r.event);  // consumer sees the bytes
 }
 
 void Residency::complete_restore(uintptr_t va, AwayPage& p) {
-  --in_flight_;
-  counters_.restores++;
-  counters_.bytes_restored_total += page_bytes_;
+  in_flight_ -= p.npages;
+  counters_.restores += p.npages;
+  counters_.bytes_restored_total += bytes_of(p);
   counters_.restore_copy_ns += ns_since(p.issued);
   events_.give(p.event);
   p.event = 0;
@@ -249,21 +295,25 @@ void Residency::complete_restore(uintptr_t va, AwayPage& p) {
   finish_resident(va);
 }
 
+void Residency::unmap_window(AwayPage& p) {
+  check(backend_.unmap(p.window, bytes_of(p)));
+  free_window_.insert(p.window, bytes_of(p));
+  p.window_mapped = false;
+  p.window = 0;
+}
+
 void Residency::swap_restored_page(uintptr_t va, AwayPage& p) {
   VTA_INVARIANT(p.state == State::restored);
   // Each step is recorded in `p` as it succeeds, so a failure can be retried or undone.
-  if (p.window_mapped) {
-    check(backend_.unmap(window_of(p.device_page), page_bytes_));
-    p.window_mapped = false;
-  }
+  if (p.window_mapped) unmap_window(p);
   if (p.host_mapped) {
-    check(backend_.unmap(va, page_bytes_));
+    check(backend_.unmap(va, bytes_of(p)));
     p.host_mapped = false;
   }
   try {
-    pages_.map_pages(va, {p.device_page});  // all or nothing: on failure the page is free (unmapped) again
+    pages_.map_pages(va, {p.device_page});  // all or nothing: on failure the handle is free (unmapped) again
   } catch (...) {
-    // The bytes are still in the host slot: back to evicted, its host page at the address.
+    // The bytes are still in the host slot: back to evicted, its host copy at the address.
     p.state = State::evicted;
     p.device_page = -1;
     p.consumers.clear();
@@ -283,20 +333,17 @@ void Residency::swap_restored() {
 
 void Residency::unrestore(AwayPage& p) {
   VTA_INVARIANT(p.state == State::restored);
-  if (p.window_mapped) {  // only the copy stream used the window, and its copy completed
-    check(backend_.unmap(window_of(p.device_page), page_bytes_));
-    p.window_mapped = false;
-  }
+  if (p.window_mapped) unmap_window(p);  // only the copy stream used the window, and its copy completed
   pages_.return_page(p.device_page);
   p.device_page = -1;
   p.consumers.clear();
   p.state = State::evicted;
 }
 
-void Residency::finish_inflight(uintptr_t va, bool wait) {
-  auto it = away_.find(va);
-  if (it == away_.end()) return;
-  AwayPage& p = it->second;
+void Residency::finish_inflight(uintptr_t page, bool wait) {
+  uintptr_t va = away_first(page);
+  if (!va) return;
+  AwayPage& p = away_.at(va);
   if (p.state != State::evicting && p.state != State::restoring) return;
   if (!events_.done(p.event, wait)) return;
   if (p.state == State::evicting)
@@ -312,20 +359,21 @@ void Residency::drain_inflight(bool wait) {
   for (uintptr_t va : vas) finish_inflight(va, wait);
 }
 
-// The page no longer holds live data (its frees completed): forget its evicted copy (see
-// ResidencyPort::drop_away_page).
-void Residency::drop_away_page(uintptr_t va) {
-  finish_inflight(va, true);
-  auto it = away_.find(va);
-  if (it == away_.end()) return;  // the restore completed: an ordinary resident page now
-  AwayPage& p = it->second;
+// The pages no longer hold live data (their frees completed): forget the evicted copy of the
+// away page over `page` (see ResidencyPort::drop_away_page). An extent lies under one
+// allocation, so all of its pages are free together.
+void Residency::drop_away_page(uintptr_t page) {
+  finish_inflight(page, true);
+  uintptr_t va = away_first(page);
+  if (!va) return;  // the restore completed: an ordinary resident handle now
+  AwayPage& p = away_.at(va);
   if (p.state == State::restored) {
     swap_restored_page(va, p);  // nothing live is left on it to wait for
     return;
   }
-  if (p.host_mapped) check(backend_.unmap(va, page_bytes_));
+  if (p.host_mapped) check(backend_.unmap(va, bytes_of(p)));
   host_pool_->release(p.slot);
-  away_.erase(it);
+  erase_away(va);
 }
 
 void Residency::close() {
@@ -337,15 +385,17 @@ void Residency::close() {
   for (auto& [va, p] : away_) {
     if ((p.state == State::evicting || p.state == State::restoring) && p.event)
       keep(backend_.event_synchronize(p.event));
-    if (p.host_mapped) keep(backend_.unmap(va, page_bytes_));
-    if (p.window_mapped) keep(backend_.unmap(window_of(p.device_page), page_bytes_));
+    if (p.host_mapped) keep(backend_.unmap(va, bytes_of(p)));
+    if (p.window_mapped) keep(backend_.unmap(p.window, bytes_of(p)));
     if (p.device_page >= 0 && p.window_mapped) pages_.return_page(p.device_page);
   }
   away_.clear();
+  away_first_.clear();
   in_flight_ = 0;
   lru_.clear();  // the slabs' stash goes with the policy's state (AllocPolicy::clear)
   if (window_) keep(backend_.free_va(window_, window_bytes_));
   window_ = 0;
+  free_window_ = RangeSet();
   try {
     if (host_pool_) host_pool_->release_all();
   } catch (const Error& e) {

@@ -1,7 +1,9 @@
 // Residency: the eviction engine of one address space.
 //
 // Owns: the residency of every virtual page under live data whose bytes are not, or not only,
-// in a device page (the away pages), the LRU of evictable resident pages, the host pool and
+// in a device page (the away pages), tracked per physical handle: one away page covers the
+// virtual pages of one handle (a page, or an extent of several: docs/eviction.md), which
+// move together with one copy and one mapping change each, the LRU of evictable resident pages, the host pool and
 // the copy stream, the mapped-mode window, and the eviction counters of the stats. It
 // implements the policy's ResidencyPort and reaches the policy's live allocations, pending
 // frees and slabs through AllocPolicy. Every call is made under the address space's lock.
@@ -44,6 +46,7 @@
 #include "evict/lru_list.hpp"
 #include "vmm/event_pool.hpp"
 #include "vmm/page_table.hpp"
+#include "vmm/range_set.hpp"
 #include "vtalloc/vtalloc.h"
 
 namespace vta {
@@ -53,13 +56,17 @@ class Residency final : public ResidencyPort {
   using Clock = std::chrono::steady_clock;
   enum class State : uint8_t { evicting, evicted, restoring, restored };
   // A virtual page (under live data) whose bytes are not, or not only, in a device page.
+  // The virtual pages of one handle, from `va` (the key of away_) for `npages` pages, whose
+  // bytes are not, or not only, in a device handle.
   struct AwayPage {
     State state;
-    HostPool::Slot slot;       // where the bytes are, or are going
+    uint32_t npages = 1;
+    HostPool::Slot slot;       // where the bytes are, or are going (npages pages)
     int32_t device_page = -1;  // restoring/restored: the page being filled
     bool device_held = false;  // evicted: the device page is still mapped at the address
     bool host_mapped = false;  // mapped mode: slot.page is mapped at the virtual page
-    bool window_mapped = false;  // mapped mode restore: device_page mapped at its window
+    bool window_mapped = false;  // mapped mode restore: device_page mapped at `window`
+    uintptr_t window = 0;
     EventHandle event = 0;     // completes the in-flight copy
     std::vector<StreamHandle> consumers;  // restoring/restored: streams ordered after the copy
     Clock::time_point issued;
@@ -73,7 +80,7 @@ class Residency final : public ResidencyPort {
   // ResidencyPort.
   bool free_device_page(bool may_evict) override;
   bool any_away() const override { return !away_.empty(); }
-  bool is_away(uintptr_t va) const override { return away_.count(va) != 0; }
+  bool is_away(uintptr_t va) const override { return away_at(va) != nullptr; }
   void drop_away_page(uintptr_t va) override;
   void touch_range(uintptr_t start, uint64_t bytes) override;
   void forget_lru(uintptr_t va) override { lru_.remove(va); }
@@ -95,7 +102,9 @@ class Residency final : public ResidencyPort {
   void ensure_resident(uintptr_t start, uint64_t bytes, StreamHandle consumer);
   int residency_of(uintptr_t start, uint64_t bytes) const;  // VTA_RESIDENT / VTA_EVICTED / VTA_IN_FLIGHT
 
-  const std::unordered_map<uintptr_t, AwayPage>& away() const { return away_; }
+  const std::unordered_map<uintptr_t, AwayPage>& away() const { return away_; }  // by first page
+  // The away page over virtual page `va` (any of its pages), its first page in *first; or null.
+  const AwayPage* away_at(uintptr_t va, uintptr_t* first = nullptr) const;
   // The eviction fields of the stats. pages_resident: the caller's count of mapped pages
   // under no free range, less the device pages evicted pages still hold (no data of theirs).
   void fill_stats(vta_stats_t* s) const;
@@ -110,9 +119,15 @@ class Residency final : public ResidencyPort {
     return static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - t).count());
   }
   bool broken(uint32_t bit) const { return (debug_break_ & bit) != 0; }
+  // [va, va + bytes) overlaps the allocation being made resident.
+  bool pinned(uintptr_t va, uint64_t bytes) const { return va < pin_hi_ && va + bytes > pin_lo_; }
   uintptr_t page_of(uintptr_t a) const { return a - a % page_bytes_; }
-  // Mapped mode restore: where device page `id` is filled before the swap.
-  uintptr_t window_of(int32_t id) const { return window_ + static_cast<uintptr_t>(id) * page_bytes_; }
+  uint64_t bytes_of(const AwayPage& p) const { return uint64_t{p.npages} * page_bytes_; }
+  // The first page of the away page over `va`, or 0 when `va` is not away.
+  uintptr_t away_first(uintptr_t va) const;
+  // Start tracking / forget an away page (its other pages point at its first in away_first_).
+  AwayPage& add_away(uintptr_t va, const AwayPage& p);
+  void erase_away(uintptr_t va);
   // The addresses of the away pages that `pred` picks (a copy: callers change away_).
   template <typename F>
   std::vector<uintptr_t> away_where(F&& pred) const;
@@ -131,6 +146,8 @@ class Residency final : public ResidencyPort {
   // Wait for every eviction copy still running; whether there was one.
   bool finish_evictions();
   void release_held_page(uintptr_t va, AwayPage& p);
+  // Mapped mode: unmap a restore's device handle from the window and free its window range.
+  void unmap_window(AwayPage& p);
   void swap_restored_page(uintptr_t va, AwayPage& p);
   // An evicted page whose device page was never released becomes resident again (no copy).
   void unevict_held(uintptr_t va);
@@ -157,11 +174,13 @@ class Residency final : public ResidencyPort {
   StreamHandle copy_stream_ = 0;
   bool copy_stream_made_ = false;
   std::unordered_map<uintptr_t, AwayPage> away_;
-  uint64_t in_flight_ = 0;
+  uint64_t in_flight_ = 0;  // pages of away pages being evicted or restored
   LruList lru_;
   uintptr_t pin_lo_ = 0, pin_hi_ = 0;  // pages of the allocation being made resident
-  uintptr_t window_ = 0;               // mapped mode: device pages' window reservation
+  std::unordered_map<uintptr_t, uintptr_t> away_first_;  // other pages of multi-page away pages
+  uintptr_t window_ = 0;               // mapped mode: device handles' window reservation
   size_t window_bytes_ = 0;
+  RangeSet free_window_;               // its unused addresses
   uint32_t debug_break_ = 0;  // VTA_DEBUG_BREAK_* bits (tests only)
 
   struct Counters {

@@ -17,7 +17,7 @@ namespace vta {
 // Put a resident, evictable page at the most-recently-used end; drop anything else.
 void Residency::touch_page(uintptr_t va) {
   lru_.remove(va);
-  if (away_.count(va) || pages_.page_at(va) < 0 || !policy_.live().page_evictable(va)) return;
+  if (away_first(va) || pages_.page_at(va) < 0 || !policy_.live().page_evictable(va)) return;
   lru_.push_back(va);
 }
 
@@ -41,7 +41,7 @@ bool Residency::give_back_prefetched() {
     return (p.state == State::restoring || p.state == State::restored) && p.device_page >= 0;
   });
   for (uintptr_t va : vas) {
-    if (va >= pin_lo_ && va < pin_hi_) continue;
+    if (pinned(va, bytes_of(away_.at(va)))) continue;
     finish_inflight(va, true);  // a copy still running completes first
     auto it = away_.find(va);
     if (it == away_.end()) return true;  // copy mode: resident now, an LRU victim like any other
@@ -54,10 +54,11 @@ bool Residency::give_back_prefetched() {
 
 bool Residency::evict_lru() {
   for (auto it = lru_.begin(); it != lru_.end(); ++it) {
-    uintptr_t va = *it;
-    if (va >= pin_lo_ && va < pin_hi_) continue;  // part of the allocation being made resident
-    if (!evict_page(va, true)) return false;  // host pool full
-    counters_.pressure_evictions++;
+    int32_t id = pages_.page_at(*it);  // the whole handle is the victim
+    if (pinned(pages_.address_of(id), pages_.bytes_of(id))) continue;  // part of the allocation being made resident
+    uint32_t npages = pages_.pages_of(id);
+    if (!evict_page(*it, true)) return false;  // host pool full
+    counters_.pressure_evictions += npages;  // counted in pages, as evictions are
     return true;
   }
   return false;
@@ -70,11 +71,12 @@ void Residency::prefetch(uintptr_t start, uint64_t bytes, StreamHandle consumer)
     // Pages whose device page was never released come back first, for free: restoring the
     // others may need memory, and must not release these to get it.
     for (uintptr_t va = page_of(start); va < start + bytes; va += page_bytes_) {
-      auto it = away_.find(va);
-      if (it != away_.end() && it->second.state == State::evicted && it->second.device_held) unevict_held(va);
+      uintptr_t first = 0;
+      const AwayPage* p = away_at(va, &first);
+      if (p && p->state == State::evicted && p->device_held) unevict_held(first);
     }
     for (uintptr_t va = page_of(start); va < start + bytes; va += page_bytes_)
-      if (away_.count(va)) restore_page(va, consumer);
+      if (away_first(va)) restore_page(va, consumer);
   } catch (...) {
     pin_lo_ = pin_hi_ = 0;
     throw;
@@ -87,11 +89,11 @@ void Residency::ensure_resident(uintptr_t start, uint64_t bytes, StreamHandle co
   auto t0 = Clock::now();
   bool waited = false, swap = false;
   for (uintptr_t va = page_of(start); va < start + bytes; va += page_bytes_) {
-    if (!away_.count(va)) continue;
+    if (!away_first(va)) continue;
     waited = true;
     finish_inflight(va, true);
-    auto it = away_.find(va);
-    swap = swap || (it != away_.end() && it->second.state == State::restored);
+    const AwayPage* p = away_at(va);
+    swap = swap || (p && p->state == State::restored);
   }
   if (swap) swap_restored();  // one wait for every restored page, these included
   if (waited) counters_.restore_wait_ns += ns_since(t0);
@@ -110,12 +112,11 @@ void Residency::offload(uintptr_t start, uint64_t bytes) {
                                      "not marked evictable (mark both with set_evictable)");
   }
   for (uintptr_t va = page_of(start); va < start + bytes; va += page_bytes_) {
-    auto away = away_.find(va);
-    if (away != away_.end()) {
-      if (away->second.state == State::restoring) finish_inflight(va, true);
-      away = away_.find(va);
-      if (away != away_.end() && away->second.state == State::restored) unrestore(away->second);
-      if (away_.count(va)) continue;  // evicting or evicted
+    if (away_first(va)) {
+      finish_inflight(va, true);  // a restore still running completes first
+      uintptr_t first = away_first(va);
+      if (first && away_.at(first).state == State::restored) unrestore(away_.at(first));
+      if (away_first(va)) continue;  // evicting or evicted
     }
     if (!evict_page(va, false))
       fail(VTA_ERR_HOST_POOL_EXHAUSTED, "host pool exhausted: " + std::to_string(host_pool_->used_bytes()) +
@@ -127,9 +128,9 @@ void Residency::offload(uintptr_t start, uint64_t bytes) {
 int Residency::residency_of(uintptr_t start, uint64_t bytes) const {
   bool evicted = false;
   for (uintptr_t va = page_of(start); va < start + bytes; va += page_bytes_) {
-    auto p = away_.find(va);
-    if (p == away_.end()) continue;
-    if (p->second.state != State::evicted) return VTA_IN_FLIGHT;
+    const AwayPage* p = away_at(va);
+    if (!p) continue;
+    if (p->state != State::evicted) return VTA_IN_FLIGHT;
     evicted = true;
   }
   return evicted ? VTA_EVICTED : VTA_RESIDENT;
@@ -146,17 +147,15 @@ void Residency::copy_bytes(uintptr_t va, uintptr_t host, uint64_t n, StreamHandl
     uintptr_t page = page_of(at);
     uint64_t chunk = std::min<uint64_t>(page + page_bytes_, va + n) - at;
     uintptr_t target = at, also = 0;
-    auto it = away_.find(page);
-    if (it != away_.end()) {
+    if (away_first(page)) {
       finish_inflight(page, true);
-      it = away_.find(page);
-      if (it != away_.end() && to_va && it->second.state == State::restored) {
-        swap_restored();
-        it = away_.find(page);
-      }
-      if (it != away_.end()) {
-        const AwayPage& p = it->second;
-        uintptr_t slot = p.slot.addr + (at - page);
+      const AwayPage* q = away_at(page);
+      if (q && to_va && q->state == State::restored) swap_restored();
+      uintptr_t first = 0;
+      q = away_at(page, &first);
+      if (q) {
+        const AwayPage& p = *q;
+        uintptr_t slot = p.slot.addr + (at - first);
         if (p.state == State::evicted && p.device_held) {
           if (to_va) also = slot;
         } else if (!p.host_mapped) {
@@ -174,11 +173,11 @@ void Residency::copy_bytes(uintptr_t va, uintptr_t host, uint64_t n, StreamHandl
 
 void Residency::fill_stats(vta_stats_t* s) const {
   s->evict_mode = mapped_mode_ ? VTA_EVICT_MAPPED : VTA_EVICT_COPY;
-  uint64_t evicted = 0, held = 0, restored = 0;
+  uint64_t evicted = 0, held = 0, restored = 0;  // in pages
   for (auto& [va, p] : away_) {
-    if (p.state == State::evicted) ++evicted;
-    if (p.state == State::evicted && p.device_held) ++held;
-    if (p.state == State::restored) ++restored;
+    if (p.state == State::evicted) evicted += p.npages;
+    if (p.state == State::evicted && p.device_held) held += p.npages;
+    if (p.state == State::restored) restored += p.npages;
   }
   s->pages_evicted = evicted;
   s->pages_in_flight = in_flight_ + restored;

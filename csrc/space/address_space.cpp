@@ -34,6 +34,7 @@ AddressSpace::AddressSpace(std::unique_ptr<Backend> backend, const vta_config_t&
   policy_.set_port(&residency_);
   if (config.flags & VTA_CONFIG_LEASED) {
     leased_ = true;
+    policy_.disable_extents();  // leased pages are the service's one-page pages
     pages_.set_capacity_pages(0);  // grows with each imported page, up to capacity_
   }
   global_counters().live_spaces++;

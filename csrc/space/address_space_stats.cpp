@@ -71,26 +71,29 @@ std::vector<vta_page_info_t> AddressSpace::pages() {
     live.for_each_on_page(va, [&](uintptr_t, const Allocation&) { ++n; });
     return n;
   };
-  std::unordered_map<int32_t, uintptr_t> restoring;  // device page id -> the address it fills
+  std::unordered_map<int32_t, uintptr_t> restoring;  // device handle id -> the first address it fills
   for (auto& [va, p] : away)
     if ((p.state == State::restoring || p.state == State::restored) && p.device_page >= 0)
       restoring[p.device_page] = va;
+  std::unordered_map<int32_t, uint32_t> seen;  // handle id -> rows listed (its k-th page next)
   std::vector<vta_page_info_t> out;
   pages_.for_each_page([&](int32_t id, uintptr_t va) {
+    uint32_t k = seen[id]++;
     vta_page_info_t info{};
     info.page_id = static_cast<uint64_t>(id);
     info.address = va;
     info.tag = pages_.tag_of(id);
     auto r = restoring.find(id);
+    const Residency::AwayPage* a = va ? residency_.away_at(va) : nullptr;
     if (r != restoring.end()) {
-      info.address = r->second;
+      info.address = r->second + k * page_bytes_;
       info.state = VTA_PAGE_IN_FLIGHT;
-      info.num_allocs = count_allocs(r->second);
+      info.num_allocs = count_allocs(info.address);
     } else if (va == 0) {
       info.state = VTA_PAGE_FREE;
-    } else if (away.count(va)) {
-      // Being evicted, or evicted with its device page not yet released.
-      info.state = away.at(va).state == State::evicted ? VTA_PAGE_EVICTED : VTA_PAGE_IN_FLIGHT;
+    } else if (a) {
+      // Being evicted, or evicted with its device handle not yet released.
+      info.state = a->state == State::evicted ? VTA_PAGE_EVICTED : VTA_PAGE_IN_FLIGHT;
       info.num_allocs = count_allocs(va);
     } else {
       info.num_allocs = count_allocs(va);
@@ -101,13 +104,15 @@ std::vector<vta_page_info_t> AddressSpace::pages() {
     out.push_back(info);
   });
   for (auto& [va, p] : away) {
-    if (p.state != State::evicted || p.device_held) continue;  // the others were listed with their device page
-    vta_page_info_t info{};
-    info.page_id = VTA_NO_PAGE;
-    info.address = va;
-    info.state = VTA_PAGE_EVICTED;
-    info.num_allocs = count_allocs(va);
-    out.push_back(info);
+    if (p.state != State::evicted || p.device_held) continue;  // the others were listed with their device handle
+    for (uint32_t k = 0; k < p.npages; ++k) {
+      vta_page_info_t info{};
+      info.page_id = VTA_NO_PAGE;
+      info.address = va + k * page_bytes_;
+      info.state = VTA_PAGE_EVICTED;
+      info.num_allocs = count_allocs(info.address);
+      out.push_back(info);
+    }
   }
   return out;
 }

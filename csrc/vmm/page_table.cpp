@@ -1,6 +1,7 @@
 // PageTable implementation; see page_table.hpp for the invariants.
 #include "vmm/page_table.hpp"
 
+#include <algorithm>
 #include <string>
 
 namespace vta {
@@ -25,6 +26,7 @@ bool PageTable::acquire_page(int32_t* id) {
   if (!free_pages_.empty()) {
     *id = free_pages_.back();
     free_pages_.pop_back();
+    --free_page_count_;
     return true;
   }
   if (pages_held_ >= capacity_pages_) return false;
@@ -36,7 +38,30 @@ bool PageTable::acquire_page(int32_t* id) {
   return true;
 }
 
-int32_t PageTable::new_slot(PageHandle handle, uint64_t tag) {
+bool PageTable::acquire_extent(uint32_t npages, int32_t* id, bool* driver_oom) {
+  VTA_INVARIANT(npages > 1);
+  *driver_oom = false;
+  auto same = std::find_if(free_extents_.begin(), free_extents_.end(),
+                           [&](int32_t e) { return pages_[e].npages == npages; });
+  if (same != free_extents_.end()) {
+    *id = *same;
+    free_extents_.erase(same);
+    free_page_count_ -= npages;
+    return true;
+  }
+  if (pages_held_ + npages > capacity_pages_) return false;
+  PageHandle h = 0;
+  Status s = backend_.create_page(uint64_t{npages} * page_bytes_, PageLocation::device, &h);
+  if (s.code() == VTA_ERR_OUT_OF_MEMORY) {
+    *driver_oom = true;
+    return false;
+  }
+  check(s);
+  *id = new_slot(h, 0, npages);
+  return true;
+}
+
+int32_t PageTable::new_slot(PageHandle handle, uint64_t tag, uint32_t npages) {
   int32_t slot;
   if (!free_slots_.empty()) {
     slot = free_slots_.back();
@@ -45,13 +70,29 @@ int32_t PageTable::new_slot(PageHandle handle, uint64_t tag) {
     slot = static_cast<int32_t>(pages_.size());
     pages_.emplace_back();
   }
-  pages_[slot] = Page{handle, 0, true, tag};
-  ++pages_held_;
+  pages_[slot] = Page{handle, 0, true, npages, tag};
+  pages_held_ += npages;
+  if (npages > 1) ++extents_held_;
   return slot;
 }
 
+void PageTable::push_free(int32_t id) {
+  (pages_[id].npages == 1 ? free_pages_ : free_extents_).push_back(id);
+  free_page_count_ += pages_[id].npages;
+}
+
+void PageTable::release_slot(int32_t id) {
+  Page& p = pages_[id];
+  check(backend_.release_page(p.handle));
+  pages_held_ -= p.npages;
+  free_page_count_ -= p.npages;
+  if (p.npages > 1) --extents_held_;
+  p = Page{};
+  free_slots_.push_back(id);
+}
+
 void PageTable::adopt_page(PageHandle handle, uint64_t tag) {
-  free_pages_.push_back(new_slot(handle, tag));
+  push_free(new_slot(handle, tag));
   ++capacity_pages_;
 }
 
@@ -65,12 +106,10 @@ std::vector<uint64_t> PageTable::give_back_pages(uint64_t max_pages) {
   std::vector<uint64_t> tags;
   while (!free_pages_.empty() && tags.size() < max_pages) {
     int32_t id = free_pages_.back();
-    check(backend_.release_page(pages_[id].handle));
+    uint64_t tag = pages_[id].tag;
+    release_slot(id);  // throws with the page still listed free: nothing lost
     free_pages_.pop_back();
-    tags.push_back(pages_[id].tag);
-    pages_[id] = Page{};
-    free_slots_.push_back(id);
-    --pages_held_;
+    tags.push_back(tag);
     --capacity_pages_;
   }
   return tags;
@@ -78,59 +117,84 @@ std::vector<uint64_t> PageTable::give_back_pages(uint64_t max_pages) {
 
 void PageTable::return_page(int32_t id) {
   VTA_INVARIANT(pages_[id].held && pages_[id].va == 0);
-  free_pages_.push_back(id);
+  push_free(id);
+}
+
+bool PageTable::release_one_free(bool extents) {
+  std::vector<int32_t>& list = extents ? free_extents_ : free_pages_;
+  if (list.empty()) return false;
+  release_slot(list.back());
+  list.pop_back();
+  return true;
+}
+
+bool PageTable::release_free_for(uint64_t npages, bool pages_first) {
+  bool any = false;
+  while (pages_held_ + npages > capacity_pages_) {
+    if (!release_one_free(!pages_first) && !release_one_free(pages_first)) break;
+    any = true;
+  }
+  return any;
 }
 
 namespace {
 // Unmaps what a failed map_pages() had mapped (RAII: a failed step leaks nothing).
 class MappingRollback {
  public:
-  MappingRollback(Backend& backend, uintptr_t va, size_t page_bytes) : backend_(backend), va_(va), page_(page_bytes) {}
+  explicit MappingRollback(Backend& backend) : backend_(backend) {}
   ~MappingRollback() {
-    if (committed_ || mapped_ == 0) return;
-    (void)backend_.unmap(va_, mapped_ * page_);
+    if (committed_) return;
+    for (auto& [va, bytes] : mapped_) (void)backend_.unmap(va, bytes);
   }
-  void mapped_one() { ++mapped_; }
+  void mapped_one(uintptr_t va, uint64_t bytes) { mapped_.push_back({va, bytes}); }
   void commit() { committed_ = true; }
 
  private:
   Backend& backend_;
-  uintptr_t va_;
-  size_t page_;
-  size_t mapped_ = 0;
+  std::vector<std::pair<uintptr_t, uint64_t>> mapped_;
   bool committed_ = false;
 };
 }  // namespace
 
 void PageTable::map_pages(uintptr_t va, const std::vector<int32_t>& ids) {
-  MappingRollback rollback(backend_, va, page_bytes_);
-  for (size_t i = 0; i < ids.size(); ++i) {
-    const Page& p = pages_[ids[i]];
+  MappingRollback rollback(backend_);
+  uintptr_t at = va;
+  for (int32_t id : ids) {
+    const Page& p = pages_[id];
     VTA_INVARIANT(p.held && p.va == 0);
-    check(backend_.map(va + i * page_bytes_, page_bytes_, p.handle));
-    rollback.mapped_one();
+    check(backend_.map(at, bytes_of(id), p.handle));  // a handle is mapped whole
+    rollback.mapped_one(at, bytes_of(id));
+    at += bytes_of(id);
   }
-  check(backend_.set_access(va, ids.size() * page_bytes_));
+  check(backend_.set_access(va, at - va));
   rollback.commit();
-  for (size_t i = 0; i < ids.size(); ++i) {
-    uintptr_t at = va + i * page_bytes_;
-    pages_[ids[i]].va = at;
-    mapped_[at] = ids[i];
+  at = va;
+  for (int32_t id : ids) {
+    pages_[id].va = at;
+    for (uint32_t k = 0; k < pages_[id].npages; ++k) mapped_[at + k * page_bytes_] = id;
+    pages_mapped_ += pages_[id].npages;
+    at += bytes_of(id);
   }
-  pages_mapped_ += ids.size();
   if (pages_mapped_ > peak_pages_mapped_) peak_pages_mapped_ = pages_mapped_;
 }
 
 void PageTable::unmap_range(uintptr_t va, size_t bytes) {
   VTA_INVARIANT(bytes % page_bytes_ == 0);
-  for (uintptr_t at = va; at < va + bytes; at += page_bytes_) VTA_INVARIANT(mapped_.count(at));
-  for (uintptr_t at = va; at < va + bytes; at += page_bytes_) {
-    check(backend_.unmap(at, page_bytes_));  // one mapping per call, as cuMemUnmap requires
+  // Whole handles only: the range starts where a handle starts and ends where one ends.
+  for (uintptr_t at = va; at < va + bytes;) {
     auto it = mapped_.find(at);
-    pages_[it->second].va = 0;
-    free_pages_.push_back(it->second);
-    mapped_.erase(it);
-    --pages_mapped_;
+    VTA_INVARIANT(it != mapped_.end() && pages_[it->second].va == at && at + bytes_of(it->second) <= va + bytes);
+    at += bytes_of(it->second);
+  }
+  for (uintptr_t at = va; at < va + bytes;) {
+    int32_t id = mapped_.at(at);
+    uint64_t n = bytes_of(id);
+    check(backend_.unmap(at, n));  // one handle per call, as cuMemUnmap requires
+    for (uint64_t off = 0; off < n; off += page_bytes_) mapped_.erase(at + off);
+    pages_[id].va = 0;
+    pages_mapped_ -= pages_[id].npages;
+    push_free(id);
+    at += n;
   }
 }
 
@@ -139,26 +203,29 @@ int32_t PageTable::page_at(uintptr_t va) const {
   return it == mapped_.end() ? -1 : it->second;
 }
 
+bool PageTable::handle_boundary(uintptr_t va) const {
+  int32_t id = page_at(va);
+  return id < 0 || pages_[id].va == va;
+}
+
 uint64_t PageTable::release_free_pages() {
   uint64_t released = 0;
-  while (!free_pages_.empty()) {
-    int32_t id = free_pages_.back();
-    check(backend_.release_page(pages_[id].handle));
-    free_pages_.pop_back();
-    pages_[id] = Page{};
-    free_slots_.push_back(id);
-    --pages_held_;
-    released += page_bytes_;
+  for (bool extents : {false, true}) {
+    std::vector<int32_t>& list = extents ? free_extents_ : free_pages_;
+    while (!list.empty()) {
+      released += bytes_of(list.back());
+      release_one_free(extents);
+    }
   }
   return released;
 }
 
 void PageTable::release_all() {
-  // Unmap page by page (mappings are one page each), then release, then free the VA.
+  // Unmap handle by handle, then release, then free the VA.
   std::vector<uintptr_t> addrs;
-  addrs.reserve(mapped_.size());
-  for (auto& [va, id] : mapped_) addrs.push_back(va);
-  for (uintptr_t va : addrs) unmap_range(va, page_bytes_);
+  for (const Page& p : pages_)
+    if (p.held && p.va) addrs.push_back(p.va);
+  for (uintptr_t va : addrs) unmap_range(va, bytes_of(mapped_.at(va)));
   VTA_INVARIANT(pages_mapped_ == 0);
   release_free_pages();
   for (auto it = reservations_.begin(); it != reservations_.end();) {

@@ -1,15 +1,24 @@
 // PageTable: reservations of virtual space, the physical pages an address space holds, and
 // which page is mapped where.
 //
-// Owns: every reservation, page handle and mapping of one address space, and the driver
+// Owns: every reservation, physical handle and mapping of one address space, and the driver
 // calls that create or destroy them. Holds no policy: which range to use and when to
 // reclaim is decided in alloc/.
+//
+// A handle is one driver allocation (cuMemCreate; a memfd range on the host backend) of one
+// page or of an extent: several pages in one handle, which backs a large allocation so that
+// it is mapped, unmapped and moved with one driver call per handle instead of one per page
+// (docs/eviction.md, "Extents"). The driver maps a handle whole (no offset into it), so an
+// extent is always mapped at one run of consecutive virtual pages and unmapped whole. Every
+// count here (capacity, held, mapped, free) is in pages: an extent of n pages counts n.
+//
 // Invariants:
-//  - pages held <= capacity_pages; a page is either mapped at exactly one page-aligned
-//    address inside a reservation, or unmapped and listed among the free pages;
-//  - map_pages() is all-or-nothing: on any failure the pages mapped so far are unmapped
-//    and returned to the free pages (RAII guard), so no mapping or page leaks;
-//  - after release_all() nothing is held: no page, mapping or reservation.
+//  - pages held <= capacity_pages; a handle is either mapped at exactly one page-aligned
+//    address inside a reservation, or unmapped and listed among the free handles;
+//  - map_pages() is all-or-nothing: on any failure the handles mapped so far are unmapped
+//    and returned to the free handles (RAII guard), so no mapping or handle leaks;
+//  - unmap_range() covers whole handles only;
+//  - after release_all() nothing is held: no handle, mapping or reservation.
 #pragma once
 
 #include <cstddef>
@@ -36,24 +45,35 @@ class PageTable {
   const std::map<uintptr_t, size_t>& reservations() const { return reservations_; }
   uint64_t reserved_bytes() const { return reserved_bytes_; }
 
-  // Take a held, unmapped page, or create one while under capacity. False when neither is
-  // possible (at capacity, or the driver is out of memory). Throws on other driver errors.
+  // Take a held, unmapped one-page handle, or create one while under capacity. False when
+  // neither is possible (at capacity, or the driver is out of memory). Throws on other errors.
   bool acquire_page(int32_t* id);
-  // Give an acquired page back to the free pages without mapping it.
+  // The same for an extent of exactly `npages` pages (> 1). False at capacity, or when the
+  // driver refused that size (*driver_oom then tells the caller one-page handles may still work).
+  bool acquire_extent(uint32_t npages, int32_t* id, bool* driver_oom);
+  // Give an acquired handle back to the free handles without mapping it.
   void return_page(int32_t id);
+  // Release free handles (no mapping changes) until `npages` more pages fit under capacity;
+  // one-page handles first when `pages_first`, else extents first. Whether any was released.
+  bool release_free_for(uint64_t npages, bool pages_first);
 
-  // Map pages[i] at va + i * page_bytes and make the range accessible. All or nothing.
+  // Map handles ids[0], ids[1], ... back to back from va and make the range accessible (one
+  // set-access call). All or nothing.
   void map_pages(uintptr_t va, const std::vector<int32_t>& ids);
-  // Unmap the whole pages in [va, va + bytes); their pages become free pages.
+  // Unmap the whole handles in [va, va + bytes); they become free handles.
   void unmap_range(uintptr_t va, size_t bytes);
 
-  int32_t page_at(uintptr_t va) const;
-  int32_t new_slot(PageHandle handle, uint64_t tag);  // -1 when nothing is mapped there
-  uintptr_t address_of(int32_t id) const { return pages_[id].va; }
+  int32_t page_at(uintptr_t va) const;  // the handle mapped over this virtual page, or -1
+  // A cut between the virtual pages before and at `va` splits no mapped handle.
+  bool handle_boundary(uintptr_t va) const;
+  int32_t new_slot(PageHandle handle, uint64_t tag, uint32_t npages = 1);
+  uintptr_t address_of(int32_t id) const { return pages_[id].va; }  // first virtual page, or 0
+  uint32_t pages_of(int32_t id) const { return pages_[id].npages; }
+  uint64_t bytes_of(int32_t id) const { return uint64_t{pages_[id].npages} * page_bytes_; }
   PageHandle handle_of(int32_t id) const { return pages_[id].handle; }
   uint64_t tag_of(int32_t id) const { return pages_[id].tag; }
 
-  // Give every unmapped page back to the driver; returns the bytes released.
+  // Give every unmapped handle back to the driver; returns the bytes released.
   uint64_t release_free_pages();
 
   // Leased pages: adopt a page created elsewhere (capacity grows by one page), and give
@@ -70,33 +90,45 @@ class PageTable {
   uint64_t pages_mapped() const { return pages_mapped_; }
   uint64_t peak_pages_mapped() const { return peak_pages_mapped_; }
   void reset_peak() { peak_pages_mapped_ = pages_mapped_; }
-  uint64_t pages_unmapped() const { return free_pages_.size(); }
+  uint64_t pages_unmapped() const { return free_page_count_; }
+  uint64_t extents_held() const { return extents_held_; }
 
-  // Visit every held page: (id, mapped address or 0).
+  // Visit every page of every held handle: (id, the page's mapped address or 0).
   template <typename F>
   void for_each_page(F&& f) const {
-    for (size_t i = 0; i < pages_.size(); ++i)
-      if (pages_[i].held) f(static_cast<int32_t>(i), pages_[i].va);
+    for (size_t i = 0; i < pages_.size(); ++i) {
+      const Page& p = pages_[i];
+      if (!p.held) continue;
+      for (uint32_t k = 0; k < p.npages; ++k) f(static_cast<int32_t>(i), p.va ? p.va + k * page_bytes_ : 0);
+    }
   }
 
  private:
   struct Page {
     PageHandle handle = 0;
-    uintptr_t va = 0;   // 0 when unmapped
-    bool held = false;  // this slot holds a live page handle
-    uint64_t tag = 0;   // the service's id of a leased page (0 for pages created here)
+    uintptr_t va = 0;     // first virtual page it is mapped at; 0 when unmapped
+    bool held = false;    // this slot holds a live handle
+    uint32_t npages = 1;  // 1: a page; more: an extent
+    uint64_t tag = 0;     // the service's id of a leased page (0 for pages created here)
   };
+
+  void release_slot(int32_t id);  // release the (unmapped, free) handle and forget it
+  bool release_one_free(bool extents);
+  void push_free(int32_t id);
 
   Backend& backend_;
   size_t page_bytes_;
   uint64_t capacity_pages_;
   std::vector<Page> pages_;
-  std::vector<int32_t> free_slots_;  // unused slots in pages_
-  std::vector<int32_t> free_pages_;   // held, unmapped pages
-  std::unordered_map<uintptr_t, int32_t> mapped_;  // page-aligned va -> page id
+  std::vector<int32_t> free_slots_;    // unused slots in pages_
+  std::vector<int32_t> free_pages_;    // held, unmapped one-page handles
+  std::vector<int32_t> free_extents_;  // held, unmapped extents
+  uint64_t free_page_count_ = 0;       // pages in free_pages_ and free_extents_
+  std::unordered_map<uintptr_t, int32_t> mapped_;  // every mapped virtual page -> its handle
   std::map<uintptr_t, size_t> reservations_;
   uint64_t reserved_bytes_ = 0;
   uint64_t pages_held_ = 0;
+  uint64_t extents_held_ = 0;
   uint64_t pages_mapped_ = 0;
   uint64_t peak_pages_mapped_ = 0;  // every mapping counts: allocations, restores
 };

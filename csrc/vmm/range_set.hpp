@@ -43,7 +43,15 @@ class RangeSet {
 
   // Take `bytes` from the start of the smallest range that holds them.
   bool take_best_fit(size_t bytes, uintptr_t* out) {
+    return take_best_fit_if(bytes, [](uintptr_t, size_t) { return true; }, out);
+  }
+
+  // The same among the ranges for which may_cut(start, bytes) holds: whether the range
+  // starting at `start` may give up its first `bytes` (the page table's handles are cut whole).
+  template <typename MayCut>
+  bool take_best_fit_if(size_t bytes, MayCut&& may_cut, uintptr_t* out) {
     auto it = by_size_.lower_bound({bytes, 0});
+    while (it != by_size_.end() && !may_cut(it->second, bytes)) ++it;
     if (it == by_size_.end()) return false;
     uintptr_t start = it->second;
     size_t have = it->first;

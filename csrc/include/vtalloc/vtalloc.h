@@ -56,6 +56,9 @@ typedef struct vta_config {
   /* Appended: a caller whose struct_size ends before here gets VTA_COST_MODEL_NONE. */
   uint32_t cost_model;           /* VTA_COST_MODEL_*; host backend only (docs/cost-model.md) */
   uint32_t reserved2;
+  /* Appended: a caller whose struct_size ends before here gets the default. */
+  uint64_t extent_bytes;         /* largest physical handle under one large allocation (an extent,
+                                    docs/eviction.md); 0 = 256 MiB; the page size = no extents */
 } vta_config_t;
 
 /* A driver cost model for the host backend: the bytes still move, and a modeled clock charges

@@ -1,0 +1,201 @@
+"""Extents: physical handles of several pages under large allocations (docs/eviction.md,
+"Extents"). What they must show: far fewer driver calls to move a large allocation (the CI
+measure: evict + restore of 1 GiB at default settings takes at most 64 map + unmap calls,
+against 1,024 with one handle per 2 MiB page), no memory wasted (3 MiB tensors map what 2 MiB
+rounding maps; small tensors still pack), an extent is never split, and any free memory still
+backs any allocation (extents and pages give their bytes to each other under capacity)."""
+
+from __future__ import annotations
+
+import pytest
+
+from helpers.spaces import MiB, host_space, pattern
+from vtalloc.allocator import AddressSpace, OutOfMemoryError
+
+
+def calls(space: AddressSpace) -> dict[str, int]:
+    return space.stats().driver_calls()
+
+
+def delta(before: dict[str, int], after: dict[str, int]) -> dict[str, int]:
+    return {k: after[k] - before[k] for k in after if after[k] != before[k]}
+
+
+def evict_restore_calls(space: AddressSpace, a: int) -> tuple[dict[str, int], dict[str, int]]:
+    before = calls(space)
+    space.offload(a)
+    space.synchronize()  # the copies complete, then the held device handles are unmapped
+    evicted = calls(space)
+    space.ensure_resident(a)
+    space.synchronize()  # mapped mode: the restored handles are swapped in
+    return delta(before, evicted), delta(evicted, calls(space))
+
+
+def map_unmap(d: dict[str, int]) -> int:
+    return d.get("map", 0) + d.get("unmap", 0)
+
+
+@pytest.mark.parametrize("mode", ["copy", "mapped"])
+def test_1GiB_evict_and_restore_at_default_settings_takes_at_most_64_map_and_unmap_calls(mode):
+    size = 1024 * MiB
+    with host_space(size + 2 * MiB, host_capacity=size + 2 * MiB, evict_mode=mode) as space:
+        a = space.malloc(size)
+        space.write(a, pattern(1, 4 * MiB), offset=size - 4 * MiB)
+        space.set_evictable(a)
+        out, back = evict_restore_calls(space, a)
+        total = map_unmap(out) + map_unmap(back)
+        assert total <= 64, (out, back)
+        # 1 GiB in four 256 MiB extents: copy mode unmaps each once and maps each once.
+        if mode == "copy":
+            assert (map_unmap(out), map_unmap(back), back.get("set_access", 0)) == (4, 4, 4), (out, back)
+            assert out["copy"] == back["copy"] == 4
+        assert space.read(a + size - 4 * MiB, 4 * MiB) == pattern(1, 4 * MiB)
+        space.free(a)
+
+
+def test_one_handle_per_page_when_extents_are_off():
+    """extent_size = the page size: the old engine, one map, unmap and set-access per page."""
+    with host_space(128 * MiB, host_capacity=128 * MiB, evict_mode="copy", extent_size="2MiB") as space:
+        a = space.malloc(64 * MiB)
+        space.set_evictable(a)
+        out, back = evict_restore_calls(space, a)
+        assert (out.get("map", 0), out.get("unmap", 0), out.get("set_access", 0)) == (0, 32, 0), out
+        assert (back.get("map", 0), back.get("unmap", 0), back.get("set_access", 0)) == (32, 0, 32), back
+        assert out["copy"] == back["copy"] == 32
+        space.free(a)
+
+
+def test_a_large_allocation_gets_even_extents_and_the_stats_count_the_handles():
+    with host_space(1024 * MiB) as space:
+        before = calls(space)
+        a = space.malloc(300 * MiB)  # 150 pages: two extents of 75 pages (150 MiB) each
+        d = delta(before, calls(space))
+        assert (d.get("create_page"), d.get("map"), d.get("set_access")) == (2, 2, 1), d
+        rows = [p for p in space.pages() if p.state == "allocated"]
+        assert len(rows) == 150 and len({p.page_id for p in rows}) == 2
+        assert space.stats().mapped_bytes == 300 * MiB
+        space.free(a)
+
+
+def test_medium_tensors_map_what_2MiB_rounding_maps_and_small_ones_pack():
+    with host_space(512 * MiB) as space:
+        medium = [space.malloc(3 * MiB) for _ in range(64)]
+        assert space.stats().mapped_bytes <= 256 * MiB
+        small = [space.malloc(4096) for _ in range(500)]  # 2 MiB of blocks: two slab pages
+        assert space.stats().mapped_bytes <= 256 * MiB + 2 * 2 * MiB
+        for a in medium + small:
+            space.free(a)
+
+
+def test_a_freed_extent_is_reused_whole_with_no_driver_call():
+    with host_space(512 * MiB) as space:
+        a = space.malloc(64 * MiB)
+        space.free(a)
+        before = calls(space)
+        b = space.malloc(64 * MiB)
+        assert b == a and delta(before, calls(space)) == {}
+        space.free(b)
+
+
+def test_a_cached_extent_is_never_split_by_a_smaller_request():
+    with host_space(512 * MiB) as space:
+        a = space.malloc(64 * MiB)
+        space.free(a)
+        small = space.malloc(2 * MiB)  # must not take the first page of the cached extent
+        assert not a <= small < a + 64 * MiB
+        before = calls(space)
+        b = space.malloc(64 * MiB)  # the extent is still whole, and cached
+        assert b == a and delta(before, calls(space)) == {}
+        space.free(small)
+        space.free(b)
+
+
+def test_a_pending_free_extent_is_not_split_on_its_stream():
+    with host_space(512 * MiB) as space:
+        s = space._create_stream()
+        a = space.malloc(64 * MiB, s)
+        space.free(a)  # pending on s: the next malloc on s may take it at once, whole only
+        small = space.malloc(4 * MiB, s)
+        assert not a <= small < a + 64 * MiB
+        before = calls(space)
+        b = space.malloc(64 * MiB, s)
+        assert b == a and delta(before, calls(space)) == {}
+        for x in (small, b):
+            space.free(x)
+        space._synchronize_stream(s)
+        space._destroy_stream(s)
+
+
+@pytest.mark.parametrize("mode", ["copy", "mapped"])
+def test_any_free_memory_backs_any_allocation_extents_and_pages_trade_bytes(mode):
+    """At a capacity that holds exactly one 128 MiB extent: the cached extent gives its bytes to
+    64 one-page allocations, whose freed pages give theirs back to a new extent; every byte
+    written is read back."""
+    cap = 128 * MiB
+    with host_space(cap, evict_mode=mode) as space:
+        a = space.malloc(cap)
+        space.write(a, pattern(1, cap))
+        assert space.read(a, cap) == pattern(1, cap)
+        space.free(a)
+        pages = [space.malloc(2 * MiB) for _ in range(64)]  # the extent is released to make room
+        for i, p in enumerate(pages):
+            space.write(p, pattern(100 + i, 2 * MiB))
+        for i, p in enumerate(pages):
+            assert space.read(p, 2 * MiB) == pattern(100 + i, 2 * MiB)
+            space.free(p)
+        b = space.malloc(100 * MiB)  # one 100 MiB extent: the free pages are released for it
+        space.write(b, pattern(2, 100 * MiB))
+        c = space.malloc(28 * MiB)  # what is left: 14 one-page handles
+        space.write(c, pattern(3, 28 * MiB))
+        with pytest.raises(OutOfMemoryError):
+            space.malloc(2 * MiB)
+        assert space.read(b, 100 * MiB) == pattern(2, 100 * MiB)
+        assert space.read(c, 28 * MiB) == pattern(3, 28 * MiB)
+        assert space.stats().mapped_bytes == cap
+        space.free(b)
+        space.free(c)
+
+
+@pytest.mark.parametrize("mode", ["copy", "mapped"])
+def test_pressure_evicts_a_whole_extent_and_restores_it_byte_for_byte(mode):
+    with host_space(96 * MiB, host_capacity=128 * MiB, evict_mode=mode) as space:
+        a = space.malloc(64 * MiB)
+        space.write(a, pattern(7, 64 * MiB))
+        space.set_evictable(a)
+        b = space.malloc(64 * MiB)  # a's extent must go, whole, to make room
+        s = space.stats()
+        assert s.pressure_evictions == 32 and s.evicted_bytes == 64 * MiB
+        space.write(b, pattern(8, 64 * MiB))
+        space.set_evictable(b)
+        space.ensure_resident(a)  # b's extent goes, a's comes back
+        assert space.read(a, 64 * MiB) == pattern(7, 64 * MiB)
+        assert space.read(b, 64 * MiB) == pattern(8, 64 * MiB)
+        space.free(a)
+        space.free(b)
+
+
+def test_restore_finds_room_by_releasing_cached_pages():
+    """An evicted extent whose device handle was released comes back into a capacity that only
+    one-page handles occupy: they are released to make room."""
+    with host_space(64 * MiB, host_capacity=64 * MiB, evict_mode="copy") as space:
+        a = space.malloc(32 * MiB)
+        space.write(a, pattern(9, 32 * MiB))
+        space.set_evictable(a)
+        space.offload(a)
+        space.synchronize()  # a's handle unmapped: a free extent
+        pages = [space.malloc(2 * MiB) for _ in range(32)]  # the extent is released for pages
+        for p in pages[:16]:
+            space.free(p)
+        space.synchronize()
+        space.ensure_resident(a)
+        assert space.read(a, 32 * MiB) == pattern(9, 32 * MiB)
+        for p in pages[16:]:
+            space.free(p)
+        space.free(a)
+
+
+def test_extent_size_is_validated():
+    from vtalloc.allocator import InvalidArgumentError
+    for bad in (0, -1, "lots", 2**47):
+        with pytest.raises(InvalidArgumentError):
+            host_space(64 * MiB, extent_size=bad)
