@@ -45,7 +45,7 @@ from .protocol.errors import FailedPreconditionError, NodeShortError, ServiceUna
 from .protocol.side_channel import MAX_FDS_PER_MESSAGE, PROTOCOL_VERSION, ProtocolError, version_of
 from .quota import Quota
 from .records import SESSION_KINDS, EvictTicket, Session
-from .side_channel import AsyncConnection, peer_credentials, peer_pidfd
+from .side_channel import AcceptFailures, AsyncConnection, peer_credentials, peer_pidfd
 
 __all__ = ["Node", "EvictEvent", "QuotaEvent", "ShutdownEvent", "EvictOutcome"]
 
@@ -127,11 +127,19 @@ class Node:
 
     # -- connections ------------------------------------------------------------------------
     async def serve_side_channel(self, listener: socket.socket) -> None:
-        """Accept connections until cancelled; each becomes a session after its hello."""
+        """Accept connections until cancelled; each becomes a session after its hello.
+
+        No accept error ends the loop (Note [Accept errors])."""
         loop = asyncio.get_running_loop()
         listener.setblocking(False)
+        failures = AcceptFailures()
         while True:
-            sock, _ = await loop.sock_accept(listener)
+            try:
+                sock, _ = await loop.sock_accept(listener)
+            except OSError as e:
+                await asyncio.sleep(failures.failed(e))
+                continue
+            failures.succeeded()
             task = loop.create_task(self._session_lifetime(sock))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
