@@ -317,11 +317,13 @@ class AddressSpace(NativeHandle):
         self._restoring(lambda: _native.check(self._lib.vta_ensure_resident(self._h(), addr, s, use)), addr)
 
     def _restoring(self, call: Callable[[], None], address: int) -> None:
-        """Run a core call that may need device pages (a restore); with a page source, a
-        shortage asks it for what the allocation needs, and the call is tried once more."""
+        """Run a core call that may need device pages (a restore); with a page source, the
+        source first adds what the restore lacks (the core would evict this space's own
+        allocations to make room), and a shortage asks it again before one more try."""
         if self._source is None:
             return call()
         self._source.check_usable()
+        self._source.before_restore(self, address)
         try:
             return call()
         except OutOfMemoryError:

@@ -2,7 +2,8 @@
 
 Owns: the protocol between a leased address space (``AddressSpace(..., page_source=...)``)
 and what supplies its pages. The space calls the source when it runs short (a malloc, or a
-restore of an evicted allocation), after a free, after marking an allocation evictable, on
+restore of an evicted allocation), before a restore (so that its own allocations are evicted
+only when the source has no more pages), after a free, after marking an allocation evictable, on
 trim and on close; the source imports pages into the space (``AddressSpace.import_page``)
 and takes back pages holding no live data (``AddressSpace.return_pages``). The per-node
 service's lease (vtalloc.client.service_space) is one; the allocator knows no other layer.
@@ -38,6 +39,12 @@ class PageSource(ABC):
         (``restore``) bringing back an evicted allocation of that size. Add pages and return
         True for the space to try again; False when no more can come (the space re-raises
         its OutOfMemoryError); raise OutOfMemoryError when the supplier refuses."""
+
+    def before_restore(self, space: Any, address: int) -> None:
+        """The allocation at ``address`` is about to be restored (ensure_resident, prefetch):
+        add the pages it needs if the space has too few spare, so that the core evicts the
+        space's own allocations only when the supplier has no more. Never raises for a
+        supplier's refusal (the restore then evicts, or fails, as without a source)."""
 
     @abstractmethod
     def after_free(self, space: Any, address: int) -> None:

@@ -90,6 +90,16 @@ def register(app: typer.Typer, *, fail: Callable[[str, int], NoReturn], console:
         evict_deadline: float = typer.Option(2.0, help="Seconds a client has to answer an eviction request."),
         kill: bool = typer.Option(True, "--kill/--no-kill", help="Kill a client that misses an eviction deadline "
                                   "when that is needed to honour another principal's guaranteed minimum."),
+        max_sessions_per_uid: int = typer.Option(256, help="Sessions one uid may hold open at once (client and "
+                                                 "observer sessions, root's too); one more is refused with "
+                                                 "LimitExceededError."),
+        max_pending_per_uid: int = typer.Option(16, help="Side-channel connections of one uid that have not said "
+                                                "hello yet; one more is refused with LimitExceededError."),
+        hello_timeout: float = typer.Option(2.0, help="Seconds a new side-channel connection has to say hello "
+                                            "before the daemon drops it."),
+        max_message_bytes: str = typer.Option("4MiB", help="Largest gRPC request the daemon reads (2MiB .. 1GiB); "
+                                              "a larger one gets RESOURCE_EXHAUSTED."),
+        max_concurrent_rpcs: int = typer.Option(4096, help="gRPC calls served at once; more get RESOURCE_EXHAUSTED."),
         log_level: str = typer.Option("info", help="debug, info, warning or error."),
     ) -> None:
         """Run the per-node daemon: lease pages to clients, enforce quotas, reclaim crashed clients' pages.
@@ -97,6 +107,7 @@ def register(app: typer.Typer, *, fail: Callable[[str, int], NoReturn], console:
         Prints one JSON line on stdout when ready; stops cleanly on SIGTERM or Ctrl-C.
         """
         from vtalloc.server.daemon import DaemonConfig, run_daemon
+        from vtalloc.server.limits import SessionLimits
         from vtalloc.server.protocol.address import default_socket_path
         from vtalloc.server.quota import parse_named_quota, parse_principal_map, parse_quota
 
@@ -108,7 +119,10 @@ def register(app: typer.Typer, *, fail: Callable[[str, int], NoReturn], console:
                 admin_uids=tuple(admin_uid),
                 default_quota=parse_quota(default_quota) if default_quota else None,
                 quotas=tuple(parse_named_quota(q) for q in quota), principals=parse_principal_map(principal),
-                evict_deadline_s=evict_deadline, kill_on_missed_deadline=kill)
+                evict_deadline_s=evict_deadline, kill_on_missed_deadline=kill,
+                max_message_bytes=max_message_bytes, max_concurrent_rpcs=max_concurrent_rpcs,
+                limits=SessionLimits(max_sessions_per_uid=max_sessions_per_uid,
+                                     max_pending_per_uid=max_pending_per_uid, hello_timeout_s=hello_timeout))
             if log_level.lower() not in ("debug", "info", "warning", "error"):
                 raise InvalidArgumentError(f"--log-level: {log_level!r} is not debug, info, warning or error")
         except InvalidArgumentError as e:

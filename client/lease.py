@@ -4,7 +4,9 @@ Owns: the session, the lease (which daemon page id each imported page is), growi
 when the space runs short (lease a batch, or just what is needed), giving pages back (after
 a free above a spare margin, on trim, on close, and when the daemon asks under pressure),
 and the two background threads of lease_threads.py. A leased AddressSpace calls it through
-the PageSource protocol (allocator/page_source.py); service_space.py builds the pair.
+the PageSource protocol (allocator/page_source.py); service_space.py builds the pair. Before
+a restore it leases what the allocation lacks, so the core evicts the space's own
+allocations only when the node or the quota has no page (issue 11, finding 10).
 
 Invariants:
 - a page is given back only when it holds no live data (the core's return_pages picks it);
@@ -137,6 +139,28 @@ class LeaseSource(PageSource):
                 raise
             self.lease(space, need)  # the batch did not fit the quota or the node; the need may
         return True
+
+    def before_restore(self, space: Any, address: int) -> None:
+        # Without this, a restore after a pressure episode found no spare page and the core
+        # evicted the space's least recently used allocation, while the node had pages free.
+        try:
+            if space.residency(address) != "evicted":
+                return
+            page = space.page_bytes
+            s = space.stats()
+            need = sum(1 for p in space.pages() if p.state == "evicted" and address in p.allocations)
+            short = need - s.pages_free - s.cached_bytes // page
+            room = space.capacity_bytes // page - s.pages_total
+            if short <= 0 or room <= 0:
+                return
+            want = min(max(short, self.lease_batch_pages), room)
+            try:
+                self.lease(space, want)
+            except OutOfMemoryError:
+                if want > short:
+                    self.lease(space, min(short, room))
+        except (OutOfMemoryError, ServiceError) as e:  # the node or the quota has none: the core evicts
+            log.debug("no pages leased before restoring %#x: %s", address, e)
 
     def after_free(self, space: Any, address: int) -> None:
         self._evictable.pop(address, None)

@@ -26,7 +26,7 @@ import grpc
 from vtalloc.allocator.errors import ClosedError, VtallocError
 from vtalloc.server.proto.vtalloc.v1 import admin_pb2_grpc, pages_pb2, pages_pb2_grpc
 from vtalloc.server.protocol.address import UNIX_SCHEME, default_socket_path, parse_address, side_channel_path
-from vtalloc.server.protocol.errors import PermissionDeniedError, ServiceUnavailableError, error_from_rpc
+from vtalloc.server.protocol.errors import PermissionDeniedError, ServiceUnavailableError, error_by_name, error_from_rpc
 from vtalloc.server.protocol.rpc import MAX_REPLY_BYTES, SESSION_KEY
 from vtalloc.server.protocol.side_channel import PROTOCOL_VERSION, ProtocolError, connect, recv_message, send_message
 
@@ -36,6 +36,7 @@ DEFAULT_RPC_TIMEOUT_S = 5.0
 log = logging.getLogger("vtalloc.client")
 # gRPC's own text for a call that failed before it left this process (no connection).
 _NOT_CONNECTED = "failed to connect to all addresses"
+_REFUSAL_CHARS = 512  # the most of a daemon's refusal message quoted
 
 
 def _never_sent(e: grpc.RpcError) -> bool:
@@ -95,12 +96,22 @@ class ServiceSession:
         except OSError as e:
             raise _unavailable(self.side_path, e) from None
         try:
-            send_message(self._sock, {"t": "hello", "v": PROTOCOL_VERSION, "kind": kind})
+            try:
+                send_message(self._sock, {"t": "hello", "v": PROTOCOL_VERSION, "kind": kind})
+            except OSError:
+                pass  # refused before the hello arrived (a limit): the reason waits to be read
             msg, fds = recv_message(self._sock, timeout_s, max_fds=0)
+            if msg.get("t") == "refused":
+                raise error_by_name(msg.get("error"), f"the vtalloc daemon at {self.side_path} refused a session: "
+                                    f"{str(msg.get('message'))[:_REFUSAL_CHARS]}")
             if msg.get("t") != "session" or not isinstance(msg.get("token"), str):
                 raise ProtocolError(f"expected the session message, got {msg.get('t')!r}")
             self._token = msg["token"]
             self.hello = SessionHello(**{k: msg[k] for k in SessionHello.__dataclass_fields__})
+        except VtallocError:
+            self._sock.close()
+            self._sock = None
+            raise
         except (OSError, EOFError, KeyError, TypeError) as e:
             self._sock.close()
             self._sock = None

@@ -35,6 +35,7 @@ from vtalloc.allocator.pool import PagePool
 
 from .errors import ErrorInterceptor
 from .ledger import Ledger, NodeGeometry
+from .limits import SessionLimits
 from .node import Node
 from .proto.vtalloc.v1 import admin_pb2_grpc, pages_pb2_grpc
 from .protocol.address import UNIX_SCHEME, parse_address, side_channel_path
@@ -52,6 +53,9 @@ _LISTEN_BACKLOG = 128
 _SOCKET_MODE = 0o660                       # owner and the --group
 _DIRECTORY_MODE = 0o750
 _EVICT_DEADLINE_RANGE_S = (0.05, 600.0)    # shorter cannot be met; longer stalls a waiting lease
+# A request must hold a full Return or Report (MAX_RETURN_PAGES page ids: about 1 MiB); 1 GiB is gRPC's bound.
+_MAX_MESSAGE_RANGE = (2 << 20, 1 << 30)
+_MAX_CONCURRENT_RPCS = 1 << 20
 _STOP_GRACE_S = 1.0                        # in-flight RPCs may finish this long on a clean stop
 _METRICS_JOIN_S = 2.0
 
@@ -74,8 +78,10 @@ class DaemonConfig:
     principals: PrincipalMap = field(default_factory=PrincipalMap)
     evict_deadline_s: float = 2.0          # how long a client has to answer an eviction request
     kill_on_missed_deadline: bool = True   # see node.py, Note [Missed eviction deadline]
-    max_message_bytes: int = 4 << 20       # larger requests get RESOURCE_EXHAUSTED from gRPC itself
-    max_concurrent_rpcs: int = 4096
+    max_message_bytes: int | str = 4 << 20  # larger requests get RESOURCE_EXHAUSTED from gRPC itself
+    max_concurrent_rpcs: int = 4096        # more at once get RESOURCE_EXHAUSTED from gRPC itself
+    limits: SessionLimits = field(default_factory=SessionLimits)  # sessions and pending connections per
+                                           # uid, the hello timeout (limits.py; docs/service.md, "Limits")
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "socket_path", parse_address(self.socket_path))
@@ -86,6 +92,16 @@ class DaemonConfig:
         low, high = _EVICT_DEADLINE_RANGE_S
         if not low <= self.evict_deadline_s <= high:
             raise InvalidArgumentError(f"evict deadline must be {low:g} .. {high:g} s, got {self.evict_deadline_s}")
+        if not isinstance(self.limits, SessionLimits):
+            raise InvalidArgumentError(f"limits must be a SessionLimits, not {type(self.limits).__name__}")
+        message = parse_size(self.max_message_bytes, name="max_message_bytes")
+        low, high = _MAX_MESSAGE_RANGE
+        if not low <= message <= high:
+            raise InvalidArgumentError(f"max_message_bytes must be {low} .. {high}, got {message}")
+        object.__setattr__(self, "max_message_bytes", message)
+        if type(self.max_concurrent_rpcs) is not int or not 1 <= self.max_concurrent_rpcs <= _MAX_CONCURRENT_RPCS:
+            raise InvalidArgumentError(f"max_concurrent_rpcs must be 1 .. {_MAX_CONCURRENT_RPCS}, "
+                                       f"got {self.max_concurrent_rpcs!r}")
         if self.metrics_port is not None and not 0 <= self.metrics_port <= 65535:
             raise InvalidArgumentError(f"metrics port {self.metrics_port} is not a TCP port")
         if len(self.socket_path.encode()) > _MAX_SOCKET_PATH_BYTES:
@@ -179,7 +195,7 @@ async def serve(config: DaemonConfig, *, on_ready: Callable[[dict], None] | None
         admins = {0, os.geteuid(), *config.admin_uids}
         ledger = Ledger(geometry, default_quota=config.default_quota, quotas=config.quotas,
                         principals=config.principals, admin_uids=admins)
-        node = Node(page_pool, ledger, kill_on_missed_deadline=config.kill_on_missed_deadline)
+        node = Node(page_pool, ledger, kill_on_missed_deadline=config.kill_on_missed_deadline, limits=config.limits)
 
         server = grpc.aio.server(
             interceptors=[ErrorInterceptor()],

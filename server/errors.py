@@ -21,6 +21,7 @@ from vtalloc.allocator.errors import InvalidArgumentError, VtallocError
 from .protocol.errors import (
     ERROR_KIND_KEY,
     FailedPreconditionError,
+    LimitExceededError,
     NodeShortError,
     NotFoundError,
     PermissionDeniedError,
@@ -35,7 +36,7 @@ from .protocol.errors import (
 __all__ = [
     "ServiceError", "UnauthenticatedError", "PermissionDeniedError", "NotFoundError",
     "FailedPreconditionError", "ServiceUnavailableError", "QuotaExceededError", "NodeShortError",
-    "status_for", "error_from_rpc", "ErrorInterceptor", "ERROR_KIND_KEY",
+    "LimitExceededError", "status_for", "error_from_rpc", "ErrorInterceptor", "ERROR_KIND_KEY",
 ]
 
 log = logging.getLogger("vtalloc.server")

@@ -1,7 +1,9 @@
 """The node: the daemon's page pool, its sessions' connections, and the pressure protocol.
 
 Owns the I/O around the ledger, on the event loop: accepting side-channel connections
-(identity by SO_PEERCRED), creating pages and pushing their descriptors, releasing pages
+(identity by SO_PEERCRED; never stopped by an accept error, side_channel.py Note [Accept
+errors]) within the operator's per-uid limits (limits.py: over one, the client is told
+``refused`` with LimitExceededError and the connection closes), creating pages and pushing their descriptors, releasing pages
 that come back or whose session ended, asking sessions to evict when the node runs short,
 and the decision when one does not answer in time (Note [Missed eviction deadline]).
 
@@ -41,18 +43,20 @@ from vtalloc.allocator.errors import InvalidArgumentError, OutOfMemoryError
 from vtalloc.allocator.pool import PagePool
 
 from .ledger import Ledger
-from .protocol.errors import FailedPreconditionError, NodeShortError, ServiceUnavailableError, echo
+from .limits import RefusalLog, SessionLimits, UidSlots
+from .protocol.errors import FailedPreconditionError, LimitExceededError, NodeShortError, ServiceUnavailableError, echo
 from .protocol.side_channel import MAX_FDS_PER_MESSAGE, PROTOCOL_VERSION, ProtocolError, version_of
 from .quota import Quota
 from .records import SESSION_KINDS, EvictTicket, Session
-from .side_channel import AsyncConnection, peer_credentials, peer_pidfd
+from .side_channel import AcceptFailures, AsyncConnection, peer_credentials, peer_pidfd
 
 __all__ = ["Node", "EvictEvent", "QuotaEvent", "ShutdownEvent", "EvictOutcome"]
 
 log = logging.getLogger("vtalloc.server")
 
-HELLO_TIMEOUT_S = 2.0
 SEND_TIMEOUT_S = 5.0
+REFUSE_SEND_TIMEOUT_S = 0.1  # a refusal is one small datagram on a new connection: it fits at once;
+                             # a refused new connection's hello is waited for this long
 KILL_WAIT_S = 2.0
 REPLY_MARGIN_S = 0.2  # a lease stops waiting this long before its RPC's deadline, to answer in time
 
@@ -94,10 +98,16 @@ class _Peer:
 
 
 class Node:
-    def __init__(self, pool: PagePool, ledger: Ledger, *, kill_on_missed_deadline: bool = True) -> None:
+    def __init__(self, pool: PagePool, ledger: Ledger, *, kill_on_missed_deadline: bool = True,
+                 limits: SessionLimits | None = None) -> None:
         self.pool = pool
         self.ledger = ledger
         self.kill_on_missed_deadline = kill_on_missed_deadline
+        self.limits = limits = limits or SessionLimits()
+        self._pending = UidSlots("side-channel connections waiting for their hello", "--max-pending-per-uid",
+                                 limits.max_pending_per_uid)
+        self._sessions = UidSlots("open sessions", "--max-sessions-per-uid", limits.max_sessions_per_uid)
+        self._refusals = RefusalLog()
         self._peers: dict[str, _Peer] = {}
         self._wake: asyncio.Future[None] | None = None
         self._tasks: set[asyncio.Task] = set()
@@ -127,11 +137,19 @@ class Node:
 
     # -- connections ------------------------------------------------------------------------
     async def serve_side_channel(self, listener: socket.socket) -> None:
-        """Accept connections until cancelled; each becomes a session after its hello."""
+        """Accept connections until cancelled; each becomes a session after its hello.
+
+        No accept error ends the loop (Note [Accept errors])."""
         loop = asyncio.get_running_loop()
         listener.setblocking(False)
+        failures = AcceptFailures()
         while True:
-            sock, _ = await loop.sock_accept(listener)
+            try:
+                sock, _ = await loop.sock_accept(listener)
+            except OSError as e:
+                await asyncio.sleep(failures.failed(e))
+                continue
+            failures.succeeded()
             task = loop.create_task(self._session_lifetime(sock))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
@@ -146,8 +164,10 @@ class Node:
         conn = AsyncConnection(sock, loop)
         pidfd = None
         peer: _Peer | None = None
+        held: list[UidSlots] = []
         try:
-            hello = await conn.recv(HELLO_TIMEOUT_S)
+            await self._take(self._pending, held, conn, pid, uid)
+            hello = await conn.recv(self.limits.hello_timeout_s)
             if hello.get("t") != "hello" or version_of(hello) != PROTOCOL_VERSION:
                 raise ProtocolError(f"expected hello v{PROTOCOL_VERSION}, got {echo(hello.get('t'))} "
                                     f"v{echo(hello.get('v'))}")
@@ -156,6 +176,9 @@ class Node:
             kind = hello.get("kind")
             if kind not in SESSION_KINDS:
                 raise ProtocolError(f"unknown session kind {echo(kind)}")
+            held.remove(self._pending)
+            self._pending.give_back(uid)
+            await self._take(self._sessions, held, conn, pid, uid)
             pidfd = peer_pidfd(sock, pid)
             session = self.ledger.open_session(pid, uid, gid, kind)
             peer = self._peers[session.session_id] = _Peer(session, conn, pidfd)
@@ -171,6 +194,8 @@ class Node:
                 log.info("session %s opened: pid %d uid %d (%s)", session.session_id, pid, uid, session.principal)
             clean = await self._until_gone(peer)
             self._end(peer, clean=clean)
+        except LimitExceededError:
+            pass  # refused and logged by _take
         except (ProtocolError, asyncio.TimeoutError, TimeoutError) as e:
             self.ledger.count_protocol_error()
             log.warning("side channel from pid %d uid %d dropped: %s", pid, uid, e)
@@ -184,6 +209,27 @@ class Node:
             conn.close()
             if pidfd is not None and peer is None:
                 os.close(pidfd)
+            for slots in held:
+                slots.give_back(uid)
+
+    async def _take(self, slots: UidSlots, held: list[UidSlots], conn: AsyncConnection, pid: int, uid: int) -> None:
+        """A slot of ``slots`` for ``uid`` (added to ``held``), or: log, tell the client why
+        (a ``refused`` message naming LimitExceededError) and raise LimitExceededError."""
+        try:
+            slots.take(uid)
+        except LimitExceededError as e:
+            self._refusals.refused(uid, pid, slots, str(e))
+            try:
+                await conn.send({"t": "refused", "v": PROTOCOL_VERSION, "error": type(e).__name__,
+                                 "message": str(e)}, timeout_s=REFUSE_SEND_TIMEOUT_S)
+                if slots is self._pending:
+                    # Read the hello it may be sending: closing with it unread would reset
+                    # the connection, and the client would see ECONNRESET, not the reason.
+                    await conn.recv(REFUSE_SEND_TIMEOUT_S)
+            except (OSError, EOFError, TimeoutError, asyncio.TimeoutError, ProtocolError):
+                pass  # the client is gone, not reading or not saying hello: it sees the connection close
+            raise
+        held.append(slots)
 
     async def _until_gone(self, peer: _Peer) -> bool:
         """Wait for the end of the session: True for a goodbye, False for EOF or process exit."""

@@ -30,7 +30,7 @@ from vtalloc.allocator.errors import (
 __all__ = [
     "ServiceError", "UnauthenticatedError", "PermissionDeniedError", "NotFoundError",
     "FailedPreconditionError", "ServiceUnavailableError", "QuotaExceededError", "NodeShortError",
-    "status_for", "error_from_rpc", "ERROR_KIND_KEY", "ECHO_CHARS", "echo",
+    "LimitExceededError", "status_for", "error_from_rpc", "error_by_name", "ERROR_KIND_KEY", "ECHO_CHARS", "echo",
 ]
 
 # Trailing metadata naming the exception class, so a client raises exactly that class.
@@ -68,6 +68,12 @@ class ServiceUnavailableError(ServiceError, ConnectionError):
     """The daemon cannot be reached, or went away; pages already mapped keep working."""
 
 
+class LimitExceededError(ServiceError, RuntimeError):
+    """An operator's limit of the daemon refused this: sessions or pending connections per
+    uid, a request's size, concurrent calls (the message names the limit; docs/service.md,
+    "Limits"). The daemon keeps serving; try again once under the limit."""
+
+
 class QuotaExceededError(OutOfMemoryError):
     """The lease would take the principal past its hard maximum."""
 
@@ -84,6 +90,7 @@ _STATUS_BY_CLASS: tuple[tuple[type[BaseException], grpc.StatusCode], ...] = (
     (FailedPreconditionError, grpc.StatusCode.FAILED_PRECONDITION),
     (ServiceUnavailableError, grpc.StatusCode.UNAVAILABLE),
     (OutOfMemoryError, grpc.StatusCode.RESOURCE_EXHAUSTED),
+    (LimitExceededError, grpc.StatusCode.RESOURCE_EXHAUSTED),
     (HostPoolExhaustedError, grpc.StatusCode.RESOURCE_EXHAUSTED),
     (InvalidArgumentError, grpc.StatusCode.INVALID_ARGUMENT),
     (ClosedError, grpc.StatusCode.FAILED_PRECONDITION),
@@ -96,7 +103,7 @@ _STATUS_BY_CLASS: tuple[tuple[type[BaseException], grpc.StatusCode], ...] = (
 _CLASSES_BY_NAME: dict[str, type[VtallocError]] = {
     c.__name__: c
     for c in (UnauthenticatedError, PermissionDeniedError, NotFoundError, FailedPreconditionError,
-              ServiceUnavailableError, QuotaExceededError, NodeShortError, OutOfMemoryError,
+              ServiceUnavailableError, QuotaExceededError, NodeShortError, OutOfMemoryError, LimitExceededError,
               HostPoolExhaustedError, InvalidArgumentError, ClosedError, BackendUnavailableError,
               DriverError, InternalError)
 }
@@ -110,7 +117,7 @@ _CLASS_BY_STATUS: dict[grpc.StatusCode, type[VtallocError]] = {
     grpc.StatusCode.UNAVAILABLE: ServiceUnavailableError,
     grpc.StatusCode.DEADLINE_EXCEEDED: ServiceUnavailableError,
     grpc.StatusCode.CANCELLED: ServiceUnavailableError,
-    grpc.StatusCode.RESOURCE_EXHAUSTED: OutOfMemoryError,  # gRPC's own: message too large
+    grpc.StatusCode.RESOURCE_EXHAUSTED: LimitExceededError,  # gRPC's own: message too large, too many calls
     grpc.StatusCode.INVALID_ARGUMENT: InvalidArgumentError,
 }
 
@@ -120,6 +127,12 @@ def status_for(exc: BaseException) -> grpc.StatusCode:
         if isinstance(exc, cls):
             return code
     return grpc.StatusCode.INTERNAL
+
+
+def error_by_name(kind: object, message: str) -> VtallocError:
+    """The error a daemon named (a class of this table only; any other name: ServiceUnavailableError)."""
+    cls = _CLASSES_BY_NAME.get(kind) if isinstance(kind, str) else None
+    return (cls or ServiceUnavailableError)(message)
 
 
 def error_from_rpc(err: grpc.RpcError, what: str) -> VtallocError:
