@@ -5,7 +5,8 @@ Owns: :class:`DaemonConfig` (a frozen dataclass, validated here), the socket dir
 single-daemon lock (``flock`` on ``<socket>.lock``, released by the kernel if we die, so a
 stale socket is safely removed), the gRPC server (health checking and reflection on) and
 an orderly stop on SIGTERM/SIGINT: health goes NOT_SERVING, clients are told on Watch,
-sessions end, pages are released (clients keep what they have mapped).
+sessions end, pages are released (clients keep what they have mapped, and the state file
+``<socket>.state`` says so to the next daemon: state_keeper.py).
 Must not: hold a page or a session itself; logic lives in ledger.py and node.py.
 """
 
