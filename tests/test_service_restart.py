@@ -246,3 +246,38 @@ def test_stats_cli_and_metrics_show_what_is_inherited(base):
     finally:
         sleeper.kill()
         sleeper.wait()
+
+
+def test_without_pidfd_an_inherited_exit_is_seen_by_polling_proc(tmp_path, monkeypatch):
+    import asyncio
+
+    from vtalloc.server.ledger import Ledger, NodeGeometry
+    from vtalloc.server.state_keeper import POLL_S, StateKeeper
+
+    def no_pidfd(pid):
+        raise OSError(38, "pidfd_open: not implemented")
+
+    monkeypatch.setattr(os, "pidfd_open", no_pidfd)
+    sleeper = subprocess.Popen(["sleep", "60"])
+    try:
+        ledger = Ledger(NodeGeometry("host", 0, MiB, 16, 0, 1.0))
+        path = str(tmp_path / "x.state")
+        StateFile(path).write("host", 0, [Holder(sleeper.pid, process_start_ticks(sleeper.pid), 0, 3 * MiB)])
+        woken = []
+
+        async def run() -> float:
+            keeper = StateKeeper(path, ledger, lambda: woken.append(1))
+            assert keeper.adopt() == 3 * MiB and ledger.free_pages() == 13
+            sleeper.kill()
+            sleeper.wait()
+            t0 = time.monotonic()
+            while ledger.free_pages() != 16 and time.monotonic() - t0 < 5:
+                await asyncio.sleep(0.01)
+            keeper.close()
+            return time.monotonic() - t0
+
+        assert asyncio.run(run()) < 2 * POLL_S + 0.5
+        assert woken and read_state(path)["holders"] == []
+    finally:
+        sleeper.kill()
+        sleeper.wait()
