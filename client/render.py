@@ -49,6 +49,9 @@ def _device(d: Any, sessions: list[dict[str, Any]]) -> dict[str, Any]:
         "leased_pages": d.leased_pages, "leased_bytes": d.leased_pages * page,
         "delivering_pages": d.delivering_pages,
         "free_pages": d.free_pages, "free_bytes": d.free_pages * page,
+        # held by live clients of a previous daemon on this socket: not leasable until they exit
+        "inherited_pages": d.inherited_pages, "inherited_bytes": d.inherited_pages * page,
+        "inherited_processes": d.inherited_processes,
         "evicted_pages": d.evicted_pages, "evicted_bytes": d.evicted_bytes,
         "host_capacity_bytes": d.host_capacity_bytes,
         "fragmentation": fragmentation(active, mapped),
@@ -154,11 +157,12 @@ def _pct(x: float) -> str:
 
 def stats_tables(doc: dict[str, Any]) -> list[Table]:
     out = []
-    t = _table("vtalloc node", "device", "capacity", "leased", "free", "evicted", "delivering", "frag",
+    t = _table("vtalloc node", "device", "capacity", "leased", "free", "inherited", "evicted", "delivering", "frag",
                wide=("device",))
     for d in doc["devices"]:
         t.add_row(f"{d['backend']}:{d['device']}", f"{d['capacity_pages']} pg / {_b(d['capacity_bytes'])}",
                   f"{d['leased_pages']} pg / {_b(d['leased_bytes'])}", f"{d['free_pages']} pg / {_b(d['free_bytes'])}",
+                  f"{d['inherited_pages']} pg / {d['inherited_processes']} proc",
                   f"{d['evicted_pages']} pg / {_b(d['evicted_bytes'])}", str(d["delivering_pages"]),
                   _pct(d["fragmentation"]))
     out.append(t)

@@ -5,7 +5,8 @@ Owns: :class:`DaemonConfig` (a frozen dataclass, validated here), the socket dir
 single-daemon lock (``flock`` on ``<socket>.lock``, released by the kernel if we die, so a
 stale socket is safely removed), the gRPC server (health checking and reflection on) and
 an orderly stop on SIGTERM/SIGINT: health goes NOT_SERVING, clients are told on Watch,
-sessions end, pages are released (clients keep what they have mapped).
+sessions end, pages are released (clients keep what they have mapped, and the state file
+``<socket>.state`` says so to the next daemon: state_keeper.py).
 Must not: hold a page or a session itself; logic lives in ledger.py and node.py.
 """
 
@@ -42,6 +43,7 @@ from .protocol.address import UNIX_SCHEME, parse_address, side_channel_path
 from .protocol.rpc import MAX_REPLY_BYTES, SERVICE_NAMES
 from .quota import PrincipalMap, Quota
 from .service import AdminService, PagesService
+from .state_keeper import StateKeeper
 
 __all__ = ["DaemonConfig", "run_daemon", "serve"]
 
@@ -110,6 +112,11 @@ class DaemonConfig:
     @property
     def side_channel_path(self) -> str:
         return side_channel_path(self.socket_path)
+
+    @property
+    def state_path(self) -> str:
+        """What client processes hold, for the next daemon on this socket (state_file.py)."""
+        return self.socket_path + ".state"
 
 
 def _prepare_directory(path: Path, group: str | None) -> int:
@@ -181,7 +188,7 @@ async def serve(config: DaemonConfig, *, on_ready: Callable[[dict], None] | None
     sock_path = Path(config.socket_path)
     gid = _prepare_directory(sock_path.parent, config.group)
     lock = _Lock(config.socket_path + ".lock")
-    page_pool = listener = metrics = None
+    page_pool = listener = metrics = keeper = None
     server = None
     side_task = None
     try:
@@ -196,6 +203,9 @@ async def serve(config: DaemonConfig, *, on_ready: Callable[[dict], None] | None
         ledger = Ledger(geometry, default_quota=config.default_quota, quotas=config.quotas,
                         principals=config.principals, admin_uids=admins)
         node = Node(page_pool, ledger, kill_on_missed_deadline=config.kill_on_missed_deadline, limits=config.limits)
+        keeper = StateKeeper(config.state_path, ledger, node.capacity_changed)
+        inherited_bytes = keeper.adopt()  # before any lease: what a previous daemon's clients still hold
+        node.on_holdings_changed = keeper.save
 
         server = grpc.aio.server(
             interceptors=[ErrorInterceptor()],
@@ -238,7 +248,8 @@ async def serve(config: DaemonConfig, *, on_ready: Callable[[dict], None] | None
                 pass
         ready = {"event": "ready", "pid": os.getpid(), "control": UNIX_SCHEME + config.socket_path,
                  "side_channel": config.side_channel_path, "metrics": metrics_url, "backend": info.backend,
-                 "device": info.device, "page_bytes": info.page_bytes, "capacity_bytes": geometry.capacity_bytes}
+                 "device": info.device, "page_bytes": info.page_bytes, "capacity_bytes": geometry.capacity_bytes,
+                 "inherited_bytes": inherited_bytes}
         log.info("ready: %s", json.dumps(ready))
         if on_ready:
             on_ready(ready)
@@ -255,9 +266,12 @@ async def serve(config: DaemonConfig, *, on_ready: Callable[[dict], None] | None
         side_task = None
         await server.stop(grace=_STOP_GRACE_S)
         server = None
+        keeper.freeze()  # the clients keep their mapped pages: the next daemon must count them
         await node.close()
         page_pool = None
     finally:
+        if keeper is not None:
+            keeper.close()
         if side_task is not None:
             side_task.cancel()
             await asyncio.gather(side_task, return_exceptions=True)

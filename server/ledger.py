@@ -7,7 +7,9 @@ what happened. What it answers are the frozen views of views.py.
 
 Invariants (``check_invariants()``):
 - every leased page id has exactly one owner, a live session, and is in that session's pages;
-- the pages held by all sessions never exceed the node's capacity;
+- the pages held by all sessions never exceed the node's capacity, and a lease is admitted only
+  while they fit beside the pages *inherited*: those that live processes of a previous daemon
+  still hold (state_file.py), counted until each such process exits;
 - the quota minimums of all principals together fit in the node's capacity;
 - a principal's pages never exceed its maximum because of a lease the ledger admitted
   (lowering a maximum later refuses new leases; it takes nothing away).
@@ -27,6 +29,7 @@ from typing import Callable, Iterable
 
 from vtalloc.allocator.errors import InternalError, InvalidArgumentError
 
+from .inherited import Inherited
 from .protocol.errors import (
     FailedPreconditionError,
     NotFoundError,
@@ -36,8 +39,9 @@ from .protocol.errors import (
     echo,
 )
 from .quota import PrincipalMap, Quota, check_principal
-from .records import SESSION_KINDS, EvictTicket, NodeCounters, NodeGeometry, Session
-from .reports import check_report, saturating_sum, take_report
+from .records import SESSION_KINDS, EvictTicket, Holder, NodeCounters, NodeGeometry, Session
+from .reports import check_report, take_report
+from .snapshot import device_view, page_views, pages_by_state, principal_view, session_view
 from .views import (
     PAGE_STATES,
     PAGE_USES,
@@ -46,11 +50,7 @@ from .views import (
     NodeView,
     PageMapView,
     PageUseReport,
-    PageView,
-    PrincipalView,
     SessionInfoView,
-    SessionPagesView,
-    SessionView,
 )
 
 __all__ = [
@@ -78,6 +78,7 @@ class Ledger:
         self._sessions: dict[str, Session] = {}
         self._by_token: dict[str, Session] = {}
         self._owner: dict[int, Session] = {}
+        self._inherited = Inherited(geometry.page_bytes)
         self._tickets: dict[int, EvictTicket] = {}
         self._next_ticket = 1
         self._next_lease = 1
@@ -88,7 +89,7 @@ class Ledger:
             self.set_quota(q.principal, q.min_bytes, q.max_bytes)
 
     # -- sessions ---------------------------------------------------------------------------
-    def open_session(self, pid: int, uid: int, gid: int, kind: str) -> Session:
+    def open_session(self, pid: int, uid: int, gid: int, kind: str, start_ticks: int = 0) -> Session:
         if kind not in SESSION_KINDS:
             raise InvalidArgumentError(f"session kind must be one of {', '.join(SESSION_KINDS)}, got {kind!r}")
         with self._lock:
@@ -96,7 +97,8 @@ class Ledger:
             sid = secrets.token_hex(_SESSION_ID_BYTES)
             while sid in self._sessions:  # a clash is unlikely, never allowed
                 sid = secrets.token_hex(_SESSION_ID_BYTES)
-            s = Session(sid, token, pid, uid, gid, self._principals.principal_for(uid), kind, self._clock())
+            s = Session(sid, token, pid, uid, gid, self._principals.principal_for(uid), kind, self._clock(),
+                        start_ticks=start_ticks)
             self._sessions[sid] = s
             self._by_token[token] = s
             if kind == "client":
@@ -197,7 +199,22 @@ class Ledger:
 
     def free_pages(self) -> int:
         with self._lock:
-            return self.geometry.capacity_pages - len(self._owner)
+            return max(0, self.geometry.capacity_pages - len(self._owner) - self._inherited.pages)
+
+    # -- inherited: what a previous daemon's clients still hold (inherited.py) -------------
+    def inherit(self, h: Holder) -> None:
+        with self._lock:
+            self._inherited.add(h)
+
+    def forget_inherited(self, pid: int) -> int:
+        """Process ``pid`` is gone: its inherited pages are free again; returns how many."""
+        with self._lock:
+            return self._inherited.forget(pid)
+
+    def holders(self) -> list[Holder]:
+        """What the state file records: client processes holding pages, inherited ones included."""
+        with self._lock:
+            return self._inherited.holders(self._sessions.values())
 
     def admit(self, s: Session, pages: int) -> int:
         """Check a lease of ``pages``; returns how many pages the node is short (0: go ahead).
@@ -220,7 +237,7 @@ class Ledger:
                     f"{s.principal} holds {used} pages of {g.page_bytes} bytes; {pages} more would pass its "
                     f"maximum of {q.max_bytes} bytes", requested_bytes=pages * g.page_bytes,
                     capacity_bytes=q.max_bytes, mapped_bytes=used * g.page_bytes)
-            return max(0, pages - (g.capacity_pages - len(self._owner)))
+            return max(0, pages - (g.capacity_pages - len(self._owner) - self._inherited.pages))
 
     def within_guarantee(self, s: Session, pages: int) -> bool:
         """Whether a lease of ``pages`` keeps the principal within its guaranteed minimum."""
@@ -243,7 +260,7 @@ class Ledger:
         with self._lock:
             if not s.live:
                 raise NotFoundError(f"session {s.session_id} has ended")
-            if len(self._owner) + len(page_ids) > self.geometry.capacity_pages:
+            if len(self._owner) + len(page_ids) + self._inherited.pages > self.geometry.capacity_pages:
                 raise InternalError("the ledger would hold more pages than the node's capacity")
             for p in page_ids:
                 if p in self._owner:
@@ -411,13 +428,8 @@ class Ledger:
             return self._info(s)
 
     def _device(self) -> DeviceView:
-        g = self.geometry
-        delivering = sum(1 for s in self._sessions.values() for st in s.pages.values() if st == "delivering")
-        evicted_pages = saturating_sum(s.report.evicted_pages for s in self._sessions.values() if s.report)
-        evicted_bytes = saturating_sum(s.report.evicted_bytes for s in self._sessions.values() if s.report)
-        return DeviceView(g.backend, g.device, g.page_bytes, g.capacity_pages, len(self._owner) - delivering,
-                          delivering, g.capacity_pages - len(self._owner), evicted_pages, evicted_bytes,
-                          g.host_capacity_bytes)
+        return device_view(self.geometry, self._sessions.values(), len(self._owner), self._inherited.pages,
+                           self._inherited.processes)
 
     def _visible(self, caller: Session | None, session_id: str) -> tuple[list[Session], int, bool]:
         admin = caller is None or self.is_admin(caller)
@@ -435,22 +447,14 @@ class Ledger:
         with self._lock:
             now = self._clock()
             seen, hidden, admin = self._visible(caller, session_id)
-            sessions = tuple(
-                SessionView(self._info(s), now - s.started, sum(1 for v in s.pages.values() if v == "delivering"),
-                            s.report is not None, (now - s.report_at) if s.report else 0.0,
-                            s.report or ClientReport(), s.evictions_per_s, s.restores_per_s,
-                            **dataclasses.asdict(s.counters))
-                for s in sorted(seen, key=lambda x: x.started))
+            sessions = tuple(session_view(self._info(s), s, now) for s in sorted(seen, key=lambda x: x.started))
             principals = set(self._quotas) | {s.principal for s in self._sessions.values() if s.kind == "client"}
             principals |= set(self._quota_rejections)
             if not admin:
                 principals = {caller.principal}
-            pviews = []
-            for p in sorted(principals):
-                members = [s for s in self._sessions.values() if s.kind == "client" and s.principal == p]
-                pviews.append(PrincipalView(self.quota_of(p), len(members), sum(len(s.pages) for s in members),
-                                            saturating_sum(s.report.evicted_bytes for s in members if s.report),
-                                            self._quota_rejections.get(p, 0)))
+            pviews = [principal_view(self.quota_of(p), [s for s in self._sessions.values()
+                                                        if s.kind == "client" and s.principal == p],
+                                     self._quota_rejections.get(p, 0)) for p in sorted(principals)]
             observers = sum(1 for s in self._sessions.values() if s.kind == "observer")
             return NodeView(now - self._started, self._device(), sessions, tuple(pviews),
                             dataclasses.asdict(self._counters), admin, hidden, observers)
@@ -458,24 +462,13 @@ class Ledger:
     def page_map(self, caller: Session | None, session_id: str = "") -> PageMapView:
         with self._lock:
             seen, _, _ = self._visible(caller, session_id)
-            pages = []
-            for s in seen:
-                uses = {u.page_id: u.use for u in s.report.page_uses} if s.report else {}
-                pages += [PageView(p, s.session_id, st, uses.get(p, "unknown")) for p, st in sorted(s.pages.items())]
-            pages = tuple(pages)
-            sessions = tuple(SessionPagesView(s.session_id, s.principal, s.pid, s.report is not None,
-                                              s.report or ClientReport())
-                             for s in sorted(seen, key=lambda x: x.started))
+            pages, sessions = page_views(seen)
             return PageMapView(self._device(), pages, sessions, len(self._owner) - len(pages))
 
     def metrics_snapshot(self) -> tuple[NodeView, dict[str, int]]:
         """Everything metrics need, from one consistent moment: the full view and pages by state."""
         with self._lock:
-            by_state = dict.fromkeys(PAGE_STATES, 0)
-            for s in self._sessions.values():
-                for state in s.pages.values():
-                    by_state[state] += 1
-            by_state["free"] = self.geometry.capacity_pages - len(self._owner)
+            by_state = pages_by_state(self._sessions.values(), self.free_pages(), self._inherited.pages)
             return self.node_view(None), by_state
 
     def counters(self) -> dict[str, int]:

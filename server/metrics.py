@@ -57,7 +57,8 @@ class LedgerCollector(Collector):
         yield GaugeMetricFamily("vtalloc_page_bytes", "Bytes per physical page.", value=d.page_bytes)
         yield GaugeMetricFamily("vtalloc_capacity_bytes", "Bytes of pages the node may lease.",
                                 value=d.capacity_pages * d.page_bytes)
-        pages = GaugeMetricFamily("vtalloc_pages", "Physical pages by state (free: not leased).", labels=["state"])
+        pages = GaugeMetricFamily("vtalloc_pages", "Physical pages by state (free: neither leased nor "
+                                  "inherited; inherited: held by live clients of a previous daemon).", labels=["state"])
         for state, n in by_state.items():
             pages.add_metric([state], n)
         yield pages

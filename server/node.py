@@ -49,6 +49,7 @@ from .protocol.side_channel import MAX_FDS_PER_MESSAGE, PROTOCOL_VERSION, Protoc
 from .quota import Quota
 from .records import SESSION_KINDS, EvictTicket, Session
 from .side_channel import AcceptFailures, AsyncConnection, peer_credentials, peer_pidfd
+from .state_file import process_start_ticks
 
 __all__ = ["Node", "EvictEvent", "QuotaEvent", "ShutdownEvent", "EvictOutcome"]
 
@@ -112,9 +113,16 @@ class Node:
         self._wake: asyncio.Future[None] | None = None
         self._tasks: set[asyncio.Task] = set()
         self._closing = False
+        # Called whenever what client processes hold changes (state_keeper.py persists it).
+        self.on_holdings_changed: Callable[[], None] = lambda: None
+
+    def capacity_changed(self) -> None:
+        """Pages became free outside the node's own sessions (an inherited holder exited)."""
+        self._changed()
 
     def _changed(self) -> None:
         """Wake everyone waiting in _wait(): pages came back or a session ended."""
+        self.on_holdings_changed()
         if self._wake is not None and not self._wake.done():
             self._wake.set_result(None)
         self._wake = None
@@ -180,7 +188,7 @@ class Node:
             self._pending.give_back(uid)
             await self._take(self._sessions, held, conn, pid, uid)
             pidfd = peer_pidfd(sock, pid)
-            session = self.ledger.open_session(pid, uid, gid, kind)
+            session = self.ledger.open_session(pid, uid, gid, kind, process_start_ticks(pid) or 0)
             peer = self._peers[session.session_id] = _Peer(session, conn, pidfd)
             info = self.ledger.session_info(session)
             await conn.send({"t": "session", "v": PROTOCOL_VERSION, "token": session.token,
@@ -316,6 +324,7 @@ class Node:
             self.ledger.count_node_short()
             raise
         self.ledger.add_pages(s, created)
+        self.on_holdings_changed()  # recorded before delivery: a crash from here on never under-counts
         lease_id = self.ledger.new_lease_id()
         try:
             for i in range(0, len(created), MAX_FDS_PER_MESSAGE):

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from .protocol.rpc import MAX_LEASE_PAGES, MAX_RETURN_PAGES, NODE_COUNTERS
 from .views import ClientReport
 
-__all__ = ["SESSION_KINDS", "NodeGeometry", "NodeCounters", "SessionCounters", "Session", "EvictTicket"]
+__all__ = ["SESSION_KINDS", "NodeGeometry", "NodeCounters", "SessionCounters", "Session", "EvictTicket", "Holder"]
 
 SESSION_KINDS = ("client", "observer")
 # The node's counters: one int field per field of pages.proto's Counters message.
@@ -68,6 +68,7 @@ class Session:
     outstanding_evict: int = 0                            # pages asked and not yet returned
     counters: SessionCounters = field(default_factory=SessionCounters)
     live: bool = True
+    start_ticks: int = 0                                  # its process's start time (state_file.py)
 
 
 @dataclass
@@ -79,3 +80,14 @@ class EvictTicket:
     asked: int
     returned: int = 0
     open: bool = True
+
+
+@dataclass(frozen=True)
+class Holder:
+    """A process and the bytes of the node's pages it holds: a line of the state file, and what
+    a restarted daemon inherits from the previous one's sessions (state_file.py)."""
+
+    pid: int
+    start_ticks: int                                      # field 22 of /proc/<pid>/stat when recorded
+    uid: int
+    bytes: int

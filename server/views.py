@@ -110,6 +110,8 @@ class DeviceView:
     evicted_pages: int
     evicted_bytes: int
     host_capacity_bytes: int
+    inherited_pages: int = 0           # held by live clients of a previous daemon (not leasable)
+    inherited_processes: int = 0
 
 
 @dataclass(frozen=True)

@@ -196,7 +196,7 @@ class GetStatsRequest(_message.Message):
     def __init__(self, session_id: _Optional[str] = ...) -> None: ...
 
 class DeviceStats(_message.Message):
-    __slots__ = ("backend", "device", "page_bytes", "capacity_pages", "leased_pages", "delivering_pages", "free_pages", "evicted_pages", "evicted_bytes", "host_capacity_bytes")
+    __slots__ = ("backend", "device", "page_bytes", "capacity_pages", "leased_pages", "delivering_pages", "free_pages", "evicted_pages", "evicted_bytes", "host_capacity_bytes", "inherited_pages", "inherited_processes")
     BACKEND_FIELD_NUMBER: _ClassVar[int]
     DEVICE_FIELD_NUMBER: _ClassVar[int]
     PAGE_BYTES_FIELD_NUMBER: _ClassVar[int]
@@ -207,6 +207,8 @@ class DeviceStats(_message.Message):
     EVICTED_PAGES_FIELD_NUMBER: _ClassVar[int]
     EVICTED_BYTES_FIELD_NUMBER: _ClassVar[int]
     HOST_CAPACITY_BYTES_FIELD_NUMBER: _ClassVar[int]
+    INHERITED_PAGES_FIELD_NUMBER: _ClassVar[int]
+    INHERITED_PROCESSES_FIELD_NUMBER: _ClassVar[int]
     backend: str
     device: int
     page_bytes: int
@@ -217,7 +219,9 @@ class DeviceStats(_message.Message):
     evicted_pages: int
     evicted_bytes: int
     host_capacity_bytes: int
-    def __init__(self, backend: _Optional[str] = ..., device: _Optional[int] = ..., page_bytes: _Optional[int] = ..., capacity_pages: _Optional[int] = ..., leased_pages: _Optional[int] = ..., delivering_pages: _Optional[int] = ..., free_pages: _Optional[int] = ..., evicted_pages: _Optional[int] = ..., evicted_bytes: _Optional[int] = ..., host_capacity_bytes: _Optional[int] = ...) -> None: ...
+    inherited_pages: int
+    inherited_processes: int
+    def __init__(self, backend: _Optional[str] = ..., device: _Optional[int] = ..., page_bytes: _Optional[int] = ..., capacity_pages: _Optional[int] = ..., leased_pages: _Optional[int] = ..., delivering_pages: _Optional[int] = ..., free_pages: _Optional[int] = ..., evicted_pages: _Optional[int] = ..., evicted_bytes: _Optional[int] = ..., host_capacity_bytes: _Optional[int] = ..., inherited_pages: _Optional[int] = ..., inherited_processes: _Optional[int] = ...) -> None: ...
 
 class SessionStats(_message.Message):
     __slots__ = ("info", "age_s", "delivering_pages", "reported", "report_age_s", "report", "evictions_per_s", "restores_per_s", "evict_requests", "evict_pages_asked", "evict_pages_returned", "deadline_misses", "quota_rejections", "leases", "pages_leased", "pages_returned")
