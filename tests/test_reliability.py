@@ -61,3 +61,25 @@ def test_a_fault_at_every_backend_call_site_is_typed_loses_nothing_and_leaks_not
     reached = {site.split("/")[0] for site, n in got["call_sites"].items() if n}
     assert {"malloc_fresh", "malloc_under_pressure", "offload", "prefetch_restore", "lease"} <= reached
     assert got["leaks_after"] == {}
+
+
+def test_hostile_grpc_requests_and_side_channel_messages_are_all_refused_typed(tmp_path):
+    got = soak(tmp_path, "service")
+    for interface in ("grpc", "side_channel"):
+        assert got[interface]["tried"] > 50 and got[interface]["other"] == 0, got[interface]
+
+
+def test_killed_clients_are_reclaimed_at_every_lease_stage_and_a_killed_daemon_restarts(tmp_path):
+    got = soak(tmp_path, "kills")
+    assert got["kills"]["other"] == 0, got["kills"]
+    assert {"after_hello", "mid_lease", "holding_pages", "during_eviction_request",
+            "daemon_restart_to_first_lease"} <= set(got["reclaim_ms"])
+
+
+def test_concurrent_processes_and_threads_balance(tmp_path):
+    got = soak(tmp_path, "concurrency")
+    assert got["balance"]["other"] == 0, got["balance"]
+    svc, local = got["service"], got["local"]
+    assert svc["leased"] == svc["returned"] > 0 and svc["corrupt"] == svc["held_at_end"] == 0
+    assert local["malloc"] == local["free"] > 0 and local["corrupt"] == 0
+    assert got["leaks_after"] == {}
