@@ -82,7 +82,9 @@ def grpc_campaign(d: Daemon, rounds: int, seed: int) -> Tally:
                     if method in ("GetSession", "GetStats", "ListPages", "GetQuota"):
                         junk = b"\xff" + junk  # an invalid tag: these requests parse anything else as empty
                     raw_call(t, ch, service, method, junk, token, f"{label} garbage")
-                raw_call(t, ch, service, method, good[: rng.randint(1, len(good) - 1)] + b"\x80", token, f"{label} truncated")
+                # a length-delimited field that claims more bytes than follow (a message cut short)
+                raw_call(t, ch, service, method, b"\x0a" + bytes([rng.randint(8, 120)]) + good[:rng.randint(0, 6)], token,
+                         f"{label} truncated")
                 raw_call(t, ch, service, method, b"\x0a" + b"\xff" * 10 + b"\x01" + rng.randbytes(64), token,
                          f"{label} bad varint")
             raw_call(t, ch, "vtalloc.v1.Pages", "Report", b"\x0a\x80\x80\x80\x40" + b"\x00" * 100, token, "oversized length")
