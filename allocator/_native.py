@@ -137,6 +137,7 @@ _PROTOTYPES = {
     "vta_ensure_resident": (i32, [ctypes.c_void_p, u64, u64, i32]),
     "vta_residency": (i32, [ctypes.c_void_p, u64, _P(i32)]),
     "vta_debug_inject_fault": (i32, [ctypes.c_void_p, i32, i32]),
+    "vta_debug_inject_fault_after": (i32, [ctypes.c_void_p, i32, i32, i32]),
     "vta_debug_break_ordering": (i32, [ctypes.c_void_p, ctypes.c_uint32]),
     "vta_debug_stream_create": (i32, [ctypes.c_void_p, _P(u64)]),
     "vta_debug_stream_destroy": (i32, [ctypes.c_void_p, u64]),

@@ -337,11 +337,12 @@ class AddressSpace(NativeHandle):
         _native.check(self._lib.vta_residency(self._h(), _as_u64(address, "address"), ctypes.byref(out)))
         return _native.RESIDENCY_NAMES[out.value]
 
-    def _inject_fault(self, op: str, times: int = 1) -> None:
-        """Tests only: make the next ``times`` backend ``op`` calls fail ("copy", "map", ...)."""
+    def _inject_fault(self, op: str, times: int = 1, *, skip: int = 0) -> None:
+        """Tests only: let ``skip`` backend ``op`` calls pass, then make the next ``times`` fail
+        ("copy", "map", ...; ``skip=n-1`` fails the nth call)."""
         if op not in _native.FAULT_OPS:
             raise InvalidArgumentError(f"unknown fault op {op!r}")
-        _native.check(self._lib.vta_debug_inject_fault(self._h(), _native.FAULT_OPS[op], int(times)))
+        _native.check(self._lib.vta_debug_inject_fault_after(self._h(), _native.FAULT_OPS[op], int(skip), int(times)))
 
     def _break_ordering(self, *rules: str) -> None:
         """Tests only: break ordering rules of the eviction engine ("quiesce": change mappings

@@ -29,15 +29,17 @@ def as_u64(value: Any, name: str, *, positive: bool = False) -> int:
     except TypeError:
         raise InvalidArgumentError(f"{name} must be an integer, not {type(value).__name__}") from None
     if n < 0 or (positive and n == 0):
-        raise InvalidArgumentError(f"{name} must be {'positive' if positive else 'non-negative'}, got {n}")
+        raise InvalidArgumentError(f"{name} must be {'positive' if positive else 'non-negative'}, got {quote(n, 80)}")
     if n > MAX_U64:
-        raise InvalidArgumentError(f"{name} {n} does not fit in 64 bits")
+        raise InvalidArgumentError(f"{name} {quote(n, 80)} does not fit in 64 bits")
     return n
 
 
 def quote(value: object, limit: int) -> str:
     """``value`` for an error message: its repr if short, else its first ``limit`` characters
     (bytes for bytes) and its length, so a message never grows with what it quotes."""
+    if isinstance(value, int) and value.bit_length() > 4 * limit:
+        return f"<an integer of {value.bit_length()} bits>"  # repr() refuses ints past 4,300 digits
     if not isinstance(value, (str, bytes)):
         text = repr(value)
         return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"

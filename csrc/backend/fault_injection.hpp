@@ -2,7 +2,10 @@
 //
 // Owns: per-operation counters of failures still to inject. Every address space wraps its
 // backend in one (a disarmed injector only forwards), so tests can prove that a failure at
-// any step of eviction or restore rolls back and loses no byte. Thread-safe.
+// any step of eviction or restore rolls back and loses no byte; a skip count lets a calls of
+// an operation pass before the failures, so a test can fail its Nth call (every call site of
+// a public operation in turn: benchmarks/soak.py). Thread-safe (under concurrent calls, which
+// call is the Nth is whichever reaches the counter Nth).
 #pragma once
 
 #include <atomic>
@@ -19,7 +22,10 @@ enum class FaultOp : int { copy = 0, map = 1, create_page = 2, set_access = 3, c
 class FaultInjectingBackend final : public ForwardingBackend {
  public:
   using ForwardingBackend::ForwardingBackend;
-  void inject(FaultOp op, int times) { faults_[static_cast<int>(op)].store(times); }
+  void inject(FaultOp op, int times, int skip = 0) {
+    skips_[static_cast<int>(op)].store(skip);
+    faults_[static_cast<int>(op)].store(times);
+  }
 
   Status create_page(size_t b, PageLocation w, PageHandle* out) override {
     if (fire(FaultOp::create_page)) return injected("create_page");
@@ -42,6 +48,10 @@ class FaultInjectingBackend final : public ForwardingBackend {
   bool fire(FaultOp op) {
     auto& n = faults_[static_cast<int>(op)];
     int left = n.load();
+    if (left <= 0) return false;  // disarmed: the common case, one load
+    auto& s = skips_[static_cast<int>(op)];
+    for (int skip = s.load(); skip > 0;)
+      if (s.compare_exchange_weak(skip, skip - 1)) return false;
     while (left > 0)
       if (n.compare_exchange_weak(left, left - 1)) return true;
     return false;
@@ -51,6 +61,7 @@ class FaultInjectingBackend final : public ForwardingBackend {
   }
 
   std::atomic<int> faults_[static_cast<int>(FaultOp::count)] = {};
+  std::atomic<int> skips_[static_cast<int>(FaultOp::count)] = {};
 };
 
 }  // namespace vta

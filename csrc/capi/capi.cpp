@@ -217,6 +217,10 @@ vta_status_t vta_debug_inject_fault(vta_space_t* space, int32_t op, int32_t time
   return guarded([&] { open_space(space).inject_fault(op, times); });
 }
 
+vta_status_t vta_debug_inject_fault_after(vta_space_t* space, int32_t op, int32_t skip, int32_t times) {
+  return guarded([&] { open_space(space).inject_fault(op, times, skip); });
+}
+
 vta_status_t vta_debug_break_ordering(vta_space_t* space, uint32_t mask) {
   return guarded([&] { open_space(space).break_ordering(mask); });
 }

@@ -59,7 +59,7 @@ class AddressSpace {
   void prefetch(uintptr_t address, const StreamHandle* stream);
   void ensure_resident(uintptr_t address, const StreamHandle* stream);
   int residency(uintptr_t address);
-  void inject_fault(int op, int times);
+  void inject_fault(int op, int times, int skip = 0);
   // Test support: deliberately break one ordering rule (VTA_DEBUG_BREAK_* bits), to show
   // that the stress tests catch it. Never set outside tests.
   void break_ordering(uint32_t mask);

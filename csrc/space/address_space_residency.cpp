@@ -51,10 +51,10 @@ int AddressSpace::residency(uintptr_t address) {
   return residency_.residency_of(it->first, it->second.size);
 }
 
-void AddressSpace::inject_fault(int op, int times) {
-  if (op < 0 || op >= static_cast<int>(FaultOp::count) || times < 0)
+void AddressSpace::inject_fault(int op, int times, int skip) {
+  if (op < 0 || op >= static_cast<int>(FaultOp::count) || times < 0 || skip < 0)
     fail(VTA_ERR_INVALID_ARGUMENT, "inject_fault: unknown operation or negative count");
-  backend_->inject(static_cast<FaultOp>(op), times);
+  backend_->inject(static_cast<FaultOp>(op), times, skip);
 }
 
 void AddressSpace::break_ordering(uint32_t mask) {

@@ -223,6 +223,9 @@ VTA_API vta_status_t vta_residency(vta_space_t* space, uint64_t address, int32_t
 /* Tests only: make the next `times` calls of a backend operation fail (0 copy, 1 map,
  * 2 create_page, 3 set_access). */
 VTA_API vta_status_t vta_debug_inject_fault(vta_space_t* space, int32_t op, int32_t times);
+/* Tests only: let `skip` calls of the operation pass, then fail the next `times` (skip = N - 1
+ * fails the Nth call). */
+VTA_API vta_status_t vta_debug_inject_fault_after(vta_space_t* space, int32_t op, int32_t skip, int32_t times);
 /* Tests only: deliberately break an ordering rule of the eviction engine, so a stress test can
  * show it catches the race. Bits: change mappings under live data without waiting for the
  * streams that may touch it; start eviction copies without waiting for the page's last use;
