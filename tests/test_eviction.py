@@ -258,6 +258,29 @@ def test_injected_failures_roll_back(mode, op):
         s.free(a)
 
 
+@pytest.mark.parametrize("size", [2 * MiB, 32 * MiB])  # a page, an extent
+def test_a_failed_swap_returns_the_device_page(size):
+    """Mapped mode: the restore's copy completed, then mapping the device handle at the address
+    (the swap) fails: the handle goes back to the free handles (it used to be stranded: held,
+    neither mapped nor free, found by the reliability campaign), the bytes stay in the host pool."""
+    with AddressSpace(backend="host", capacity=64 * MiB, host_capacity=64 * MiB, evict_mode="mapped") as s:
+        a = s.malloc(size)
+        s.write(a, pattern(12, size))
+        s.offload(a)
+        s.synchronize()
+        s.prefetch(a)  # map at the window + set-access, copy: the next map is the swap's
+        s._inject_fault("map", 1)
+        with pytest.raises(DriverError):
+            s.ensure_resident(a)
+        st = s.stats()
+        assert st.pages_mapped + st.pages_free == st.pages_total, st
+        assert s.residency(a) == "evicted" and st.host_pool_used_bytes == size
+        s.ensure_resident(a)
+        assert s.read(a, size) == pattern(12, size)
+        assert s.stats().pages_total == size // (2 * MiB)  # the retry reused the returned handle
+        s.free(a)
+
+
 def test_invalid_eviction_arguments():
     with space("copy") as s:
         a = s.malloc(4096)

@@ -21,9 +21,7 @@ KEEP = 20  # descriptions of "other" outcomes kept per tally
 
 # Findings of these campaigns that are recorded as open in RELIABILITY.md: counted apart
 # ("open"), listed in the JSON, and not failing the run. Remove an entry once it is fixed.
-OPEN_FINDINGS = {
-    "stranded-restore-page": re.compile(r"prefetch_restore: (map|set_access) call .*pages mapped \d+ \+ free \d+ != total"),
-}
+OPEN_FINDINGS: dict[str, re.Pattern[str]] = {}  # none open now (see RELIABILITY.md)
 
 
 @dataclass

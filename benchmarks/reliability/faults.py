@@ -2,7 +2,7 @@
 
 Owns: the operations under test (malloc: fresh pages, reused pages and under pressure; free;
 offload; prefetch + ensure_resident; trim; close; and for a service-backed space lease and
-return), the enumeration of their call sites and the checks after each injected failure.
+return; the local ones once with one-page handles and once with extents), the enumeration of their call sites and the checks after each injected failure.
 How: a clean run of the operation counts the injectable backend calls it makes (copy, map,
 create_page, set_access: the operations FaultInjectingBackend can fail); then for each kind
 and each N = 1..count, a fresh space in the same state fails exactly the Nth call of that
@@ -215,6 +215,9 @@ def run(scale: int, seed: int) -> dict[str, Any]:
     limit = 8 * scale  # call sites per (operation, kind); a clean run counts them all
     for name, (setup, op) in OPERATIONS.items():
         sweep(t, sites, name, host, setup, op, limit)
+        # Again with extents of at most 4 MiB (from 4 MiB up): the 5-8 MiB allocations above get
+        # a two-page extent (and a page), so every extent path meets each fault too.
+        sweep(t, sites, f"{name}@extents", lambda: host(extent_size="4MiB"), setup, op, limit)
     close_sweep(t, sites)
     from reliability import faults_service
 

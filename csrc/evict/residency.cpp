@@ -313,7 +313,9 @@ void Residency::swap_restored_page(uintptr_t va, AwayPage& p) {
   try {
     pages_.map_pages(va, {p.device_page});  // all or nothing: on failure the handle is free (unmapped) again
   } catch (...) {
-    // The bytes are still in the host slot: back to evicted, its host copy at the address.
+    // The bytes are still in the host slot: back to evicted, its host copy at the address; the
+    // device handle (unmapped again by map_pages) goes back to the free handles.
+    pages_.return_page(p.device_page);
     p.state = State::evicted;
     p.device_page = -1;
     p.consumers.clear();
