@@ -184,8 +184,11 @@ def host_run(cfg: dict[str, Any]) -> dict[str, Any]:
     ops = churn_ops(cfg["seed"], cfg["ops"], cfg["min_bytes"], cfg["max_bytes"], int(cap * cfg["live_fraction"]))
     with AddressSpace(backend="host", capacity=cap, **cfg["space_options"]) as space:
         before = int_fields(space.stats())
+        modeled0 = space.modeled_ns() if space.config.cost_model else None
         res = replay(ops, space.malloc, space.free, is_oom)
         after = space.stats()
+        if modeled0 is not None:  # a cost model: the driver time a GPU is predicted to spend (docs/cost-model.md)
+            res["modeled_s"] = round((space.modeled_ns() - modeled0) / 1e9, 6)
     res["stats_delta"] = delta(int_fields(after), before)
     res["peak_bytes"] = after.peak_mapped_bytes
     for k in ("num_map_calls", "num_unmap_calls", "num_page_reclaims"):

@@ -65,16 +65,30 @@ def test_one_handle_per_page_when_extents_are_off():
         space.free(a)
 
 
-def test_a_large_allocation_gets_even_extents_and_the_stats_count_the_handles():
+def test_a_large_allocation_gets_extents_of_a_few_size_classes():
     with host_space(1024 * MiB) as space:
         before = calls(space)
-        a = space.malloc(300 * MiB)  # 150 pages: two extents of 75 pages (150 MiB) each
+        a = space.malloc(300 * MiB)  # 150 pages: extents of 128, 16, 4 and 2 pages (256 + 32 + 8 + 4 MiB)
         d = delta(before, calls(space))
-        assert (d.get("create_page"), d.get("map"), d.get("set_access")) == (2, 2, 1), d
+        assert (d.get("create_page"), d.get("map"), d.get("set_access")) == (4, 4, 1), d
         rows = [p for p in space.pages() if p.state == "allocated"]
-        assert len(rows) == 150 and len({p.page_id for p in rows}) == 2
+        assert len(rows) == 150 and len({p.page_id for p in rows}) == 4
         assert space.stats().mapped_bytes == 300 * MiB
         space.free(a)
+
+
+def test_a_cached_extent_of_the_same_class_moves_with_one_unmap_and_one_map():
+    """Capacity holds one 64 MiB allocation; a 66 MiB one (a 64 MiB extent and a page) must take
+    the cached 64 MiB extent: unmapped and mapped again, not released and created."""
+    with host_space(66 * MiB) as space:
+        a = space.malloc(64 * MiB)
+        space.free(a)
+        before = calls(space)
+        b = space.malloc(66 * MiB)
+        d = delta(before, calls(space))
+        assert d.get("release_page", 0) == 0 and d.get("create_page") == 1, d  # only the one page is new
+        assert (d.get("unmap"), d.get("map")) == (1, 2), d
+        space.free(b)
 
 
 def test_medium_tensors_map_what_2MiB_rounding_maps_and_small_ones_pack():

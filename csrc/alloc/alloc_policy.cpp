@@ -113,10 +113,17 @@ bool AllocPolicy::try_allocate(uint64_t rounded, bool small, bool may_evict, uin
 
 std::vector<uint32_t> AllocPolicy::handle_plan(size_t npages) const {
   if (!extent_max_pages_ || npages < extent_min_pages_) return std::vector<uint32_t>(npages, 1);
-  // Even extents of at most extent_max_pages_: ceil(n / max) of them, the first few one page larger.
-  size_t count = (npages + extent_max_pages_ - 1) / extent_max_pages_;
-  std::vector<uint32_t> plan(count, static_cast<uint32_t>(npages / count));
-  for (size_t i = 0; i < npages % count; ++i) ++plan[i];
+  // Size classes extent_max_pages_, half of it, a quarter ... down to two pages, largest first,
+  // and one page for what is left: few handles, and of a few sizes only, so a freed extent fits
+  // the next large allocation of any size that contains its class (docs/eviction.md).
+  std::vector<uint32_t> plan;
+  size_t left = npages;
+  for (uint64_t c = extent_max_pages_; c >= 2; c /= 2)
+    while (left >= c) {
+      plan.push_back(static_cast<uint32_t>(c));
+      left -= c;
+    }
+  plan.insert(plan.end(), left, 1);
   return plan;
 }
 
@@ -143,6 +150,9 @@ bool AllocPolicy::obtain_handle(uint32_t npages, int32_t* id, bool may_evict, bo
       if (driver_oom) *driver_oom = true;
       return false;
     }
+    // A cached extent of this very size: unmapped, it is the free extent taken above (no
+    // release, no create).
+    if (npages > 1 && reclaim_cached_extent(npages)) continue;
     if (pages_.release_free_for(npages, /*pages_first=*/npages > 1)) continue;
     if (reclaim_one_page()) continue;
     if (pending_.count() && drain_pending(true)) continue;  // none: streams capturing a graph
@@ -157,6 +167,14 @@ bool AllocPolicy::reclaim_one_page() {
   size_t bytes = page_bytes_;
   if (!ranges_.take_cached_page(&victim, &bytes) && !slabs_.take_spare(&victim)) return false;
   ranges_.unmap(victim, bytes);
+  num_page_reclaims_++;
+  return true;
+}
+
+bool AllocPolicy::reclaim_cached_extent(uint32_t npages) {
+  uintptr_t va = 0;
+  if (!ranges_.take_cached_extent(npages, &va)) return false;
+  ranges_.unmap(va, uint64_t{npages} * page_bytes_);
   num_page_reclaims_++;
   return true;
 }

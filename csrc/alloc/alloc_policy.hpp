@@ -19,8 +19,11 @@
 // none fits are the open frees of every stream sealed (one event each) and polled.
 // Small allocations (<= small_threshold) are 512-byte blocks packed into one-page slabs.
 // Large allocations of at least min(kExtentMinBytes, extent_bytes) (and two pages) get extents when step 2 maps
-// them: physical handles of several pages each, at most extent_bytes, split evenly (docs/
-// eviction.md, "Extents"); smaller ones get one-page handles. A cached range or a pending
+// them: physical handles of several pages each, in size classes extent_bytes, half of it, ...
+// down to two pages, largest first, then one page for the rest (docs/eviction.md, "Extents");
+// smaller ones get one-page handles. An extent wanted is found, in order: free of its size,
+// created under capacity, a cached one of its size unmapped, room made by releasing free
+// handles of other sizes, then as for pages. A cached range or a pending
 // free is only ever cut at a handle boundary, so an extent always lies under one allocation
 // or one free range. When memory is short, free handles of the other kind are released to
 // make room under capacity (an extent's bytes can back pages again, and the reverse); if the
@@ -97,6 +100,8 @@ class AllocPolicy {
   void disable_extents() { extent_max_pages_ = 0; }
   // Unmap one cached page (or the spare slab's); false when there is none.
   bool reclaim_one_page();
+  // Unmap one cached extent of exactly npages; false when there is none.
+  bool reclaim_cached_extent(uint32_t npages);
   // Unmap every cached page, the spare slab's too (trim).
   void unmap_cached();
   [[noreturn]] void throw_oom(uint64_t requested, const char* why = nullptr);

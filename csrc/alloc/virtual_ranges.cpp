@@ -22,6 +22,17 @@ bool VirtualRanges::take_cached_page(uintptr_t* va, size_t* bytes) {
   return true;
 }
 
+bool VirtualRanges::take_cached_extent(uint32_t npages, uintptr_t* va) {
+  uint64_t bytes = uint64_t{npages} * pages_.page_bytes();
+  bool found = false;
+  pages_.for_each_mapped_extent([&](int32_t id, uintptr_t at) {
+    if (found || pages_.pages_of(id) != npages || !cached_.contains(at, bytes)) return;
+    found = cached_.take_exact(at, bytes);
+    *va = at;
+  });
+  return found;
+}
+
 void VirtualRanges::unmap(uintptr_t va, size_t bytes) {
   pages_.unmap_range(va, bytes);
   unmapped_.insert(va, bytes);

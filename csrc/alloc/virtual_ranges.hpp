@@ -37,6 +37,9 @@ class VirtualRanges {
   // The last handle (a page or an extent) of the smallest cached range (the least useful
   // for reuse), taken out: its first virtual page and its bytes.
   bool take_cached_page(uintptr_t* va, size_t* bytes);
+  // A cached extent of exactly npages that a cached range holds whole, taken out (its first
+  // virtual page in *va); false when there is none.
+  bool take_cached_extent(uint32_t npages, uintptr_t* va);
   // Unmap [va, va + bytes) (its pages become the page table's free pages); unmapped range.
   void unmap(uintptr_t va, size_t bytes);
   // Unmap every cached range (trim).

@@ -72,7 +72,10 @@ int32_t PageTable::new_slot(PageHandle handle, uint64_t tag, uint32_t npages) {
   }
   pages_[slot] = Page{handle, 0, true, npages, tag};
   pages_held_ += npages;
-  if (npages > 1) ++extents_held_;
+  if (npages > 1) {
+    ++extents_held_;
+    extent_ids_.push_back(slot);
+  }
   return slot;
 }
 
@@ -86,7 +89,10 @@ void PageTable::release_slot(int32_t id) {
   check(backend_.release_page(p.handle));
   pages_held_ -= p.npages;
   free_page_count_ -= p.npages;
-  if (p.npages > 1) --extents_held_;
+  if (p.npages > 1) {
+    --extents_held_;
+    extent_ids_.erase(std::find(extent_ids_.begin(), extent_ids_.end(), id));
+  }
   p = Page{};
   free_slots_.push_back(id);
 }

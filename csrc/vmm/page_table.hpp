@@ -93,6 +93,13 @@ class PageTable {
   uint64_t pages_unmapped() const { return free_page_count_; }
   uint64_t extents_held() const { return extents_held_; }
 
+  // Visit every mapped extent: (id, its first virtual page).
+  template <typename F>
+  void for_each_mapped_extent(F&& f) const {
+    for (int32_t id : extent_ids_)
+      if (pages_[id].va) f(id, pages_[id].va);
+  }
+
   // Visit every page of every held handle: (id, the page's mapped address or 0).
   template <typename F>
   void for_each_page(F&& f) const {
@@ -123,6 +130,7 @@ class PageTable {
   std::vector<int32_t> free_slots_;    // unused slots in pages_
   std::vector<int32_t> free_pages_;    // held, unmapped one-page handles
   std::vector<int32_t> free_extents_;  // held, unmapped extents
+  std::vector<int32_t> extent_ids_;    // every held extent
   uint64_t free_page_count_ = 0;       // pages in free_pages_ and free_extents_
   std::unordered_map<uintptr_t, int32_t> mapped_;  // every mapped virtual page -> its handle
   std::map<uintptr_t, size_t> reservations_;
