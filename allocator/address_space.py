@@ -14,11 +14,13 @@ from __future__ import annotations
 
 import bisect
 import ctypes
+import itertools
 from typing import Any, Callable
 
 from . import _native
 from .checks import MAX_U64 as _MAX_U64
 from .checks import as_u64 as _as_u64
+from .checks import space_name as _space_name
 from ._handle import NativeHandle
 from .config import Config
 from .errors import ClosedError, InvalidArgumentError, OutOfMemoryError
@@ -31,6 +33,7 @@ __all__ = ["AddressSpace"]
 # A malloc short of pages asks the page source this many times (each time it may get pages
 # another thread then takes) before it evicts or fails.
 _SHORTAGE_RETRIES = 3
+_UNNAMED = itertools.count(1)  # numbers the unnamed spaces of this process, for their default names
 
 
 class AddressSpace(NativeHandle):
@@ -63,12 +66,17 @@ class AddressSpace(NativeHandle):
         leased: bool = False,
         page_source: PageSource | None = None,
         service: str | None = None,
+        name: str | None = None,
     ) -> None:
         """Build a space from its settings, normalized once into one Config (or ``config``,
         taken as it is). ``leased``: the space creates no pages; they are imported (by the
         caller, or by ``page_source``, which it then asks when short). ``service=`` is
-        refused: :class:`vtalloc.client.ServiceAddressSpace` builds a service-backed space."""
+        refused: :class:`vtalloc.client.ServiceAddressSpace` builds a service-backed space.
+        ``name``: what ``vtalloc stats --pid`` and ``repr`` call it (checks.space_name); unnamed,
+        ``<backend>:<device>#<n>``, the n-th unnamed space of the process (``"cuda:0#1"``)."""
         self._handle: int | None = None
+        if name is not None:
+            name = _space_name(name)
         self._closed = True
         self._source: PageSource | None = None
         if service is not None:
@@ -99,6 +107,7 @@ class AddressSpace(NativeHandle):
         _native.check(lib.vta_space_backend(self._handle, ctypes.byref(kind), ctypes.byref(dev)))
         self.backend: str = _native.BACKEND_NAMES[kind.value]
         self.device: int = dev.value
+        self.name: str = name if name is not None else f"{self.backend}:{self.device}#{next(_UNNAMED)}"
         s = self.stats()
         self.page_bytes: int = s.page_bytes
         self.capacity_bytes: int = s.capacity_bytes
@@ -140,7 +149,8 @@ class AddressSpace(NativeHandle):
     def __repr__(self) -> str:
         state = "closed" if self._closed else f"capacity={self.capacity_bytes}, page={self.page_bytes}"
         source = self._source.describe() if self._source is not None else ""
-        return (f"<vtalloc AddressSpace {getattr(self, 'backend', '?')}:{getattr(self, 'device', '?')} {state}"
+        return (f"<vtalloc AddressSpace {getattr(self, 'name', '?')!r} {getattr(self, 'backend', '?')}:"
+                f"{getattr(self, 'device', '?')} {state}"
                 + (f" {source}>" if source else ">"))
 
     def _h(self) -> int:

@@ -1,7 +1,8 @@
 """Argument checks shared by the classes that hand Python values to the C ABI.
 
 Owns: :func:`as_u64` (an integer argument as an unsigned 64-bit value), ``MAX_U64``, and
-:func:`quote` (how an error message quotes what a caller passed, bounded in length).
+:func:`quote` (how an error message quotes what a caller passed, bounded in length), and
+:func:`space_name` (what a space may be called).
 Invariant: a bad value raises InvalidArgumentError naming the argument, before any call
 into C; nothing here touches the native library, so every allocator module may use it.
 """
@@ -9,13 +10,18 @@ into C; nothing here touches the native library, so every allocator module may u
 from __future__ import annotations
 
 import operator
+import re
 from typing import Any
 
 from .errors import InvalidArgumentError
 
-__all__ = ["as_u64", "MAX_U64", "quote"]
+__all__ = ["as_u64", "MAX_U64", "quote", "space_name", "MAX_NAME_CHARS"]
 
 MAX_U64 = (1 << 64) - 1
+MAX_NAME_CHARS = 64
+# A letter or digit, then letters, digits and . _ - : / @ +. No spaces (a name is one column
+# of `vtalloc stats --pid`) and no '#', which only default names carry.
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:/@+-]*")
 
 
 def as_u64(value: Any, name: str, *, positive: bool = False) -> int:
@@ -47,3 +53,17 @@ def quote(value: object, limit: int) -> str:
         return repr(value)
     unit = "characters" if isinstance(value, str) else "bytes"
     return f"{value[:limit]!r}... ({len(value)} {unit})"
+
+
+def space_name(value: Any, what: str = "name") -> str:
+    """``value`` as an address space's name: 1 .. MAX_NAME_CHARS characters, a letter or digit
+    first, then letters, digits and ``. _ - : / @ +`` (e.g. ``encoder``, ``torch:cuda:0``)."""
+    if not isinstance(value, str):
+        raise InvalidArgumentError(f"{what} must be a str, not {type(value).__name__}")
+    if not 1 <= len(value) <= MAX_NAME_CHARS:
+        raise InvalidArgumentError(f"{what} must be 1 to {MAX_NAME_CHARS} characters, got {quote(value, 80)}"
+                                   f" ({len(value)})")
+    if not _NAME.fullmatch(value):
+        raise InvalidArgumentError(f"{what} {quote(value, 80)}: use letters, digits and . _ - : / @ +, "
+                                   "starting with a letter or digit")
+    return value

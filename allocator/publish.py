@@ -9,6 +9,10 @@ core); a space is held by weak reference, so publishing never keeps one alive; t
 is removed when the last published space closes or the process exits; a forked child
 publishes nothing until it publishes its own spaces.
 
+Each space is one row, under its name (``AddressSpace(name=...)``; unnamed spaces have a
+default name). An object with a ``published_parts()`` method (the torch allocator's view)
+publishes one row per part it returns.
+
 Turn it on per space with :func:`publish_stats`, or for every AddressSpace of a process
 with ``VTALLOC_PUBLISH_STATS=1`` (or ``=0.5``, the interval in seconds) in its environment.
 """
@@ -25,6 +29,7 @@ import weakref
 from pathlib import Path
 from typing import Any
 
+from .checks import space_name
 from .errors import InvalidArgumentError, VtallocError
 
 __all__ = [
@@ -106,18 +111,19 @@ class _Publisher:
             try:
                 if space is None:
                     raise VtallocError("collected")
-                stats = space.stats()
+                parts = _parts(space, name)
             except (VtallocError, AttributeError):  # closed, collected, or not initialised yet
                 if space is None or getattr(space, "closed", False):
                     with self._lock:
                         if self._spaces.get(key, (None,))[0] is ref:
                             del self._spaces[key]
                 continue
-            d = stats.as_dict()
-            d["fragmentation"] = stats.fragmentation
-            rows.append({"name": name, "backend": space.backend, "device": space.device,
-                         "leased": bool(getattr(space, "leased", False)),
-                         "service": getattr(space, "service_address", None), "stats": d})
+            for part_name, device, stats in parts:
+                d = stats.as_dict()
+                d["fragmentation"] = stats.fragmentation
+                rows.append({"name": part_name, "backend": space.backend, "device": device,
+                             "leased": bool(getattr(space, "leased", False)),
+                             "service": getattr(space, "service_address", None), "stats": d})
         if not rows:
             return None
         return {"schema": SCHEMA, "pid": os.getpid(), "uid": os.geteuid(), "updated_unix": time.time(),
@@ -167,16 +173,29 @@ class _Publisher:
             self._remove_file()
 
 
+def _parts(space: Any, name: str) -> list[tuple[str, int, Any]]:
+    """(name, device, Stats) of each row ``space`` publishes: its parts, or itself."""
+    parts = getattr(space, "published_parts", None)
+    if parts is not None:
+        rows = list(parts())
+        if rows:
+            return rows
+    return [(name, space.device, space.stats())]
+
+
 _publisher = _Publisher()
 atexit.register(_publisher.at_exit)
 os.register_at_fork(after_in_child=_publisher.after_fork_in_child)
 
 
 def publish_stats(space: Any, *, name: str | None = None, interval_s: float = DEFAULT_INTERVAL_S) -> None:
-    """Publish ``space``'s stats every ``interval_s`` seconds until it is closed or collected."""
+    """Publish ``space``'s stats every ``interval_s`` seconds until it is closed or collected,
+    under ``name`` (default: the space's own ``name``)."""
     if not 0.01 <= interval_s <= 3600:
         raise InvalidArgumentError(f"publishing interval must be 0.01 .. 3600 s, got {interval_s}")
-    _publisher.add(space, name or f"space-{id(space):x}", interval_s)
+    if name is not None:
+        name = space_name(name)
+    _publisher.add(space, name or getattr(space, "name", None) or f"{type(space).__name__}-{id(space):x}", interval_s)
 
 
 def unpublish_stats(space: Any) -> None:

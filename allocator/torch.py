@@ -432,10 +432,14 @@ def prefetch(tensor: Any, space: Any = None, wait: bool = False) -> None:
 class _TorchSpacesView:
     """What the stats publisher sees of the spaces serving torch: their Stats summed over devices."""
 
-    backend, device, closed, leased = "cuda", _torch_shim.ALL_DEVICES, False, False
+    backend, device, closed, leased, name = "cuda", _torch_shim.ALL_DEVICES, False, False, "torch"
 
     def stats(self) -> Stats:
         return stats()
+
+    def published_parts(self) -> list[tuple[str, int, Stats]]:
+        """One row per device with a space, named as torch names the device (``torch:cuda:0``)."""
+        return [(f"torch:cuda:{d}", d, _torch_shim.device_stats(d)) for d in _torch_shim.devices()]
 
 
 _TORCH_VIEW = _TorchSpacesView()  # module-lifetime: the publisher holds it by weak reference

@@ -253,19 +253,16 @@ def register(app: typer.Typer, *, fail: Callable[[str, int], NoReturn], console:
     @app.command()
     @guard
     def plot(
-        out: str = typer.Option(..., "--out", "-o", help="The PNG file to write."),
+        out: str = typer.Option(..., "--out", "-o", help="The file to write: .png, .svg or .pdf."),
         socket: Optional[str] = socket_opt,
         timeout: float = timeout_opt,
         session_id: str = typer.Option("", "--session", help="Only this session's pages."),
         json_out: bool = typer.Option(False, "--json", help="Print what was drawn as JSON (vtalloc.plot/v1)."),
     ) -> None:
-        """Draw the page map (resident, cached, unmapped, evicted, free; by session) to a PNG file."""
-        if not out.lower().endswith(".png"):
-            raise InvalidArgumentError(f"--out {out!r}: the picture is a PNG; name the file *.png")
-        try:
-            from .plot import plot_page_map
-        except ImportError as e:  # pragma: no cover - depends on the install
-            raise VtallocError(f"vtalloc plot needs matplotlib: pip install 'vtalloc[plot]' ({e})") from None
+        """Draw the page map (each page's state and id, by session; evicted counts) to a PNG, SVG or PDF file."""
+        from .plot import output_format, plot_page_map
+
+        output_format(out)  # a bad extension is refused before the daemon is asked
         doc = page_map(socket, timeout, session_id)
         drawn = plot_page_map(doc, out)
         if json_out:

@@ -337,8 +337,13 @@ class LeaseSource(PageSource):
         s = space.stats()
         pages = space.pages()
         by_state = collections.Counter(p.state for p in pages)
-        uses = [pages_pb2.PageUseReport(page_id=p.tag, use=_PAGE_USE[p.state]) for p in pages
-                if p.tag and p.state in _PAGE_USE]  # evicted virtual pages hold no leased page
+        # A page's tag is this client's name for it; the daemon knows it by its page id, and only
+        # the pages leased in this session epoch (a restarted daemon never leased the older ones).
+        with self._pages_lock:
+            epoch = self._link.epoch if self._link is not None else None
+            ids = {tag: pid for tag, (e, pid) in self._tags.items() if e == epoch}
+        uses = [pages_pb2.PageUseReport(page_id=ids[p.tag], use=_PAGE_USE[p.state]) for p in pages
+                if p.tag in ids and p.state in _PAGE_USE]  # evicted virtual pages hold no leased page
         return pages_pb2.ClientReport(
             allocated_bytes=s.allocated_bytes, active_bytes=s.active_bytes, mapped_bytes=s.mapped_bytes,
             cached_bytes=s.cached_bytes, pages_total=s.pages_total, pages_allocated=by_state["allocated"],

@@ -17,6 +17,7 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from vtalloc.allocator.address_space import AddressSpace
+from vtalloc.allocator.checks import space_name
 from vtalloc.allocator.config import Config
 from vtalloc.allocator.errors import InvalidArgumentError
 from vtalloc.server.proto.vtalloc.v1 import pages_pb2
@@ -52,6 +53,7 @@ class ServiceAddressSpace(AddressSpace):
         rpc_timeout_s: float = DEFAULT_RPC_TIMEOUT_S,
         report_interval_s: float = DEFAULT_REPORT_INTERVAL_S,
         evict_handler: EvictHandler | None = None,
+        name: str | None = None,
         **options: Any,
     ) -> None:
         """Open a session with the daemon at ``address`` (default: the default socket) and a
@@ -64,9 +66,12 @@ class ServiceAddressSpace(AddressSpace):
         ``lease_batch_pages``: pages leased at a time when malloc runs out; ``keep_free_pages``:
         unused pages kept after a free (default: one batch); ``evict_handler(space, pages,
         give_back)``: what to do when the daemon asks for pages (default: evict_for_pressure).
+        ``name``: the space's name (default ``session-<session id>``, the id `vtalloc stats` shows).
         """
         if not leased:
             raise InvalidArgumentError("a service-backed address space is always leased")
+        if name is not None:
+            name = space_name(name)  # before a session opens
         lease = LeaseSource(address, evict_handler=evict_handler or default_evict_handler,
                             lease_batch_pages=lease_batch_pages, keep_free_pages=keep_free_pages,
                             rpc_timeout_s=rpc_timeout_s, report_interval_s=report_interval_s)
@@ -76,7 +81,8 @@ class ServiceAddressSpace(AddressSpace):
                                 capacity=capacity, page_size=page_size, **options)
             elif options:
                 config = config.replace(**options)
-            super().__init__(config=lease.fit(config), leased=True, page_source=lease)
+            super().__init__(config=lease.fit(config), leased=True, page_source=lease,
+                             name=f"session-{lease.hello.session_id}" if name is None else name)
         except BaseException:
             lease.close()
             raise

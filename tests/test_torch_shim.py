@@ -378,7 +378,7 @@ def test_torch_spaces_are_published_for_stats_pid(host_shim, tmp_path, monkeypat
         except (FileNotFoundError, ValueError, KeyError, IndexError):
             pass
         time.sleep(0.05)
-    assert record is not None and record["spaces"][0]["name"] == "torch"
+    assert record is not None and record["spaces"][0]["name"] == "torch:cuda:0"  # one row per device
     assert record["spaces"][0]["stats"]["allocated_bytes"] == 3 * MiB
     publish.unpublish_stats(vt._TORCH_VIEW)
     shim.free_for_test(a, 3 * MiB)
