@@ -23,6 +23,7 @@ from vtalloc.allocator.config import Config
 from vtalloc.allocator.errors import InvalidArgumentError, VtallocError
 
 from . import render
+from .layout import natural_width
 
 __all__ = ["register"]
 
@@ -62,7 +63,24 @@ def register(app: typer.Typer, *, fail: Callable[[str, int], NoReturn], console:
     def emit_json(doc: dict[str, Any]) -> None:
         print(json.dumps(doc, separators=(",", ":")), flush=True)
 
+    def show(tables: list[Any], wide: bool) -> None:
+        """Print tables at the terminal's width (columns that do not fit go to further blocks),
+        or with ``wide`` one block each, as wide as it needs."""
+        out = console
+        if wide:
+            out = Console(width=max([console.width, *(natural_width(t) for t in tables)]), file=console.file,
+                          force_terminal=console.is_terminal, no_color=console.no_color)
+        for n, t in enumerate(tables):
+            if n:
+                out.print()
+            out.print(t)
+
+    def width(wide: bool) -> Optional[int]:
+        return None if wide else console.width
+
     socket_opt = typer.Option(None, "--socket", envvar="VTALLOC_SOCKET", help=_SOCKET_HELP)
+    wide_opt = typer.Option(False, "--wide", help="One line per row, however wide (default: fit the terminal, "
+                            "moving columns that do not fit to a further block of rows).")
     timeout_opt = typer.Option(5.0, "--timeout", min=0.1, help="Seconds to wait for each answer from the daemon.")
 
     # -- serve ------------------------------------------------------------------------------
@@ -181,6 +199,7 @@ def register(app: typer.Typer, *, fail: Callable[[str, int], NoReturn], console:
                                           "(VTALLOC_PUBLISH_STATS=1)."),
         json_out: bool = typer.Option(False, "--json", help=f"Print JSON ({render.STATS_SCHEMA}; with --pid "
                                       f"{render.PROC_SCHEMA}), one document per line."),
+        wide: bool = wide_opt,
     ) -> None:
         """Page stats per device and per session: capacity, resident/evicted/free pages, quotas, evictions."""
         if pid is not None:
@@ -188,7 +207,7 @@ def register(app: typer.Typer, *, fail: Callable[[str, int], NoReturn], console:
                 if json_out:
                     emit_json(doc)
                 else:
-                    console.print(render.proc_table(doc))
+                    show(render.proc_tables(doc, width(wide)), wide)
             return
         with open_session(socket, timeout) as session:
             for doc in samples(lambda: node_stats(session, session_id), watch, count):
@@ -197,8 +216,7 @@ def register(app: typer.Typer, *, fail: Callable[[str, int], NoReturn], console:
                 else:
                     if watch:
                         console.rule(time.strftime("%H:%M:%S"))
-                    for t in render.stats_tables(doc):
-                        console.print(t)
+                    show(render.stats_tables(doc, width(wide)), wide)
 
     @app.command()
     @guard
@@ -208,8 +226,13 @@ def register(app: typer.Typer, *, fail: Callable[[str, int], NoReturn], console:
         interval: float = typer.Option(1.0, "--interval", "-i", min=0.05, help="Seconds between refreshes."),
         count: Optional[int] = typer.Option(None, "--count", "-c", min=1, help="Stop after N refreshes."),
         json_out: bool = typer.Option(False, "--json", help=f"Print one {render.STATS_SCHEMA} document per refresh."),
+        wide: bool = wide_opt,
     ) -> None:
-        """A live view of the node's pages and sessions (Ctrl-C to quit)."""
+        """A live view of the node's pages and sessions (Ctrl-C to quit).
+
+        On a terminal the view redraws in place; when stdout is not a terminal (a pipe, a file,
+        `timeout`) each refresh prints one snapshot below the last, flushed at once.
+        """
         from rich.live import Live
 
         with open_session(socket, timeout) as session:
@@ -218,11 +241,21 @@ def register(app: typer.Typer, *, fail: Callable[[str, int], NoReturn], console:
                 for doc in docs:
                     emit_json(doc)
                 return
+
+            def head() -> str:
+                return f"vtalloc top  {time.strftime('%H:%M:%S')}  every {interval:g}s"
+
+            if not console.is_terminal:
+                for doc in docs:
+                    console.rule(head(), align="left")
+                    show(render.stats_tables(doc, width(wide)), wide)
+                    console.file.flush()
+                return
             with Live(console=console, auto_refresh=False) as live:
                 try:
                     for doc in docs:
-                        head = f"vtalloc top  {time.strftime('%H:%M:%S')}  every {interval:g}s  (Ctrl-C to quit)"
-                        live.update(Group(head, *render.stats_tables(doc)), refresh=True)
+                        live.update(Group(head() + "  (Ctrl-C to quit)", *render.stats_tables(doc, width(wide))),
+                                    refresh=True)
                 except KeyboardInterrupt:
                     pass
 
@@ -241,14 +274,14 @@ def register(app: typer.Typer, *, fail: Callable[[str, int], NoReturn], console:
         timeout: float = timeout_opt,
         session_id: str = typer.Option("", "--session", help="Only this session's pages."),
         json_out: bool = typer.Option(False, "--json", help=f"Print JSON ({render.PAGES_SCHEMA})."),
+        wide: bool = wide_opt,
     ) -> None:
         """The page map: which session holds which pages, and in what state."""
         doc = page_map(socket, timeout, session_id)
         if json_out:
             emit_json(doc)
             return
-        for t in render.pages_tables(doc):
-            console.print(t)
+        show(render.pages_tables(doc, width(wide)), wide)
 
     @app.command()
     @guard
@@ -286,6 +319,7 @@ def register(app: typer.Typer, *, fail: Callable[[str, int], NoReturn], console:
         socket: Optional[str] = socket_opt,
         timeout: float = timeout_opt,
         json_out: bool = typer.Option(False, "--json", help=f"Print JSON ({render.QUOTA_SCHEMA})."),
+        wide: bool = wide_opt,
     ) -> None:
         """Show a principal's guaranteed minimum and hard maximum."""
         from vtalloc.server.proto.vtalloc.v1 import admin_pb2
@@ -296,7 +330,7 @@ def register(app: typer.Typer, *, fail: Callable[[str, int], NoReturn], console:
         if json_out:
             emit_json(doc)
         else:
-            console.print(render.quota_table(doc))
+            show(render.quota_tables(doc, width(wide)), wide)
 
     @quota_app.command("set")
     @guard
@@ -307,6 +341,7 @@ def register(app: typer.Typer, *, fail: Callable[[str, int], NoReturn], console:
         socket: Optional[str] = socket_opt,
         timeout: float = timeout_opt,
         json_out: bool = typer.Option(False, "--json", help=f"Print JSON ({render.QUOTA_SCHEMA})."),
+        wide: bool = wide_opt,
     ) -> None:
         """Set a principal's guaranteed minimum and hard maximum (admin)."""
         from vtalloc.server.proto.vtalloc.v1 import admin_pb2
@@ -321,7 +356,7 @@ def register(app: typer.Typer, *, fail: Callable[[str, int], NoReturn], console:
         if json_out:
             emit_json(doc)
         else:
-            console.print(render.quota_table(doc))
+            show(render.quota_tables(doc, width(wide)), wide)
 
     @app.command()
     @guard
