@@ -14,6 +14,7 @@ from typing import Any
 from rich.table import Table
 
 from vtalloc.allocator.config import format_size
+from vtalloc.allocator.stats import fragmentation
 
 from .layout import Column, fit
 
@@ -31,11 +32,6 @@ HEALTH_SCHEMA = "vtalloc.health/v1"
 EVICT_SCHEMA = "vtalloc.evict/v1"
 
 
-def fragmentation(active_bytes: int, mapped_bytes: int) -> float:
-    """1 - active / mapped: the share of mapped memory under no live allocation (0 when nothing is mapped)."""
-    return 0.0 if mapped_bytes <= 0 else 1.0 - min(active_bytes, mapped_bytes) / mapped_bytes
-
-
 def _quota(q: Any) -> dict[str, Any]:
     return {"principal": q.principal, "min_bytes": q.min_bytes, "max_bytes": q.max_bytes}
 
@@ -44,6 +40,7 @@ def _device(d: Any, sessions: list[dict[str, Any]]) -> dict[str, Any]:
     page = d.page_bytes
     active = sum(s["active_bytes"] for s in sessions if s["reported"])
     mapped = sum(s["mapped_bytes"] for s in sessions if s["reported"])
+    evicted = sum(s["evicted_bytes"] for s in sessions if s["reported"])
     return {
         "backend": d.backend, "device": d.device, "page_bytes": page,
         "capacity_pages": d.capacity_pages, "capacity_bytes": d.capacity_pages * page,
@@ -55,7 +52,7 @@ def _device(d: Any, sessions: list[dict[str, Any]]) -> dict[str, Any]:
         "inherited_processes": d.inherited_processes,
         "evicted_pages": d.evicted_pages, "evicted_bytes": d.evicted_bytes,
         "host_capacity_bytes": d.host_capacity_bytes,
-        "fragmentation": fragmentation(active, mapped),
+        "fragmentation": fragmentation(active, mapped, evicted),
     }
 
 
@@ -66,7 +63,7 @@ def _report(r: Any, page: int) -> dict[str, Any]:
         "cached_pages": r.pages_cached,
         "unmapped_pages": r.pages_free, "evicted_pages": r.evicted_pages, "evicted_bytes": r.evicted_bytes,
         "evictions_total": r.evictions_total, "restores_total": r.restores_total, "ooms_total": r.ooms_total,
-        "fragmentation": fragmentation(r.active_bytes, r.mapped_bytes),
+        "fragmentation": fragmentation(r.active_bytes, r.mapped_bytes, r.evicted_bytes),
     }
 
 
