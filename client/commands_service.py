@@ -10,6 +10,7 @@ take ``--json`` (schemas in render.py); ``--watch``/``top`` print one JSON docum
 
 from __future__ import annotations
 
+import enum
 import functools
 import json
 import os
@@ -19,13 +20,16 @@ from typing import Any, Callable, NoReturn, Optional
 import typer
 from rich.console import Console, Group
 
-from vtalloc.allocator.config import Config
+from vtalloc.allocator.config import BACKENDS, Config, parse_size
 from vtalloc.allocator.errors import InvalidArgumentError, VtallocError
 
 from . import render
 from .layout import natural_width
 
-__all__ = ["register"]
+__all__ = ["register", "Backend"]
+
+# --backend's choices: argument parsing refuses others (exit code 2).
+Backend = enum.Enum("Backend", {b: b for b in BACKENDS}, type=str)  # type: ignore[misc]
 
 _SOCKET_HELP = "The daemon's socket (unix:///path or a path). Default: $VTALLOC_SOCKET, else vtalloc.sock " \
                "in $XDG_RUNTIME_DIR/vtalloc, /run/vtalloc (root) or /tmp/vtalloc-<uid>."
@@ -87,10 +91,11 @@ def register(app: typer.Typer, *, fail: Callable[[str, int], NoReturn], console:
     @app.command()
     def serve(
         socket: Optional[str] = socket_opt,
-        backend: str = typer.Option("auto", help="auto (cuda if usable, else host), host (memfd pages, no GPU) or cuda."),
+        backend: Backend = typer.Option("auto", help="auto (cuda if usable, else host), host (memfd pages, no GPU) "
+                                        "or cuda."),
         device: int = typer.Option(0, help="CUDA device ordinal; run one daemon per device."),
-        capacity: Optional[str] = typer.Option(None, help="Bytes of pages the node leases, e.g. 60GiB "
-                                               "(default: the backend's; host: 1 GiB)."),
+        capacity: Optional[str] = typer.Option(None, help="Bytes of pages the node leases, e.g. 60GiB, rounded "
+                                               "down to whole pages (default: the backend's; host: 1 GiB)."),
         page_size: Optional[str] = typer.Option(None, help="Bytes per page (default: the backend's granularity)."),
         host_capacity: Optional[str] = typer.Option(None, help="Host bytes each client may use for evicted pages "
                                                     "(default: the client's own default)."),
@@ -132,7 +137,7 @@ def register(app: typer.Typer, *, fail: Callable[[str, int], NoReturn], console:
         try:
             config = DaemonConfig(
                 socket_path=socket or default_socket_path(),
-                pages=Config(backend=backend, device=device, capacity=capacity, page_size=page_size),
+                pages=Config(backend=backend.value, device=device, capacity=capacity, page_size=page_size),
                 host_capacity=host_capacity, metrics_port=metrics_port, metrics_addr=metrics_addr, group=group,
                 admin_uids=tuple(admin_uid),
                 default_quota=parse_quota(default_quota) if default_quota else None,
@@ -145,8 +150,15 @@ def register(app: typer.Typer, *, fail: Callable[[str, int], NoReturn], console:
                 raise InvalidArgumentError(f"--log-level: {log_level!r} is not debug, info, warning or error")
         except InvalidArgumentError as e:
             raise typer.BadParameter(str(e)) from None
+        def note(ready: dict[str, Any]) -> None:
+            if capacity is not None:
+                line = render.rounding_note("--capacity", capacity, parse_size(capacity), ready["capacity_bytes"],
+                                            ready["page_bytes"])
+                if line:
+                    err_console.print(line, highlight=False, soft_wrap=True)
+
         try:
-            run_daemon(config, log_level=log_level)
+            run_daemon(config, log_level=log_level, then=note)
         except (VtallocError, OSError) as e:  # the socket directory, another daemon, the backend: runtime
             if is_debug():
                 raise
@@ -246,7 +258,9 @@ def register(app: typer.Typer, *, fail: Callable[[str, int], NoReturn], console:
                 return f"vtalloc top  {time.strftime('%H:%M:%S')}  every {interval:g}s"
 
             if not console.is_terminal:
-                for doc in docs:
+                for n, doc in enumerate(docs):
+                    if n:
+                        console.print()
                     console.rule(head(), align="left")
                     show(render.stats_tables(doc, width(wide)), wide)
                     console.file.flush()

@@ -21,7 +21,7 @@ from .layout import Column, fit
 __all__ = [
     "STATS_SCHEMA", "PROC_SCHEMA", "PAGES_SCHEMA", "QUOTA_SCHEMA", "HEALTH_SCHEMA", "EVICT_SCHEMA",
     "stats_doc", "pages_doc", "quota_doc", "proc_doc", "stats_tables", "pages_tables", "quota_tables",
-    "proc_tables", "fragmentation",
+    "proc_tables", "fragmentation", "rounding_note",
 ]
 
 STATS_SCHEMA = "vtalloc.stats/v1"
@@ -30,6 +30,18 @@ PAGES_SCHEMA = "vtalloc.pages/v1"
 QUOTA_SCHEMA = "vtalloc.quota/v1"
 HEALTH_SCHEMA = "vtalloc.health/v1"
 EVICT_SCHEMA = "vtalloc.evict/v1"
+
+
+def rounding_note(option: str, given: str, requested: int, actual: int, page_bytes: int) -> str | None:
+    """A warning for stderr when a size option was not taken as written (None when it was)."""
+    if actual == requested:
+        return None
+    if actual == requested - requested % page_bytes:
+        how = f"is not a whole number of {format_size(page_bytes)} pages: rounded down to"
+    else:
+        how = "is not what the backend gives:"
+    return f"warning: {option} {given} ({requested} bytes) {how} {format_size(actual)} ({actual} bytes, " \
+           f"{actual // page_bytes} page{'' if actual == page_bytes else 's'})"
 
 
 def _quota(q: Any) -> dict[str, Any]:
