@@ -74,6 +74,7 @@ def check_fits(out: str, columns: int, headers: tuple[str, ...]) -> None:
     (("stats",), STATS_HEADERS), (("stats", "--wide"), STATS_HEADERS), (("top", "--count", "1"), STATS_HEADERS),
     (("pages",), PAGES_HEADERS), (("quota", "get"), ("principal", "min (guaranteed)", "max (hard)", "(default)")),
     (("health",), ("SERVING",)), (("info",), ("backend", "available", "reason", "host")),
+    (("demo", "--backend", "host", "--no-train"), ("stat", "before the big allocation", "after", "num_page_reclaims")),
 ])
 def test_every_command_fits_the_width_and_shows_every_column(node, columns, args, headers):
     d, _, sid, _ = node
