@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import bisect
 import ctypes
+import dataclasses
 import itertools
+import threading
 from typing import Any, Callable
 
 from . import _native
@@ -24,15 +26,12 @@ from .checks import space_name as _space_name
 from ._handle import NativeHandle
 from .config import Config
 from .errors import ClosedError, InvalidArgumentError, OutOfMemoryError
-from .page_source import PageSource
+from .page_source import PageSource, malloc_from_source
 from .publish import publish_from_env
 from .stats import PAGE_STATES, AllocationRecord, KernelCounters, PageRecord, Stats
 
 __all__ = ["AddressSpace"]
 
-# A malloc short of pages asks the page source this many times (each time it may get pages
-# another thread then takes) before it evicts or fails.
-_SHORTAGE_RETRIES = 3
 _UNNAMED = itertools.count(1)  # numbers the unnamed spaces of this process, for their default names
 
 
@@ -47,6 +46,7 @@ class AddressSpace(NativeHandle):
     """
 
     _CLOSE_FN, _DESTROY_FN = "vta_space_close", "vta_space_destroy"
+    _uncounted_ooms, _uncounted_lock = 0, threading.Lock()  # see _uncount_ooms; the lock: OOM paths only
 
     def __init__(
         self,
@@ -182,33 +182,31 @@ class AddressSpace(NativeHandle):
         return out.value
 
     def _malloc_leased(self, n: int, s: int, evict: bool) -> int:
-        """A shortage is answered by the page source first; evictable pages are evicted (if
-        ``evict``) only when the source cannot supply enough."""
-        source = self._source
-        source.check_usable()
-        try:
-            return self._malloc(n, s, False)
-        except OutOfMemoryError as e:
-            if n > self.capacity_bytes:
-                raise
-            last: OutOfMemoryError = e
-        for _ in range(_SHORTAGE_RETRIES):
+        """A shortage is answered by the page source first (page_source.malloc_from_source).
+        The core counts each try that fails as an OOM; the caller sees one at most."""
+        failed = 0
+
+        def attempt(may_evict: bool) -> int:
+            nonlocal failed
             try:
-                if not source.on_shortage(self, n, restore=False):
-                    break
-            except OutOfMemoryError as e:  # the supplier refused (a quota, the node short)
-                last = e
-                break
-            try:
-                return self._malloc(n, s, False)
-            except OutOfMemoryError as e:
-                last = e
-        if evict:
-            try:
-                return self._malloc(n, s, True)  # the supply cannot grow: evict what may be evicted
+                return self._malloc(n, s, may_evict)
             except OutOfMemoryError:
-                pass
-        raise last
+                failed += 1
+                raise
+
+        try:
+            return malloc_from_source(self, self._source, n, evict, attempt)
+        except OutOfMemoryError:
+            failed -= 1  # the one the caller sees
+            raise
+        finally:
+            if failed:
+                self._uncount_ooms(failed)
+
+    def _uncount_ooms(self, n: int) -> None:
+        """``n`` OOMs the core counted were answered by the page source: no caller saw them."""
+        with self._uncounted_lock:
+            self._uncounted_ooms += n
 
     def free(self, address: int) -> None:
         """Free an address returned by :meth:`malloc` (double, foreign or interior frees raise)."""
@@ -339,6 +337,7 @@ class AddressSpace(NativeHandle):
         except OutOfMemoryError:
             if not self._source.on_shortage(self, self.size_of(address), restore=True):
                 raise
+            self._uncount_ooms(1)  # tried again below: the caller sees at most that one's
             return call()
 
     def residency(self, address: int) -> str:
@@ -440,7 +439,10 @@ class AddressSpace(NativeHandle):
     def stats(self) -> Stats:
         raw = _native.VtaStats()
         _native.check(self._lib.vta_stats(self._h(), ctypes.byref(raw)))
-        return _native.stats_from_struct(raw)
+        stats = _native.stats_from_struct(raw)
+        if self._uncounted_ooms:
+            stats = dataclasses.replace(stats, num_ooms=max(0, stats.num_ooms - self._uncounted_ooms))
+        return stats
 
     def modeled_ns(self) -> int | None:
         """The cost model's modeled host clock (ns since the space was created): the time the

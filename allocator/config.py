@@ -30,13 +30,10 @@ EVICT_MODES = ("auto", "copy", "mapped")
 # costs and copy bandwidths a modeled clock charges.
 COST_MODELS = ("h100",)
 
-_UNITS = {
-    "": 1, "b": 1,
-    "k": 1 << 10, "kib": 1 << 10, "kb": 10**3,
-    "m": 1 << 20, "mib": 1 << 20, "mb": 10**6,
-    "g": 1 << 30, "gib": 1 << 30, "gb": 10**9,
-    "t": 1 << 40, "tib": 1 << 40, "tb": 10**12,
-}
+# Binary units match in any case; decimal ones only as spelled here (kB and KB, MB, GB, TB).
+_BINARY_UNITS = {"": 1, "b": 1, "k": 1 << 10, "kib": 1 << 10, "m": 1 << 20, "mib": 1 << 20, "g": 1 << 30,
+                 "gib": 1 << 30, "t": 1 << 40, "tib": 1 << 40}
+_DECIMAL_UNITS = {"kB": 10**3, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12}
 _SIZE_RE = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*([a-zA-Z]*)\s*$")
 # Longer size strings are refused before any parsing (no size needs more: 2^64 has 20 digits),
 # which keeps them below Python's int-string limit and the regex's work bounded.
@@ -52,7 +49,14 @@ def _quote(value: str) -> str:
 
 
 def parse_size(value: Any, *, name: str = "size") -> int:
-    """Return ``value`` as a positive number of bytes, or raise InvalidArgumentError."""
+    """Return ``value`` as a positive number of bytes, or raise InvalidArgumentError.
+
+    Binary units KiB/MiB/GiB/TiB and bare K/M/G/T match in any case (``"64mib"``, ``"64m"``:
+    64 x 2^20); decimal units only as SI writes them: kB/KB, MB, GB, TB (``"64MB"``: 64 x 10^6).
+    ``"64mb"``, ``"64Mb"`` (MiB? MB? megabits?) are refused, the message giving both spellings.
+    The exact bytes are returned: a space rounds its capacity down to whole pages itself
+    (``AddressSpace.capacity_bytes`` is what it got; the CLI warns when that differs).
+    """
     if isinstance(value, bool):
         raise InvalidArgumentError(f"{name} must be a number of bytes, not a bool")
     if isinstance(value, str):
@@ -60,18 +64,23 @@ def parse_size(value: Any, *, name: str = "size") -> int:
             raise InvalidArgumentError(f"{name}: {_quote(value)} is too long for a size (at most "
                                        f"{_MAX_SIZE_CHARS} characters; try '64MiB' or '2GiB')")
         m = _SIZE_RE.match(value)
-        unit = m.group(2).lower() if m else None
-        if not m or unit not in _UNITS:
+        unit = m.group(2) if m else ""
+        scale = _DECIMAL_UNITS.get(unit) or _BINARY_UNITS.get(unit.lower())
+        if m and not scale and unit.lower() in ("kb", "mb", "gb", "tb"):  # "64mb": MiB? MB? megabits?
+            x, p, e = m.group(1), unit[0].upper(), "KMGT".index(unit[0].upper()) + 1
+            raise InvalidArgumentError(f"{name}: {_quote(value)} is ambiguous: write {x}{p}iB for {x} x 2^{10 * e} "
+                                       f"bytes or {x}{p}B for {x} x 10^{3 * e} bytes")
+        if not m or not scale:
             raise InvalidArgumentError(f"{name}: cannot parse {_quote(value)} as a size (try '64MiB' or '2GiB')")
         number = m.group(1)
         if "." in number:
             whole, frac = number.split(".")
-            scaled = int(whole) * _UNITS[unit] * 10 ** len(frac) + int(frac) * _UNITS[unit]
+            scaled = int(whole) * scale * 10 ** len(frac) + int(frac) * scale
             if scaled % 10 ** len(frac):
                 raise InvalidArgumentError(f"{name}: {_quote(value)} is not a whole number of bytes")
             n = scaled // 10 ** len(frac)
         else:
-            n = int(number) * _UNITS[unit]
+            n = int(number) * scale
     else:
         try:
             n = operator.index(value)

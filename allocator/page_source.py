@@ -7,6 +7,7 @@ only when the source has no more pages), after a free, after marking an allocati
 trim and on close; the source imports pages into the space (``AddressSpace.import_page``)
 and takes back pages holding no live data (``AddressSpace.return_pages``). The per-node
 service's lease (vtalloc.client.service_space) is one; the allocator knows no other layer.
+Also the order a leased malloc tries things in (``malloc_from_source``).
 
 Invariants:
 - the allocator core decides which pages hold live data; a source only ever gets pages
@@ -19,9 +20,15 @@ Invariants:
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import Any
+from typing import Any, Callable
 
-__all__ = ["PageSource"]
+from .errors import OutOfMemoryError
+
+__all__ = ["PageSource", "malloc_from_source"]
+
+# A malloc short of pages asks the page source this many times (each time it may get pages
+# another thread then takes) before it evicts or fails.
+_SHORTAGE_RETRIES = 3
 
 
 class PageSource(ABC):
@@ -67,3 +74,35 @@ class PageSource(ABC):
     def describe(self) -> str:
         """A few words for the space's repr (e.g. ``service=unix:///...``)."""
         return ""
+
+
+def malloc_from_source(space: Any, source: PageSource, nbytes: int, evict: bool,
+                       attempt: Callable[[bool], int]) -> int:
+    """A leased space's malloc: ``attempt(may_evict)`` is one try in the core. A shortage is
+    answered by the page source first; evictable pages are evicted (if ``evict``) only when
+    the source cannot supply enough. Raises the last OutOfMemoryError (a supplier's refusal
+    says why best)."""
+    source.check_usable()
+    try:
+        return attempt(False)
+    except OutOfMemoryError as e:
+        if nbytes > space.capacity_bytes:
+            raise
+        last: OutOfMemoryError = e
+    for _ in range(_SHORTAGE_RETRIES):
+        try:
+            if not source.on_shortage(space, nbytes, restore=False):
+                break
+        except OutOfMemoryError as e:  # the supplier refused (a quota, the node short)
+            last = e
+            break
+        try:
+            return attempt(False)
+        except OutOfMemoryError as e:
+            last = e
+    if evict:
+        try:
+            return attempt(True)  # the supply cannot grow: evict what may be evicted
+        except OutOfMemoryError:
+            pass
+    raise last

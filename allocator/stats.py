@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import dataclasses
 
-__all__ = ["Stats", "PageRecord", "AllocationRecord", "KernelCounters", "PAGE_STATES", "DRIVER_CALL_FIELDS"]
+__all__ = ["Stats", "PageRecord", "AllocationRecord", "KernelCounters", "PAGE_STATES", "DRIVER_CALL_FIELDS",
+           "fragmentation"]
 
 PAGE_STATES = ("free", "cached", "allocated", "evicted", "in_flight")
 # The driver call counters at the end of vta_stats_t, in its order (map and unmap come earlier).
@@ -17,6 +18,24 @@ DRIVER_CALL_FIELDS = (
     "num_event_record_calls", "num_event_query_calls", "num_event_synchronize_calls",
     "num_stream_wait_event_calls", "num_stream_synchronize_calls", "num_reserve_calls", "num_free_va_calls",
 )
+
+
+def fragmentation(active_bytes: int, mapped_bytes: int, evicted_bytes: int = 0) -> float:
+    """The share of the mapped device memory that holds no live data:
+    1 - (active - evicted) / mapped, 0 when nothing is mapped.
+
+    An evicted allocation stays live (in ``active_bytes``) but its bytes are in host memory,
+    not under the mapped pages, so its pages (``evicted_bytes``) are taken out of the live
+    bytes; a device page an evicted page still holds mapped counts as mapped and unused. Exact
+    when the evicted pages hold large allocations (whole pages); for an evicted page of small
+    blocks it counts the page's free blocks as evicted too (an upper bound then). The result
+    is bounded to [0, 1]: pages in flight (restoring, not yet mapped) may make the live bytes
+    on the device exceed the mapped ones for a moment.
+    """
+    if mapped_bytes <= 0:
+        return 0.0
+    on_device = max(0, active_bytes - evicted_bytes)
+    return 1.0 - min(on_device, mapped_bytes) / mapped_bytes
 
 
 @dataclasses.dataclass(frozen=True)
@@ -39,7 +58,8 @@ class Stats:
     num_live_allocs: int
     num_allocs: int
     num_frees: int
-    num_ooms: int
+    num_ooms: int                # OutOfMemoryErrors raised to callers (a leased space's first tries that
+                                 # its page source then served are not counted)
     num_page_reclaims: int       # cached pages unmapped and remapped to serve a new allocation
     num_map_calls: int           # every driver map call (cuMemMap) of this space, eviction's included
     num_unmap_calls: int         # every driver unmap call (cuMemUnmap)
@@ -87,8 +107,8 @@ class Stats:
 
     @property
     def fragmentation(self) -> float:
-        """1 - active / mapped: the share of mapped memory not under a live allocation."""
-        return 0.0 if self.mapped_bytes == 0 else 1.0 - min(self.active_bytes, self.mapped_bytes) / self.mapped_bytes
+        """1 - (active - evicted) / mapped: the share of mapped memory under no live data (see fragmentation())."""
+        return fragmentation(self.active_bytes, self.mapped_bytes, self.evicted_bytes)
 
     def as_dict(self) -> dict[str, int]:
         return dataclasses.asdict(self)

@@ -1,30 +1,58 @@
 """The `vtalloc` command line.
 
 Owns: argument parsing and rendering only; the work is done by the library layers below.
-Exit codes: 0 ok, 1 runtime error, 2 usage error. Errors go to stderr through `fail()`;
-`--debug` shows tracebacks.
+Exit codes (EXIT_CODES, also in --help and docs/service.md), the same for every command:
+0 ok; 1 runtime failure (no daemon or GPU, an RPC or a check failed, `health` not serving);
+2 usage error (an unknown command or option, or a bad value: a size, a backend, a quota,
+also when the daemon answers INVALID_ARGUMENT; InvalidArgumentError is one); 130 interrupted.
+Errors go to stderr through `fail()`; `--debug` (before or after the command) shows tracebacks.
 """
 
 from __future__ import annotations
 
 import json
 import sys
-from typing import NoReturn, Optional
+from typing import Any, NoReturn, Optional
 
 import typer
 from rich.console import Console
+from typer.core import TyperGroup
 from rich.table import Table
 
-from vtalloc.allocator import BackendUnavailableError, VtallocError, backend_available, format_size
+from vtalloc.allocator import (BackendUnavailableError, InvalidArgumentError, VtallocError, backend_available,
+                               format_size)
+from vtalloc.allocator.config import parse_size
+
+from .commands_service import Backend
+from .commands_service import register as _register_service_commands
+from .render import rounding_note
 
 try:  # click's usage errors: from click itself, or from the copy recent typer versions vendor
     from click import ClickException as _ClickException
 except ImportError:  # pragma: no cover - depends on the typer version
     from typer import TyperException as _ClickException
 
+EXIT_CODES = {0: "ok", 1: "runtime failure (no daemon or GPU, a failed call or check, health not serving)",
+              2: "usage error (unknown command or option, bad value)", 130: "interrupted (Ctrl-C)"}
+# Options of the whole program that may also be written after the command (`vtalloc stats --debug`).
+GLOBAL_FLAGS = ("--debug",)
+
+
+class _Group(TyperGroup):
+    """Moves the global flags written after the command to before it, where click reads them."""
+
+    def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
+        end = args.index("--") if "--" in args else len(args)
+        hoisted = [a for a in args[:end] if a in GLOBAL_FLAGS]
+        rest = [a for a in args[:end] if a not in GLOBAL_FLAGS]
+        return super().parse_args(ctx, hoisted + rest + args[end:])
+
+
 app = typer.Typer(
     name="vtalloc",
+    cls=_Group,
     help="A paged virtual-address GPU memory allocator for PyTorch: demo, inspect, serve.",
+    epilog="Exit codes: " + "; ".join(f"{k} {v}" for k, v in EXIT_CODES.items()) + ".",
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
@@ -39,8 +67,27 @@ def fail(message: str, code: int = 1) -> NoReturn:
     raise typer.Exit(code)
 
 
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("vtalloc")
+    except PackageNotFoundError:  # pragma: no cover - run from a source tree that was never installed
+        return "unknown"
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        print(f"vtalloc {_version()}")
+        raise typer.Exit(0)
+
+
 @app.callback()
-def _main(debug: bool = typer.Option(False, "--debug", help="Show tracebacks on errors.")) -> None:
+def _main(
+    debug: bool = typer.Option(False, "--debug", help="Show tracebacks on errors (also after the command)."),
+    version: bool = typer.Option(False, "--version", is_eager=True, expose_value=True, callback=_print_version,
+                                 help="Print vtalloc's version and exit."),
+) -> None:
     _state["debug"] = debug
 
 
@@ -75,9 +122,10 @@ def info(json_out: bool = typer.Option(False, "--json", help="Print JSON (schema
 
 @app.command()
 def demo(
-    backend: str = typer.Option("auto", help="auto (cuda if usable, else host), host or cuda."),
+    backend: Backend = typer.Option("auto", help="auto (cuda if usable, else host), host or cuda."),
     capacity: str = typer.Option(
-        "64MiB", help="Capacity of the demo address space (and of the host space the CPU training uses)."
+        "64MiB", help="Capacity of the demo address space (and of the host space the CPU training uses); "
+        "rounded down to whole pages."
     ),
     device: int = typer.Option(0, help="CUDA device ordinal (defragmentation part)."),
     train: bool = typer.Option(
@@ -91,7 +139,11 @@ def demo(
     """Show defragmentation by page remapping, then train a small model with vtalloc's memory."""
     from .demo import describe, run_defrag_demo
 
+    backend = backend.value
     report = run_defrag_demo(backend=backend, capacity=capacity, device=device)
+    note = rounding_note("--capacity", capacity, parse_size(capacity), report.capacity_bytes, report.page_bytes)
+    if note:
+        err_console.print(note, highlight=False, soft_wrap=True)
     trained = None
     if train:
         from .train_demo import run_train_demo
@@ -132,8 +184,6 @@ def demo(
 
 
 # The service's commands (serve, stats, top, pages, plot, quota, evict, health) live in their own module.
-from .commands_service import register as _register_service_commands  # noqa: E402
-
 _register_service_commands(app, fail=fail, console=console, err_console=err_console, is_debug=lambda: _state["debug"])
 
 
@@ -152,6 +202,9 @@ def main(argv: Optional[list[str]] = None) -> None:
             sys.exit(e.exit_code)
         if _state["debug"]:
             raise
+        if isinstance(e, InvalidArgumentError):  # a bad value given on the command line
+            err_console.print(f"[bold red]error:[/] {e}")
+            sys.exit(2)
         if isinstance(e, (VtallocError, OSError)):
             err_console.print(f"[bold red]error:[/] {e}")
             if isinstance(e, BackendUnavailableError):

@@ -10,6 +10,7 @@ take ``--json`` (schemas in render.py); ``--watch``/``top`` print one JSON docum
 
 from __future__ import annotations
 
+import enum
 import functools
 import json
 import os
@@ -19,12 +20,16 @@ from typing import Any, Callable, NoReturn, Optional
 import typer
 from rich.console import Console, Group
 
-from vtalloc.allocator.config import Config
+from vtalloc.allocator.config import BACKENDS, Config, parse_size
 from vtalloc.allocator.errors import InvalidArgumentError, VtallocError
 
 from . import render
+from .layout import natural_width
 
-__all__ = ["register"]
+__all__ = ["register", "Backend"]
+
+# --backend's choices: argument parsing refuses others (exit code 2).
+Backend = enum.Enum("Backend", {b: b for b in BACKENDS}, type=str)  # type: ignore[misc]
 
 _SOCKET_HELP = "The daemon's socket (unix:///path or a path). Default: $VTALLOC_SOCKET, else vtalloc.sock " \
                "in $XDG_RUNTIME_DIR/vtalloc, /run/vtalloc (root) or /tmp/vtalloc-<uid>."
@@ -62,17 +67,35 @@ def register(app: typer.Typer, *, fail: Callable[[str, int], NoReturn], console:
     def emit_json(doc: dict[str, Any]) -> None:
         print(json.dumps(doc, separators=(",", ":")), flush=True)
 
+    def show(tables: list[Any], wide: bool) -> None:
+        """Print tables at the terminal's width (columns that do not fit go to further blocks),
+        or with ``wide`` one block each, as wide as it needs."""
+        out = console
+        if wide:
+            out = Console(width=max([console.width, *(natural_width(t) for t in tables)]), file=console.file,
+                          force_terminal=console.is_terminal, no_color=console.no_color)
+        for n, t in enumerate(tables):
+            if n:
+                out.print()
+            out.print(t)
+
+    def width(wide: bool) -> Optional[int]:
+        return None if wide else console.width
+
     socket_opt = typer.Option(None, "--socket", envvar="VTALLOC_SOCKET", help=_SOCKET_HELP)
+    wide_opt = typer.Option(False, "--wide", help="One line per row, however wide (default: fit the terminal, "
+                            "moving columns that do not fit to a further block of rows).")
     timeout_opt = typer.Option(5.0, "--timeout", min=0.1, help="Seconds to wait for each answer from the daemon.")
 
     # -- serve ------------------------------------------------------------------------------
     @app.command()
     def serve(
         socket: Optional[str] = socket_opt,
-        backend: str = typer.Option("auto", help="auto (cuda if usable, else host), host (memfd pages, no GPU) or cuda."),
+        backend: Backend = typer.Option("auto", help="auto (cuda if usable, else host), host (memfd pages, no GPU) "
+                                        "or cuda."),
         device: int = typer.Option(0, help="CUDA device ordinal; run one daemon per device."),
-        capacity: Optional[str] = typer.Option(None, help="Bytes of pages the node leases, e.g. 60GiB "
-                                               "(default: the backend's; host: 1 GiB)."),
+        capacity: Optional[str] = typer.Option(None, help="Bytes of pages the node leases, e.g. 60GiB, rounded "
+                                               "down to whole pages (default: the backend's; host: 1 GiB)."),
         page_size: Optional[str] = typer.Option(None, help="Bytes per page (default: the backend's granularity)."),
         host_capacity: Optional[str] = typer.Option(None, help="Host bytes each client may use for evicted pages "
                                                     "(default: the client's own default)."),
@@ -114,7 +137,7 @@ def register(app: typer.Typer, *, fail: Callable[[str, int], NoReturn], console:
         try:
             config = DaemonConfig(
                 socket_path=socket or default_socket_path(),
-                pages=Config(backend=backend, device=device, capacity=capacity, page_size=page_size),
+                pages=Config(backend=backend.value, device=device, capacity=capacity, page_size=page_size),
                 host_capacity=host_capacity, metrics_port=metrics_port, metrics_addr=metrics_addr, group=group,
                 admin_uids=tuple(admin_uid),
                 default_quota=parse_quota(default_quota) if default_quota else None,
@@ -127,8 +150,15 @@ def register(app: typer.Typer, *, fail: Callable[[str, int], NoReturn], console:
                 raise InvalidArgumentError(f"--log-level: {log_level!r} is not debug, info, warning or error")
         except InvalidArgumentError as e:
             raise typer.BadParameter(str(e)) from None
+        def note(ready: dict[str, Any]) -> None:
+            if capacity is not None:
+                line = render.rounding_note("--capacity", capacity, parse_size(capacity), ready["capacity_bytes"],
+                                            ready["page_bytes"])
+                if line:
+                    err_console.print(line, highlight=False, soft_wrap=True)
+
         try:
-            run_daemon(config, log_level=log_level)
+            run_daemon(config, log_level=log_level, then=note)
         except (VtallocError, OSError) as e:  # the socket directory, another daemon, the backend: runtime
             if is_debug():
                 raise
@@ -181,6 +211,7 @@ def register(app: typer.Typer, *, fail: Callable[[str, int], NoReturn], console:
                                           "(VTALLOC_PUBLISH_STATS=1)."),
         json_out: bool = typer.Option(False, "--json", help=f"Print JSON ({render.STATS_SCHEMA}; with --pid "
                                       f"{render.PROC_SCHEMA}), one document per line."),
+        wide: bool = wide_opt,
     ) -> None:
         """Page stats per device and per session: capacity, resident/evicted/free pages, quotas, evictions."""
         if pid is not None:
@@ -188,7 +219,7 @@ def register(app: typer.Typer, *, fail: Callable[[str, int], NoReturn], console:
                 if json_out:
                     emit_json(doc)
                 else:
-                    console.print(render.proc_table(doc))
+                    show(render.proc_tables(doc, width(wide)), wide)
             return
         with open_session(socket, timeout) as session:
             for doc in samples(lambda: node_stats(session, session_id), watch, count):
@@ -197,8 +228,7 @@ def register(app: typer.Typer, *, fail: Callable[[str, int], NoReturn], console:
                 else:
                     if watch:
                         console.rule(time.strftime("%H:%M:%S"))
-                    for t in render.stats_tables(doc):
-                        console.print(t)
+                    show(render.stats_tables(doc, width(wide)), wide)
 
     @app.command()
     @guard
@@ -208,8 +238,13 @@ def register(app: typer.Typer, *, fail: Callable[[str, int], NoReturn], console:
         interval: float = typer.Option(1.0, "--interval", "-i", min=0.05, help="Seconds between refreshes."),
         count: Optional[int] = typer.Option(None, "--count", "-c", min=1, help="Stop after N refreshes."),
         json_out: bool = typer.Option(False, "--json", help=f"Print one {render.STATS_SCHEMA} document per refresh."),
+        wide: bool = wide_opt,
     ) -> None:
-        """A live view of the node's pages and sessions (Ctrl-C to quit)."""
+        """A live view of the node's pages and sessions (Ctrl-C to quit).
+
+        On a terminal the view redraws in place; when stdout is not a terminal (a pipe, a file,
+        `timeout`) each refresh prints one snapshot below the last, flushed at once.
+        """
         from rich.live import Live
 
         with open_session(socket, timeout) as session:
@@ -218,11 +253,23 @@ def register(app: typer.Typer, *, fail: Callable[[str, int], NoReturn], console:
                 for doc in docs:
                     emit_json(doc)
                 return
+
+            def head() -> str:
+                return f"vtalloc top  {time.strftime('%H:%M:%S')}  every {interval:g}s"
+
+            if not console.is_terminal:
+                for n, doc in enumerate(docs):
+                    if n:
+                        console.print()
+                    console.rule(head(), align="left")
+                    show(render.stats_tables(doc, width(wide)), wide)
+                    console.file.flush()
+                return
             with Live(console=console, auto_refresh=False) as live:
                 try:
                     for doc in docs:
-                        head = f"vtalloc top  {time.strftime('%H:%M:%S')}  every {interval:g}s  (Ctrl-C to quit)"
-                        live.update(Group(head, *render.stats_tables(doc)), refresh=True)
+                        live.update(Group(head() + "  (Ctrl-C to quit)", *render.stats_tables(doc, width(wide))),
+                                    refresh=True)
                 except KeyboardInterrupt:
                     pass
 
@@ -241,14 +288,14 @@ def register(app: typer.Typer, *, fail: Callable[[str, int], NoReturn], console:
         timeout: float = timeout_opt,
         session_id: str = typer.Option("", "--session", help="Only this session's pages."),
         json_out: bool = typer.Option(False, "--json", help=f"Print JSON ({render.PAGES_SCHEMA})."),
+        wide: bool = wide_opt,
     ) -> None:
         """The page map: which session holds which pages, and in what state."""
         doc = page_map(socket, timeout, session_id)
         if json_out:
             emit_json(doc)
             return
-        for t in render.pages_tables(doc):
-            console.print(t)
+        show(render.pages_tables(doc, width(wide)), wide)
 
     @app.command()
     @guard
@@ -283,6 +330,7 @@ def register(app: typer.Typer, *, fail: Callable[[str, int], NoReturn], console:
         socket: Optional[str] = socket_opt,
         timeout: float = timeout_opt,
         json_out: bool = typer.Option(False, "--json", help=f"Print JSON ({render.QUOTA_SCHEMA})."),
+        wide: bool = wide_opt,
     ) -> None:
         """Show a principal's guaranteed minimum and hard maximum."""
         from vtalloc.server.proto.vtalloc.v1 import admin_pb2
@@ -293,7 +341,7 @@ def register(app: typer.Typer, *, fail: Callable[[str, int], NoReturn], console:
         if json_out:
             emit_json(doc)
         else:
-            console.print(render.quota_table(doc))
+            show(render.quota_tables(doc, width(wide)), wide)
 
     @quota_app.command("set")
     @guard
@@ -304,6 +352,7 @@ def register(app: typer.Typer, *, fail: Callable[[str, int], NoReturn], console:
         socket: Optional[str] = socket_opt,
         timeout: float = timeout_opt,
         json_out: bool = typer.Option(False, "--json", help=f"Print JSON ({render.QUOTA_SCHEMA})."),
+        wide: bool = wide_opt,
     ) -> None:
         """Set a principal's guaranteed minimum and hard maximum (admin)."""
         from vtalloc.server.proto.vtalloc.v1 import admin_pb2
@@ -318,7 +367,7 @@ def register(app: typer.Typer, *, fail: Callable[[str, int], NoReturn], console:
         if json_out:
             emit_json(doc)
         else:
-            console.print(render.quota_table(doc))
+            show(render.quota_tables(doc, width(wide)), wide)
 
     @app.command()
     @guard

@@ -11,15 +11,17 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from rich import box
 from rich.table import Table
 
 from vtalloc.allocator.config import format_size
+from vtalloc.allocator.stats import fragmentation
+
+from .layout import Column, fit
 
 __all__ = [
     "STATS_SCHEMA", "PROC_SCHEMA", "PAGES_SCHEMA", "QUOTA_SCHEMA", "HEALTH_SCHEMA", "EVICT_SCHEMA",
-    "stats_doc", "pages_doc", "quota_doc", "proc_doc", "stats_tables", "pages_tables", "quota_table",
-    "proc_table", "fragmentation",
+    "stats_doc", "pages_doc", "quota_doc", "proc_doc", "stats_tables", "pages_tables", "quota_tables",
+    "proc_tables", "fragmentation", "rounding_note",
 ]
 
 STATS_SCHEMA = "vtalloc.stats/v1"
@@ -30,9 +32,16 @@ HEALTH_SCHEMA = "vtalloc.health/v1"
 EVICT_SCHEMA = "vtalloc.evict/v1"
 
 
-def fragmentation(active_bytes: int, mapped_bytes: int) -> float:
-    """1 - active / mapped: the share of mapped memory under no live allocation (0 when nothing is mapped)."""
-    return 0.0 if mapped_bytes <= 0 else 1.0 - min(active_bytes, mapped_bytes) / mapped_bytes
+def rounding_note(option: str, given: str, requested: int, actual: int, page_bytes: int) -> str | None:
+    """A warning for stderr when a size option was not taken as written (None when it was)."""
+    if actual == requested:
+        return None
+    if actual == requested - requested % page_bytes:
+        how = f"is not a whole number of {format_size(page_bytes)} pages: rounded down to"
+    else:
+        how = "is not what the backend gives:"
+    return f"warning: {option} {given} ({requested} bytes) {how} {format_size(actual)} ({actual} bytes, " \
+           f"{actual // page_bytes} page{'' if actual == page_bytes else 's'})"
 
 
 def _quota(q: Any) -> dict[str, Any]:
@@ -43,6 +52,7 @@ def _device(d: Any, sessions: list[dict[str, Any]]) -> dict[str, Any]:
     page = d.page_bytes
     active = sum(s["active_bytes"] for s in sessions if s["reported"])
     mapped = sum(s["mapped_bytes"] for s in sessions if s["reported"])
+    evicted = sum(s["evicted_bytes"] for s in sessions if s["reported"])
     return {
         "backend": d.backend, "device": d.device, "page_bytes": page,
         "capacity_pages": d.capacity_pages, "capacity_bytes": d.capacity_pages * page,
@@ -54,7 +64,7 @@ def _device(d: Any, sessions: list[dict[str, Any]]) -> dict[str, Any]:
         "inherited_processes": d.inherited_processes,
         "evicted_pages": d.evicted_pages, "evicted_bytes": d.evicted_bytes,
         "host_capacity_bytes": d.host_capacity_bytes,
-        "fragmentation": fragmentation(active, mapped),
+        "fragmentation": fragmentation(active, mapped, evicted),
     }
 
 
@@ -65,7 +75,7 @@ def _report(r: Any, page: int) -> dict[str, Any]:
         "cached_pages": r.pages_cached,
         "unmapped_pages": r.pages_free, "evicted_pages": r.evicted_pages, "evicted_bytes": r.evicted_bytes,
         "evictions_total": r.evictions_total, "restores_total": r.restores_total, "ooms_total": r.ooms_total,
-        "fragmentation": fragmentation(r.active_bytes, r.mapped_bytes),
+        "fragmentation": fragmentation(r.active_bytes, r.mapped_bytes, r.evicted_bytes),
     }
 
 
@@ -139,14 +149,9 @@ def proc_doc(record: dict[str, Any], *, alive: bool, now: float | None = None) -
 
 
 # -- tables ------------------------------------------------------------------------------------
-def _table(title: str, *columns: str, wide: tuple[str, ...] = ()) -> Table:
-    """A compact table; ``wide`` columns (ids, names) are never truncated."""
-    t = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
-    for c in columns:
-        t.add_column(c, no_wrap=c in wide, min_width=len(c))
-    return t
-
-
+# Each table is built as columns and rows of plain text, then laid out at the terminal's width
+# by layout.fit: columns that do not fit go to a further block of rows (the key columns
+# repeated), so nothing is dropped at 80 columns. width=None: one block, as wide as it needs.
 def _b(n: int | None) -> str:
     return "-" if n is None else format_size(int(n))
 
@@ -155,37 +160,41 @@ def _pct(x: float) -> str:
     return f"{100 * x:.1f}%"
 
 
-def stats_tables(doc: dict[str, Any]) -> list[Table]:
+def _grid(title: str, spec: list[tuple[str, bool]], rows: list[list[str]], width: int | None,
+          short_title: str | None = None, *, record: bool = False) -> list[Table]:
+    return fit(title, [Column(h, key) for h, key in spec], rows, width, short_title=short_title, record=record)
+
+
+def stats_tables(doc: dict[str, Any], width: int | None = None) -> list[Table]:
     out = []
-    t = _table("vtalloc node", "device", "capacity", "leased", "free", "inherited", "evicted", "delivering", "frag",
-               wide=("device",))
-    for d in doc["devices"]:
-        t.add_row(f"{d['backend']}:{d['device']}", f"{d['capacity_pages']} pg / {_b(d['capacity_bytes'])}",
-                  f"{d['leased_pages']} pg / {_b(d['leased_bytes'])}", f"{d['free_pages']} pg / {_b(d['free_bytes'])}",
-                  f"{d['inherited_pages']} pg / {d['inherited_processes']} proc",
-                  f"{d['evicted_pages']} pg / {_b(d['evicted_bytes'])}", str(d["delivering_pages"]),
-                  _pct(d["fragmentation"]))
-    out.append(t)
+    rows = [[f"{d['backend']}:{d['device']}", f"{d['capacity_pages']} pg / {_b(d['capacity_bytes'])}",
+             f"{d['leased_pages']} pg / {_b(d['leased_bytes'])}", f"{d['free_pages']} pg / {_b(d['free_bytes'])}",
+             f"{d['inherited_pages']} pg / {d['inherited_processes']} proc",
+             f"{d['evicted_pages']} pg / {_b(d['evicted_bytes'])}", str(d["delivering_pages"]),
+             _pct(d["fragmentation"])] for d in doc["devices"]]
+    out += _grid("vtalloc node", [("device", True), ("capacity", False), ("leased", False), ("free", False),
+                                  ("inherited", False), ("evicted", False), ("delivering", False), ("frag", False)],
+                 rows, width, record=len(rows) == 1)
     hidden = f" ({doc['hidden_sessions']} of other users hidden)" if doc["hidden_sessions"] else ""
-    s = _table(f"sessions{hidden} (pages; quota min/max; evictions and restores per second)", "session", "pid",
-               "principal", "leased", "resident", "cached", "evicted", "quota", "frag", "ev/s", "rs/s", "misses",
-               wide=("session", "pid", "principal", "quota"))
+    rows = []
     for x in doc["sessions"]:
         rep = x["reported"]
-        s.add_row(x["session_id"], str(x["pid"]), x["principal"], str(x["leased_pages"]),
-                  str(x["resident_pages"]) if rep else "?", str(x["cached_pages"]) if rep else "?",
-                  str(x["evicted_pages"]) if rep else "?",
-                  f"{_b(x['quota']['min_bytes'])}/{_b(x['quota']['max_bytes'])}",
-                  _pct(x["fragmentation"]) if rep else "?", f"{x['evictions_per_s']:.1f}",
-                  f"{x['restores_per_s']:.1f}", str(x["deadline_misses"]))
-    out.append(s)
+        rows.append([x["session_id"], str(x["pid"]), x["principal"], str(x["leased_pages"]),
+                     str(x["resident_pages"]) if rep else "?", str(x["cached_pages"]) if rep else "?",
+                     str(x["evicted_pages"]) if rep else "?",
+                     f"{_b(x['quota']['min_bytes'])}/{_b(x['quota']['max_bytes'])}",
+                     _pct(x["fragmentation"]) if rep else "?", f"{x['evictions_per_s']:.1f}",
+                     f"{x['restores_per_s']:.1f}", str(x["deadline_misses"])])
+    out += _grid(f"sessions{hidden} (pages; quota min/max; evictions and restores per second)",
+                 [("session", True), ("pid", False), ("principal", False), ("leased", False), ("resident", False),
+                  ("cached", False), ("evicted", False), ("quota", False), ("frag", False), ("ev/s", False),
+                  ("rs/s", False), ("misses", False)], rows, width, "sessions")
     c = doc["counters"]
-    k = _table("since the daemon started", "leases", "pages leased", "returned", "quota refusals",
-               "evict requests", "misses", "kills", "reclaims", "reclaimed pages")
-    k.add_row(*(str(c[key]) for key in ("leases_total", "pages_leased_total", "pages_returned_total",
-                                        "quota_rejections_total", "evict_requests_total", "deadline_misses_total",
-                                        "kills_total", "reclaims_total", "reclaimed_pages_total")))
-    out.append(k)
+    keys = ("leases_total", "pages_leased_total", "pages_returned_total", "quota_rejections_total",
+            "evict_requests_total", "deadline_misses_total", "kills_total", "reclaims_total", "reclaimed_pages_total")
+    out += _grid("since the daemon started", [(h, False) for h in (
+        "leases", "pages leased", "returned", "quota refusals", "evict requests", "misses", "kills", "reclaims",
+        "reclaimed pages")], [[str(c[k]) for k in keys]], width, record=True)
     return out
 
 
@@ -205,43 +214,43 @@ def _ranges(ids: list[int]) -> str:
     return ",".join(parts)
 
 
-def pages_tables(doc: dict[str, Any]) -> list[Table]:
+def pages_tables(doc: dict[str, Any], width: int | None = None) -> list[Table]:
     d = doc["devices"][0]
-    t = _table(f"page map: {d['capacity_pages']} pages of {_b(d['page_bytes'])}, {d['free_pages']} free"
-               + (f", {doc['hidden_pages']} of other users hidden" if doc["hidden_pages"] else ""),
-               "session", "principal", "pid", "pages", "delivering", "resident", "cached", "unmapped", "evicted",
-               "page ids", wide=("session", "principal"))
+    rows = []
     for s in doc["sessions"]:
         mine = [p for p in doc["pages"] if p["session_id"] == s["session_id"]]
         rep = s["reported"]
-        t.add_row(s["session_id"], s["principal"], str(s["pid"]), str(len(mine)),
-                  str(sum(p["state"] == "delivering" for p in mine)),
-                  str(s["resident_pages"]) if rep else "?", str(s["cached_pages"]) if rep else "?",
-                  str(s["unmapped_pages"]) if rep else "?", str(s["evicted_pages"]) if rep else "?",
-                  _ranges([p["page_id"] for p in mine]) or "-")
-    return [t]
+        rows.append([s["session_id"], s["principal"], str(s["pid"]), str(len(mine)),
+                     str(sum(p["state"] == "delivering" for p in mine)),
+                     str(s["resident_pages"]) if rep else "?", str(s["cached_pages"]) if rep else "?",
+                     str(s["unmapped_pages"]) if rep else "?", str(s["evicted_pages"]) if rep else "?",
+                     _ranges([p["page_id"] for p in mine]) or "-"])
+    return _grid(f"page map: {d['capacity_pages']} pages of {_b(d['page_bytes'])}, {d['free_pages']} free"
+                 + (f", {doc['hidden_pages']} of other users hidden" if doc["hidden_pages"] else ""),
+                 [("session", True), ("principal", False), ("pid", False), ("pages", False), ("delivering", False),
+                  ("resident", False), ("cached", False), ("unmapped", False), ("evicted", False),
+                  ("page ids", False)], rows, width, "page map")
 
 
-def quota_table(doc: dict[str, Any]) -> Table:
-    t = _table("quotas", "principal", "min (guaranteed)", "max (hard)", wide=("principal",))
-    for q in doc["quotas"]:
-        t.add_row(q["principal"], _b(q["min_bytes"]), _b(q["max_bytes"]))
-    t.add_row("(default)", _b(doc["default"]["min_bytes"]), _b(doc["default"]["max_bytes"]))
-    return t
+def quota_tables(doc: dict[str, Any], width: int | None = None) -> list[Table]:
+    rows = [[q["principal"], _b(q["min_bytes"]), _b(q["max_bytes"])] for q in doc["quotas"]]
+    rows.append(["(default)", _b(doc["default"]["min_bytes"]), _b(doc["default"]["max_bytes"])])
+    return _grid("quotas", [("principal", True), ("min (guaranteed)", False), ("max (hard)", False)], rows, width)
 
 
-def proc_table(doc: dict[str, Any]) -> Table:
+def proc_tables(doc: dict[str, Any], width: int | None = None) -> list[Table]:
     state = "alive" if doc["alive"] else "exited"
-    t = _table(f"pid {doc['pid']} ({state}, published {doc['age_s']:.1f} s ago)", "space", "backend", "capacity",
-               "allocated", "active", "mapped", "cached", "pages", "frag", "allocs", "OOMs", "driver calls",
-               wide=("space",))
+    rows = []
     for sp in doc["spaces"]:
         st = sp["stats"]
-        t.add_row(sp["name"], f"{sp['backend']}:{sp['device']}" + (" (leased)" if sp.get("leased") else ""),
-                  _b(st["capacity_bytes"]), _b(st["allocated_bytes"]), _b(st["active_bytes"]), _b(st["mapped_bytes"]),
-                  _b(st["cached_bytes"]), f"{st['pages_mapped']}/{st['pages_total']}", _pct(st["fragmentation"]),
-                  str(st["num_live_allocs"]), str(st["num_ooms"]), _driver_calls(st))
-    return t
+        rows.append([sp["name"], f"{sp['backend']}:{sp['device']}" + (" (leased)" if sp.get("leased") else ""),
+                     _b(st["capacity_bytes"]), _b(st["allocated_bytes"]), _b(st["active_bytes"]),
+                     _b(st["mapped_bytes"]), _b(st["cached_bytes"]), f"{st['pages_mapped']}/{st['pages_total']}",
+                     _pct(st["fragmentation"]), str(st["num_live_allocs"]), str(st["num_ooms"]), _driver_calls(st)])
+    return _grid(f"pid {doc['pid']} ({state}, published {doc['age_s']:.1f} s ago)",
+                 [("space", True), ("backend", False), ("capacity", False), ("allocated", False), ("active", False),
+                  ("mapped", False), ("cached", False), ("pages", False), ("frag", False), ("allocs", False),
+                  ("OOMs", False), ("driver calls", False)], rows, width, f"pid {doc['pid']}")
 
 
 # (label, Stats field): the driver calls a page move pays for, as `vtalloc stats --pid` shows them.

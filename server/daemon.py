@@ -298,12 +298,16 @@ async def serve(config: DaemonConfig, *, on_ready: Callable[[dict], None] | None
                 pass
 
 
-def run_daemon(config: DaemonConfig, *, log_level: str = "INFO") -> None:
-    """Blocking entry point of ``vtalloc serve``: logs to stderr, prints the ready line as JSON on stdout."""
+def run_daemon(config: DaemonConfig, *, log_level: str = "INFO",
+               then: Callable[[dict], None] | None = None) -> None:
+    """Blocking entry point of ``vtalloc serve``: logs to stderr, prints the ready line as JSON on
+    stdout, then calls ``then(ready)`` (the CLI's notes on it)."""
     logging.basicConfig(level=log_level.upper(), stream=sys.stderr,
                         format="%(asctime)s vtalloc-serve %(levelname)s %(message)s")
 
     def on_ready(ready: dict) -> None:
         print(json.dumps(ready), flush=True)
+        if then:
+            then(ready)
 
     asyncio.run(serve(config, on_ready=on_ready))
