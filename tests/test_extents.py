@@ -213,3 +213,35 @@ def test_extent_size_is_validated():
     for bad in (0, -1, "lots", 2**47):
         with pytest.raises(InvalidArgumentError):
             host_space(64 * MiB, extent_size=bad)
+
+
+def test_an_extent_is_evicted_into_pieces_when_the_host_pool_has_no_run_of_its_size():
+    """Copy mode: the host pool's free memory is four separate 2 MiB slots; an 8 MiB extent is
+    evicted into them (four copies), read while evicted, and restored byte for byte."""
+    with host_space(96 * MiB, host_capacity=16 * MiB, evict_mode="copy", extent_size="8MiB") as space:
+        singles = []
+        for i in range(8):
+            a = space.malloc(2 * MiB)
+            space.write(a, pattern(40 + i, 2 * MiB))
+            space.offload(a)
+            singles.append(a)
+        space.synchronize()
+        assert space.stats().host_pool_used_bytes == 16 * MiB
+        for a in singles[::2]:
+            space.free(a)  # every other slot comes free: no two are adjacent
+        big = space.malloc(8 * MiB)  # one 4-page extent
+        space.write(big, pattern(50, 8 * MiB))
+        before = calls(space)
+        space.offload(big)
+        space.synchronize()
+        d = delta(before, calls(space))
+        assert (d.get("copy"), d.get("unmap")) == (4, 1), d
+        assert space.residency(big) == "evicted"
+        assert space.read(big, 8 * MiB) == pattern(50, 8 * MiB)  # from the pieces
+        space.ensure_resident(big)
+        assert space.read(big, 8 * MiB) == pattern(50, 8 * MiB)
+        for i, a in enumerate(singles):
+            if i % 2:
+                assert space.read(a, 2 * MiB) == pattern(40 + i, 2 * MiB)
+                space.free(a)
+        space.free(big)

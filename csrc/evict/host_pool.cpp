@@ -94,9 +94,20 @@ void HostPool::destroy_mapped(const Slot& s) {
   created_.erase(std::find_if(created_.begin(), created_.end(), [&](const Slot& c) { return c.addr == s.addr; }));
 }
 
-bool HostPool::acquire(uint32_t npages, Slot* out) {
+bool HostPool::acquire(uint32_t npages, Slots* out) {
+  out->clear();
+  if (used_bytes() + uint64_t{npages} * page_ > capacity_) return false;
+  Slot run;
+  if (acquire_run(npages, &run)) {
+    out->push_back(run);
+    return true;
+  }
+  // Copy mode: the free pinned memory is there but in pieces (slots of mixed sizes).
+  return !mapped_ && acquire_pieces(npages, out);
+}
+
+bool HostPool::acquire_run(uint32_t npages, Slot* out) {
   uint64_t bytes = uint64_t{npages} * page_;
-  if (used_bytes() + bytes > capacity_) return false;
   if (!mapped_) {
     uintptr_t at = 0;
     if (!free_pinned_.take_best_fit(bytes, &at)) {
@@ -123,12 +134,50 @@ bool HostPool::acquire(uint32_t npages, Slot* out) {
   return true;
 }
 
-void HostPool::release(const Slot& slot) {
+bool HostPool::acquire_pieces(uint32_t npages, Slots* out) {
+  // Largest free piece first (fewest copies), then what a new chunk can add.
+  uint32_t left = npages;
+  while (left > 0) {
+    uintptr_t start = 0;
+    size_t have = 0;
+    uint32_t take = 0;
+    if (free_pinned_.largest(&start, &have) && have >= page_) {
+      take = static_cast<uint32_t>(std::min<uint64_t>(left, have / page_));
+    } else if (grow_pinned(std::min<uint64_t>(uint64_t{left} * page_, capacity_ - held_) / page_ * page_)) {
+      continue;
+    }
+    Slot piece;
+    if (take == 0 || !acquire_run(take, &piece)) {
+      release(*out);
+      out->clear();
+      return false;
+    }
+    out->push_back(piece);
+    left -= take;
+  }
+  return true;
+}
+
+void HostPool::release(const Slots& slots) {
+  for (const Slot& s : slots) release_one(s);
+}
+
+void HostPool::release_one(const Slot& slot) {
   if (mapped_)
     free_slots_.push_back(slot);
   else
     free_pinned_.insert(slot.addr, uint64_t{slot.npages} * page_);
   used_pages_ -= slot.npages;
+}
+
+uintptr_t HostPool::address_at(const Slots& slots, uint64_t offset) const {
+  for (const Slot& s : slots) {
+    uint64_t bytes = uint64_t{s.npages} * page_;
+    if (offset < bytes) return s.addr + offset;
+    offset -= bytes;
+  }
+  VTA_INVARIANT(false && "offset beyond the slots");
+  return 0;
 }
 
 void HostPool::release_all() {

@@ -1,7 +1,8 @@
 // HostPool: where evicted pages' bytes live, bounded by host_capacity, allocated once, reused.
 //
-// Owns: host slots, each a run of one or more page-sized pieces that holds the bytes of one
-// away handle (a page, or an extent of several: one slot, one copy), of one of two kinds,
+// Owns: host slots, each a run of one or more page-sized pieces that hold the bytes of one
+// away handle (a page, or an extent of several: one slot and one copy when a run of its size
+// is free; in copy mode several slots and copies when not), of one of two kinds,
 // chosen by the eviction mode:
 //  - copy mode: slots carved best-fit from pinned host memory (cuMemHostAlloc on cuda, plain
 //    memory on host), allocated in chunks of at least 64 MiB as needed and kept until close
@@ -36,9 +37,16 @@ class HostPool {
   HostPool(const HostPool&) = delete;
   HostPool& operator=(const HostPool&) = delete;
 
-  // A free slot of `npages` pages; false when the pool cannot hold it. Throws on driver errors.
-  bool acquire(uint32_t npages, Slot* out);
-  void release(const Slot& slot);
+  // The host memory of one away page: one slot, or in copy mode (when no run of its size is
+  // free) several, each a whole number of pages, in address order of the away page.
+  using Slots = std::vector<Slot>;
+
+  // Slots for `npages` pages: one run if one can be had, else (copy mode) pieces; false when
+  // the pool cannot hold them (nothing taken). Throws on driver errors.
+  bool acquire(uint32_t npages, Slots* out);
+  void release(const Slots& slots);
+  // Where byte `offset` of an away page held in `slots` is.
+  uintptr_t address_at(const Slots& slots, uint64_t offset) const;
   void release_all();
 
   bool mapped() const { return mapped_; }
@@ -47,6 +55,9 @@ class HostPool {
   uint64_t used_bytes() const { return used_pages_ * page_; }
 
  private:
+  bool acquire_run(uint32_t npages, Slot* out);
+  bool acquire_pieces(uint32_t npages, Slots* out);
+  void release_one(const Slot& slot);
   bool grow_pinned(uint64_t bytes);
   bool release_empty_chunks();
   bool create_mapped(uint32_t npages, Slot* out);

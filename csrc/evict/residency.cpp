@@ -64,6 +64,15 @@ StreamHandle Residency::copy_stream() {
   return copy_stream_;
 }
 
+void Residency::copy_slots(uintptr_t va, const HostPool::Slots& slots, bool to_host, StreamHandle stream) {
+  uintptr_t at = va;
+  for (const HostPool::Slot& s : slots) {
+    uint64_t n = uint64_t{s.npages} * page_bytes_;
+    check(to_host ? backend_.copy(s.addr, at, n, stream) : backend_.copy(at, s.addr, n, stream));
+    at += n;
+  }
+}
+
 const Residency::AwayPage* Residency::away_at(uintptr_t va, uintptr_t* first) const {
   uintptr_t f = away_first(va);
   if (!f) return nullptr;
@@ -96,8 +105,8 @@ bool Residency::evict_page(uintptr_t page, bool wait) {
   uintptr_t va = pages_.address_of(id);
   uint32_t npages = pages_.pages_of(id);
   uint64_t bytes = pages_.bytes_of(id);
-  HostPool::Slot slot;
-  if (!host_pool_->acquire(npages, &slot)) return false;
+  HostPool::Slots slots;
+  if (!host_pool_->acquire(npages, &slots)) return false;
   StreamHandle cs = 0;
   EventHandle done = 0;
   try {
@@ -107,17 +116,17 @@ bool Residency::evict_page(uintptr_t page, bool wait) {
     if (!broken(VTA_DEBUG_BREAK_COPY_ORDER))
       for (uint32_t k = 0; k < npages; ++k) policy_.live().add_page_streams(va + k * page_bytes_, &streams);
     for (StreamHandle s : streams) events_.record_then_wait(s, cs);
-    check(backend_.copy(slot.addr, va, bytes, cs));
+    copy_slots(va, slots, /*to_host=*/true, cs);
     // The copy is queued; if no event records its end, wait for it so the slot is not reused under it.
     done = events_.record_after_copy(cs);
   } catch (...) {
-    host_pool_->release(slot);  // the handle stays resident, untouched
+    host_pool_->release(slots);  // the handle stays resident, untouched
     throw;
   }
   AwayPage p;
   p.state = State::evicting;
   p.npages = npages;
-  p.slot = slot;
+  p.slots = std::move(slots);
   p.event = done;
   p.issued = Clock::now();
   add_away(va, p);
@@ -163,7 +172,8 @@ void Residency::quiesce_pages(const std::vector<uintptr_t>& vas) {
 }
 
 void Residency::map_host_copy(uintptr_t va, AwayPage& p) {
-  Status s = backend_.map(va, bytes_of(p), p.slot.page);
+  VTA_INVARIANT(p.slots.size() == 1);  // mapped mode: one host-located handle
+  Status s = backend_.map(va, bytes_of(p), p.slots[0].page);
   if (s.is_ok()) {
     s = backend_.set_access(va, bytes_of(p));
     if (!s.is_ok()) (void)backend_.unmap(va, bytes_of(p));
@@ -201,7 +211,7 @@ void Residency::finish_resident(uintptr_t va) {
 void Residency::unevict_held(uintptr_t va) {
   AwayPage& p = away_.at(va);
   VTA_INVARIANT(p.state == State::evicted && p.device_held);
-  host_pool_->release(p.slot);  // the device handle never stopped holding the bytes
+  host_pool_->release(p.slots);  // the device handle never stopped holding the bytes
   counters_.restores += p.npages;
   finish_resident(va);
 }
@@ -251,7 +261,7 @@ void Residency::restore_page(uintptr_t page, StreamHandle consumer) {
       pages_.map_pages(va, {id});
       mapped_at_va = true;
     }
-    check(backend_.copy(dst, r.slot.addr, bytes, cs));
+    copy_slots(dst, r.slots, /*to_host=*/false, cs);
     r.event = events_.record_after_copy(cs);
   } catch (...) {
     // Undo: the bytes are still in the host slot; the handle goes back to the free handles.
@@ -291,7 +301,7 @@ void Residency::complete_restore(uintptr_t va, AwayPage& p) {
     p.state = State::restored;
     return;
   }
-  host_pool_->release(p.slot);
+  host_pool_->release(p.slots);
   finish_resident(va);
 }
 
@@ -322,7 +332,7 @@ void Residency::swap_restored_page(uintptr_t va, AwayPage& p) {
     map_host_copy(va, p);
     throw;
   }
-  host_pool_->release(p.slot);
+  host_pool_->release(p.slots);
   finish_resident(va);
 }
 
@@ -374,7 +384,7 @@ void Residency::drop_away_page(uintptr_t page) {
     return;
   }
   if (p.host_mapped) check(backend_.unmap(va, bytes_of(p)));
-  host_pool_->release(p.slot);
+  host_pool_->release(p.slots);
   erase_away(va);
 }
 

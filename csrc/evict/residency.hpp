@@ -61,7 +61,7 @@ class Residency final : public ResidencyPort {
   struct AwayPage {
     State state;
     uint32_t npages = 1;
-    HostPool::Slot slot;       // where the bytes are, or are going (npages pages)
+    HostPool::Slots slots;     // where the bytes are, or are going (npages pages; mapped mode: one)
     int32_t device_page = -1;  // restoring/restored: the page being filled
     bool device_held = false;  // evicted: the device page is still mapped at the address
     bool host_mapped = false;  // mapped mode: slot.page is mapped at the virtual page
@@ -123,6 +123,8 @@ class Residency final : public ResidencyPort {
   bool pinned(uintptr_t va, uint64_t bytes) const { return va < pin_hi_ && va + bytes > pin_lo_; }
   uintptr_t page_of(uintptr_t a) const { return a - a % page_bytes_; }
   uint64_t bytes_of(const AwayPage& p) const { return uint64_t{p.npages} * page_bytes_; }
+  // Queue copies between the away page at `va` and its host slots, one per slot.
+  void copy_slots(uintptr_t va, const HostPool::Slots& slots, bool to_host, StreamHandle stream);
   // The first page of the away page over `va`, or 0 when `va` is not away.
   uintptr_t away_first(uintptr_t va) const;
   // Start tracking / forget an away page (its other pages point at its first in away_first_).

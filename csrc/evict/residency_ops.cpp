@@ -155,7 +155,7 @@ void Residency::copy_bytes(uintptr_t va, uintptr_t host, uint64_t n, StreamHandl
       q = away_at(page, &first);
       if (q) {
         const AwayPage& p = *q;
-        uintptr_t slot = p.slot.addr + (at - first);
+        uintptr_t slot = host_pool_->address_at(p.slots, at - first);  // a page never crosses two slots
         if (p.state == State::evicted && p.device_held) {
           if (to_va) also = slot;
         } else if (!p.host_mapped) {

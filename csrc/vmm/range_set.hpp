@@ -82,6 +82,14 @@ class RangeSet {
     return true;
   }
 
+  // The largest range, if any.
+  bool largest(uintptr_t* start, size_t* bytes) const {
+    if (by_size_.empty()) return false;
+    *bytes = by_size_.rbegin()->first;
+    *start = by_size_.rbegin()->second;
+    return true;
+  }
+
   bool contains(uintptr_t start, size_t bytes) const {
     auto it = by_addr_.upper_bound(start);
     if (it == by_addr_.begin()) return false;
