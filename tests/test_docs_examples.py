@@ -204,7 +204,7 @@ def test_gpu_blocks_are_skipped_here_for_that_reason(request):
     assert why
 
 
-def test_a_failing_block_is_reported_with_its_place():
+def test_the_runner_catches_a_failing_and_a_hanging_block():
     """The runner really fails: a block that exits 1 and one that hangs are both caught."""
     rc, out, _ = run_block(Block("README.md", 7, "python", "import sys\nprint('x')\nsys.exit(1)\n", None))
     assert rc == 1 and "x" in out
@@ -223,3 +223,19 @@ def test_docs_speak_of_this_repository(rel: str):
     text = (ROOT / rel).read_text(encoding="utf-8")
     bad = [(n, line) for n, line in enumerate(text.splitlines(), 1) if _OUTSIDE.search(line) or _ISSUE.search(line)]
     assert not bad, f"{rel}: lines naming paths outside the repository, per-user paths or project issues: {bad}"
+
+
+def test_service_examples_find_the_daemon_without_xdg_runtime_dir(monkeypatch):
+    """The README's and docs/service.md's clients pass no address: the client's default must be
+    the daemon's default socket also where XDG_RUNTIME_DIR is unset (it once became
+    unix:///vtalloc/vtalloc.sock there)."""
+    from vtalloc.allocator.publish import runtime_dir
+    from vtalloc.server.protocol.address import default_socket_path
+
+    for var in ("XDG_RUNTIME_DIR", "VTALLOC_RUNTIME_DIR", "VTALLOC_SOCKET"):
+        monkeypatch.delenv(var, raising=False)
+    path = default_socket_path()
+    expected = "/run/vtalloc" if os.geteuid() == 0 else f"{tempfile.gettempdir()}/vtalloc-{os.geteuid()}"
+    assert path == f"{expected}/vtalloc.sock" and Path(path).parent == runtime_dir()
+    examples = [b for b in RUN if b.path in ("README.md", "docs/service.md") and "ServiceAddressSpace(" in b.code]
+    assert examples and all("ServiceAddressSpace()" in b.code for b in examples), [b.where for b in examples]
