@@ -1,7 +1,7 @@
 """The C ABI under ThreadSanitizer: csrc/tests/stress_threads.cpp (threads malloc, offload,
 prefetch, read and free on one space while the host copy-stream worker runs) built with
 -fsanitize=thread together with the core's sources. Opt-in (about 50 s on 2 cores):
-VTALLOC_SLOW_TESTS=1."""
+VTALLOC_SLOW_TESTS=1 (tests/helpers/slow.py)."""
 
 from __future__ import annotations
 
@@ -12,11 +12,13 @@ from pathlib import Path
 
 import pytest
 
+from helpers.slow import needs_slow_tests
+
 REPO = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.slow
 
 
-@pytest.mark.skipif(os.environ.get("VTALLOC_SLOW_TESTS") != "1", reason="builds the core with TSan (~50 s); set VTALLOC_SLOW_TESTS=1")
+@needs_slow_tests("builds the core with TSan (~50 s)")
 @pytest.mark.skipif(shutil.which("g++") is None, reason="needs g++")
 def test_threads_offload_prefetch_under_thread_sanitizer(tmp_path):
     sources = sorted(str(p) for p in (REPO / "csrc").rglob("*.cpp") if "tests" not in p.parts)

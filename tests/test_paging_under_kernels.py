@@ -12,22 +12,22 @@ kernels still running, and runs under memory pressure, so that every path of doc
 offloaded allocation is only read (mapped mode) until it is restored, and in copy mode stream
 work touches an evictable allocation only after `ensure_resident`/`prefetch` on its stream.
 
-`VTALLOC_SLOW_TESTS=1` runs each configuration for a minute instead of a few seconds.
+`VTALLOC_SLOW_TESTS=1` (tests/helpers/slow.py) runs each configuration for a minute instead of a few seconds.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import os
 import random
 import time
 
 import pytest
 
 from vtalloc.allocator import AddressSpace, HostPoolExhaustedError, InvalidArgumentError, OutOfMemoryError
+from helpers.slow import slow_tests
 from helpers.spaces import MiB
 
-SECONDS = 60.0 if os.environ.get("VTALLOC_SLOW_TESTS") == "1" else 4.0
+SECONDS = 60.0 if slow_tests() else 4.0
 BROKEN_LIMIT_S = 30.0  # a broken rule must show well within this
 SIZES = [3000, 100_000, 700_000, 2 * MiB, 3 * MiB + 5, 5 * MiB]
 KERNEL_S = [0.0, 0.0005, 0.002]
