@@ -17,6 +17,7 @@ How failures reach the user, and what works with which torch feature, is in docs
 from __future__ import annotations
 
 import dataclasses
+import logging
 import sys
 from typing import Any
 
@@ -43,6 +44,9 @@ __all__ = [
     "AllocatorConflictError", "UnsupportedError",
     "paged_activations", "PagedActivations", "PagedStats", "offload", "prefetch", "publish_stats",
 ]
+
+
+log = logging.getLogger("vtalloc.allocator")
 
 
 def _torch() -> Any:
@@ -142,6 +146,7 @@ def enable(**config: Any) -> Config:
             raise
         _state.mode, _state.config, _state.allocator = GLOBAL, cfg, allocator
         _guard_record_stream(torch)
+        log.info("vtalloc is torch's CUDA allocator: %s", _describe(cfg))
     return cfg
 
 
@@ -187,6 +192,7 @@ def mempool(**config: Any) -> Any:
                 _torch_shim.release()  # no space exists yet: back to the defaults
                 raise
             _state.mode, _state.config = MEMPOOL, cfg
+            log.info("vtalloc serves torch MemPools: %s", _describe(cfg))
         return torch.cuda.MemPool(_state.allocator.allocator())
 
 
