@@ -180,9 +180,11 @@ def mempool(**config: Any) -> Any:
                 f"({_describe(cfg)}) cannot be made: one vtalloc configuration per process"
             )
         torch = _torch()
+        if not hasattr(torch.cuda, "MemPool"):  # pyproject admits torch 2.3, for enable(): see docs/torch.md
+            raise UnsupportedError(
+                f"mempool() needs torch.cuda.MemPool, new in PyTorch 2.5; this is PyTorch {torch.__version__}. "
+                "Upgrade torch, or use enable() (PyTorch 2.3 and newer)")
         _require_cuda(torch)
-        if not hasattr(torch.cuda, "MemPool"):
-            raise BackendUnavailableError(f"torch.cuda.MemPool needs PyTorch 2.5 or newer (this is {torch.__version__})")
         if _state.mode is None:
             _torch_shim.configure(cfg, _torch_shim.FAIL_RETURN_NULL)
             publish_from_env(_TORCH_VIEW)

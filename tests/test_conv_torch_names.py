@@ -132,3 +132,19 @@ def test_mem_get_info_is_free_and_total_of_the_space(host_torch_shim):
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the answer without CUDA")
 def test_mem_get_info_without_a_configuration_or_cuda_is_zero():
     assert vt.mem_get_info() == (0, 0)
+
+
+def test_mempool_on_a_torch_without_mempool_is_unsupported_and_says_the_version(monkeypatch):
+    """pyproject admits torch 2.3 (enable() works there); mempool() needs torch.cuda.MemPool (2.5)."""
+    import tomllib
+    import types
+    from pathlib import Path
+
+    floor = [r for r in tomllib.loads((Path(__file__).resolve().parent.parent / "pyproject.toml").read_text())
+             ["project"]["dependencies"] if r.startswith("torch")]
+    assert floor == ["torch>=2.3"]
+    old_torch = types.SimpleNamespace(__version__="2.4.1", cuda=types.SimpleNamespace(is_available=lambda: True))
+    monkeypatch.setattr(vt, "_torch", lambda: old_torch)
+    with pytest.raises(vt.UnsupportedError, match=r"MemPool, new in PyTorch 2.5; this is PyTorch 2.4.1.*enable\(\)"):
+        vt.mempool(capacity="1GiB")
+    assert vt.mode() is None and not shim.current_config()[0]  # nothing changed
