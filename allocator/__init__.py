@@ -3,7 +3,17 @@
 Layer: above the C ABI (``_native``), below the torch glue (``vtalloc.allocator.torch``),
 the service (``vtalloc.server``) and the CLI (``vtalloc.client``). Importing it never
 imports torch.
+
+Logging: every module logs under the ``vtalloc`` logger (``vtalloc.allocator``,
+``vtalloc.server``, ``vtalloc.client``); the library adds no handler but a NullHandler on
+``vtalloc``, so an application turns it up with ``logging.getLogger("vtalloc").setLevel(...)``
+and its own handlers (``vtalloc serve`` logs to stderr).
 """
+
+import logging as _logging
+
+if not any(isinstance(h, _logging.NullHandler) for h in _logging.getLogger("vtalloc").handlers):
+    _logging.getLogger("vtalloc").addHandler(_logging.NullHandler())
 
 from ._native import global_counters
 from .address_space import AddressSpace

@@ -51,7 +51,7 @@ class VtaStats(ctypes.Structure):
             "evictions", "pressure_evictions", "restores", "bytes_evicted_total", "bytes_restored_total",
             "host_pool_capacity_bytes", "host_pool_bytes", "host_pool_used_bytes", "restore_wait_ns",
             "evict_copy_ns", "restore_copy_ns",
-            *DRIVER_CALL_FIELDS,
+            *DRIVER_CALL_FIELDS, "peak_pages_total",
         )
     ]
 

@@ -28,7 +28,7 @@ __all__ = [
     "MAX_DEVICES", "ALL_DEVICES", "FAIL_RETURN_NULL", "FAIL_THROW", "Failures", "check_device", "normalized",
     "configure", "current_config", "devices", "device_stats", "reset_peak_stats", "trim", "failures", "release",
     "exception_kind", "OomBinding", "oom_binding", "ExceptionSelftest", "exception_selftest", "alloc_for_test",
-    "free_for_test",
+    "free_for_test", "set_accumulated_mark", "accumulated_mark",
 ]
 
 MAX_DEVICES = 64  # VTA_TORCH_MAX_DEVICES: ordinals 0..MAX_DEVICES - 1
@@ -226,6 +226,26 @@ def failures(device: int) -> Failures:
 def release() -> None:
     """Close every per-device space and forget the options (InvalidArgumentError while any is live)."""
     check(lib().vta_torch_release())
+    with _marks_lock:
+        _accumulated_marks.clear()  # the spaces' counters restart from zero
+
+
+# Where reset_accumulated_memory_stats() put each device's zero: counter values subtracted from
+# the spaces' own (monotonic) counters; forgotten with the spaces at release().
+_accumulated_marks: dict[int, dict[str, int]] = {}
+_marks_lock = threading.Lock()
+
+
+def set_accumulated_mark(device: int, counters: dict[str, int]) -> None:
+    check_device(device)
+    with _marks_lock:
+        _accumulated_marks[device] = dict(counters)
+
+
+def accumulated_mark(device: int) -> dict[str, int]:
+    """The counters at ``device``'s last reset_accumulated_memory_stats() ({} when never reset)."""
+    with _marks_lock:
+        return dict(_accumulated_marks.get(device, {}))
 
 
 def exception_kind() -> str:

@@ -69,7 +69,8 @@ class AddressSpace(NativeHandle):
         name: str | None = None,
     ) -> None:
         """Build a space from its settings, normalized once into one Config (or ``config``,
-        taken as it is). ``leased``: the space creates no pages; they are imported (by the
+        taken as it is). The environment is not read (``VTALLOC_*`` variables configure torch's
+        allocator, whose spaces no caller builds): ``config=Config.from_env()`` reads it here. ``leased``: the space creates no pages; they are imported (by the
         caller, or by ``page_source``, which it then asks when short). ``service=`` is
         refused: :class:`vtalloc.client.ServiceAddressSpace` builds a service-backed space.
         ``name``: what ``vtalloc stats --pid`` and ``repr`` call it (checks.space_name); unnamed,

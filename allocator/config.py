@@ -2,8 +2,10 @@
 
 Sizes are accepted as positive integers (bytes) or strings such as ``"64MiB"``, ``"1.5GiB"``,
 ``"512KB"`` (binary units KiB/MiB/GiB/TiB and bare K/M/G/T; decimal units KB/MB/GB/TB).
-Environment variables ``VTALLOC_<FIELD>`` (e.g. ``VTALLOC_CAPACITY=8GiB``) are read by
-:meth:`Config.from_env`; keyword arguments override them.
+Environment variables ``VTALLOC_<FIELD>`` (e.g. ``VTALLOC_CAPACITY=8GiB``) and the one string
+``VTALLOC_CONF=capacity:8GiB,page_size:2MiB`` are read by :meth:`Config.from_env` (keyword
+arguments win, then single variables, then VTALLOC_CONF), never by ``Config()`` or
+``AddressSpace()``. Unknown ``VTALLOC_*`` names are warned about (ConfigWarning), once each.
 
 Invariants: every bad value raises InvalidArgumentError (never a bare ValueError, whatever the
 input's length) whose message quotes at most a bounded prefix of it; ``capacity`` and
@@ -22,7 +24,8 @@ from typing import Any, Mapping
 from .checks import MAX_U64, quote
 from .errors import InvalidArgumentError
 
-__all__ = ["Config", "parse_size", "format_size", "BACKENDS", "MAX_SPACE_BYTES"]
+__all__ = ["Config", "parse_size", "format_size", "BACKENDS", "MAX_SPACE_BYTES", "ConfigWarning", "CONF_ENV",
+           "known_env", "warn_unknown_env"]
 
 BACKENDS = ("auto", "host", "cuda")
 EVICT_MODES = ("auto", "copy", "mapped")
@@ -164,20 +167,18 @@ class Config:
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> "Config":
-        """Read ``VTALLOC_*`` variables, then apply keyword overrides (which win)."""
+        """Read the environment, then apply keyword overrides: keyword arguments win over a
+        single ``VTALLOC_<FIELD>`` variable, which wins over the same key in ``VTALLOC_CONF``
+        (``key:value`` pairs joined by commas, as PYTORCH_CUDA_ALLOC_CONF), which wins over the
+        defaults. A ``VTALLOC_*`` name vtalloc does not know is warned about (ConfigWarning), once."""
         environ = os.environ if environ is None else environ
-        values: dict[str, Any] = {}
+        warn_unknown_env(environ)
+        values = _parse_conf(environ.get(CONF_ENV, ""))
         for field in dataclasses.fields(cls):
-            raw = environ.get("VTALLOC_" + field.name.upper())
-            if raw is None or raw == "":
-                continue
-            if field.name == "device":
-                try:
-                    values["device"] = int(raw)
-                except ValueError:
-                    raise InvalidArgumentError(f"VTALLOC_DEVICE must be an integer, got {_quote(raw)}") from None
-            else:
-                values[field.name] = raw
+            name = "VTALLOC_" + field.name.upper()
+            raw = environ.get(name)
+            if raw is not None and raw != "":
+                values[field.name] = _env_value(field.name, raw, f"{field.name} ({name})")
         unknown = set(overrides) - {f.name for f in dataclasses.fields(cls)}
         if unknown:
             raise InvalidArgumentError(f"unknown vtalloc option(s): {', '.join(sorted(unknown))}")
@@ -186,3 +187,83 @@ class Config:
 
     def replace(self, **changes: Any) -> "Config":
         return dataclasses.replace(self, **changes)
+
+
+# -- the environment ----------------------------------------------------------------------------
+
+CONF_ENV = "VTALLOC_CONF"
+# Every VTALLOC_* variable vtalloc reads besides VTALLOC_<FIELD> of Config: a name outside
+# this set and the fields' is a typo, warned about once by from_env().
+OTHER_ENV = frozenset({
+    CONF_ENV,
+    "VTALLOC_SOCKET",         # the service's address (server/protocol/address.py)
+    "VTALLOC_RUNTIME_DIR",    # where published stats and the socket live (allocator/publish.py)
+    "VTALLOC_PUBLISH_STATS",  # publish every space's stats for `vtalloc stats --pid`
+    "VTALLOC_LIBRARY",        # the native library to load (allocator/_native.py)
+    "VTALLOC_SLOW_TESTS",     # the test suite's slow tests
+})
+
+
+class ConfigWarning(UserWarning):
+    """A ``VTALLOC_*`` environment variable that vtalloc does not read (a typo, most likely)."""
+
+
+_warned: set[str] = set()
+
+
+def known_env() -> frozenset[str]:
+    return OTHER_ENV | {"VTALLOC_" + f.name.upper() for f in dataclasses.fields(Config)}
+
+
+def warn_unknown_env(environ: Mapping[str, str]) -> list[str]:
+    """Warn once per process about each ``VTALLOC_*`` name that vtalloc does not read; returns them."""
+    import warnings
+
+    known = known_env()
+    unknown = sorted(n for n in environ if n.startswith("VTALLOC_") and n not in known and n not in _warned)
+    for name in unknown:
+        _warned.add(name)
+        hint = _close_match(name, known) or f" (known: {', '.join(sorted(known))})"
+        warnings.warn(f"{name} is not a vtalloc variable and is ignored{hint}", ConfigWarning, stacklevel=3)
+    return unknown
+
+
+def _env_value(field: str, raw: str, source: str) -> Any:
+    """One variable's (or VTALLOC_CONF key's) value, typed; errors name ``source``."""
+    if field == "device":
+        try:
+            return int(raw)
+        except ValueError:
+            raise InvalidArgumentError(f"{source} must be an integer, got {_quote(raw)}") from None
+    if field in Config._SIZE_FIELDS:
+        return parse_size(raw, name=source)
+    return raw  # the choices (backend, evict_mode, cost_model): Config names the field and the choices
+
+
+def _parse_conf(conf: str) -> dict[str, Any]:
+    """``VTALLOC_CONF`` ("capacity:60GiB,page_size:2MiB"), keys named as Config's fields."""
+    fields = {f.name for f in dataclasses.fields(Config)}
+    values: dict[str, Any] = {}
+    for item in conf.split(","):
+        if not item.strip():
+            continue
+        key, sep, raw = item.partition(":")
+        key, raw = key.strip(), raw.strip()
+        if not sep or not raw:
+            raise InvalidArgumentError(f"{CONF_ENV}: {_quote(item.strip())} is not key:value "
+                                       "(e.g. VTALLOC_CONF=capacity:8GiB,page_size:2MiB)")
+        if key not in fields:
+            raise InvalidArgumentError(f"{CONF_ENV}: unknown key {_quote(key)}{_close_match(key, fields)}; "
+                                       f"keys: {', '.join(sorted(fields))}")
+        if key in values:
+            raise InvalidArgumentError(f"{CONF_ENV}: key {key!r} is given twice")
+        values[key] = _env_value(key, raw, f"{CONF_ENV} key {key!r}")
+    return values
+
+
+def _close_match(word: str, choices: Any) -> str:
+    """" (did you mean 'X'?)" for the nearest of ``choices``, or ""."""
+    import difflib
+
+    close = difflib.get_close_matches(word, sorted(choices), n=1)
+    return f" (did you mean {close[0]!r}?)" if close else ""

@@ -95,6 +95,7 @@ class Stats:
     num_stream_synchronize_calls: int  # cuStreamSynchronize (a host wait)
     num_reserve_calls: int          # cuMemAddressReserve
     num_free_va_calls: int          # cuMemAddressFree
+    peak_pages_total: int           # most pages held at once (PyTorch's peak reserved, in pages)
 
     @property
     def evict_bandwidth_bytes_per_s(self) -> float:

@@ -17,9 +17,12 @@ How failures reach the user, and what works with which torch feature, is in docs
 from __future__ import annotations
 
 import dataclasses
+import logging
+import sys
 from typing import Any
 
 from . import _native, _torch_shim
+from . import _torch_stats as _stats
 from ._torch_mode import GLOBAL, MEMPOOL, AllocatorConflictError, UnsupportedError
 from ._torch_mode import lock as _lock
 from ._torch_mode import state as _state
@@ -34,12 +37,16 @@ from .stats import Stats
 
 __all__ = [
     "enable", "is_enabled", "mode", "mempool", "resolve_config",
-    "stats", "memory_stats", "memory_allocated", "max_memory_allocated", "memory_reserved",
-    "reset_peak_memory_stats", "memory_summary", "empty_cache", "failures", "oom_exception",
+    "stats", "memory_stats", "memory_stats_as_nested_dict", "memory_allocated", "max_memory_allocated",
+    "memory_reserved", "max_memory_reserved", "reset_peak_memory_stats", "reset_max_memory_allocated",
+    "reset_accumulated_memory_stats", "mem_get_info", "memory_summary", "empty_cache", "failures", "oom_exception",
     "oom_binding", "OomBinding",
     "AllocatorConflictError", "UnsupportedError",
     "paged_activations", "PagedActivations", "PagedStats", "offload", "prefetch", "publish_stats",
 ]
+
+
+log = logging.getLogger("vtalloc.allocator")
 
 
 def _torch() -> Any:
@@ -139,6 +146,7 @@ def enable(**config: Any) -> Config:
             raise
         _state.mode, _state.config, _state.allocator = GLOBAL, cfg, allocator
         _guard_record_stream(torch)
+        log.info("vtalloc is torch's CUDA allocator: %s", _describe(cfg))
     return cfg
 
 
@@ -172,9 +180,11 @@ def mempool(**config: Any) -> Any:
                 f"({_describe(cfg)}) cannot be made: one vtalloc configuration per process"
             )
         torch = _torch()
+        if not hasattr(torch.cuda, "MemPool"):  # pyproject admits torch 2.3, for enable(): see docs/torch.md
+            raise UnsupportedError(
+                f"mempool() needs torch.cuda.MemPool, new in PyTorch 2.5; this is PyTorch {torch.__version__}. "
+                "Upgrade torch, or use enable() (PyTorch 2.3 and newer)")
         _require_cuda(torch)
-        if not hasattr(torch.cuda, "MemPool"):
-            raise BackendUnavailableError(f"torch.cuda.MemPool needs PyTorch 2.5 or newer (this is {torch.__version__})")
         if _state.mode is None:
             _torch_shim.configure(cfg, _torch_shim.FAIL_RETURN_NULL)
             publish_from_env(_TORCH_VIEW)
@@ -184,6 +194,7 @@ def mempool(**config: Any) -> Any:
                 _torch_shim.release()  # no space exists yet: back to the defaults
                 raise
             _state.mode, _state.config = MEMPOOL, cfg
+            log.info("vtalloc serves torch MemPools: %s", _describe(cfg))
         return torch.cuda.MemPool(_state.allocator.allocator())
 
 
@@ -206,115 +217,120 @@ def _guard_record_stream(torch: Any) -> None:
         torch.Tensor.record_stream = _record_stream_unsupported
 
 
-# -- statistics ------------------------------------------------------------------------------
+# -- statistics ----------------------------------------------------------------------------
+# ``device`` of the PyTorch-named functions is read as torch.cuda reads it: an ordinal, "cuda",
+# "cuda:N", a torch.device, or None for the current device (torch.cuda.current_device(), 0
+# before CUDA is initialized; it is never initialized here). vtalloc adds "all": every device
+# the allocator serves, summed (peaks: the sum of per-device peaks).
 
-def _device_list(device: int | None) -> list[int]:
-    _torch_shim.check_device(device, every=True)
-    return _torch_shim.devices() if device is None else [device]
-
-
-_NOT_SUMMED = ("page_bytes", "small_threshold_bytes")
-
-
-def _sum(per_device: list[Stats]) -> Stats:
-    values: dict[str, Any] = {}
-    for f in dataclasses.fields(Stats):
-        column = [getattr(s, f.name) for s in per_device]
-        if column and isinstance(column[0], str):  # a label (evict_mode): one value, or "mixed"
-            values[f.name] = column[0] if len(set(column)) == 1 else "mixed"
-        else:
-            values[f.name] = (max(column) if column else 0) if f.name in _NOT_SUMMED else sum(column)
-    if not per_device:
-        values["evict_mode"] = "none"
-    return Stats(**values)
-
-
-def stats(device: int | None = None) -> Stats:
-    """vtalloc's Stats of the torch allocator: one device, or summed over every device it serves.
+def stats(device: Any = _stats.ALL) -> Stats:
+    """vtalloc's Stats of the torch allocator: summed over every device it serves ("all", the
+    default), or one device (an ordinal, "cuda:N", a torch.device; None: the current one).
 
     Summed peaks are the sum of each device's peak. page_bytes and small_threshold_bytes are
     per-device settings: the largest is reported. All zero before the first allocation.
     """
-    return _sum([_torch_shim.device_stats(d) for d in _device_list(device)])
+    return _stats.sum_stats([_torch_shim.device_stats(d) for d in _stats.device_list(device)])
 
 
-def memory_stats(device: int | None = None) -> dict[str, int]:
+def memory_stats(device: Any = None) -> dict[str, int]:
     """Statistics under torch.cuda.memory_stats() key names where the meaning is the same.
 
     - ``allocated_bytes.all.{current,peak}``: live allocations as the allocator rounded them
       (512 B blocks, or whole pages from ``small_threshold`` up): vtalloc's active bytes;
     - ``requested_bytes.all.{current,peak}``: live allocations as requested;
     - ``active_bytes.all.current``: allocated plus freed memory still waiting for its stream;
-    - ``reserved_bytes.all.current``: physical pages held (mapped or not);
+    - ``reserved_bytes.all.{current,peak}``: physical pages held (mapped or not);
     - ``allocation.all.{current,allocated,freed}``, ``num_ooms``, ``num_device_alloc`` /
       ``num_device_free`` (page map / unmap calls).
-    Keys that start with ``vtalloc.`` have no PyTorch counterpart. ``device=None``: summed over
-    devices (peaks: the sum of per-device peaks).
+    Keys that start with ``vtalloc.`` have no PyTorch counterpart. ``device``: as torch's (None:
+    the current device), or "all" (summed over devices; peaks: the sum of per-device peaks).
     """
-    devs = _device_list(device)
-    per_device = [_torch_shim.device_stats(d) for d in devs]
-    s = _sum(per_device)
-    fails = [_torch_shim.failures(d) for d in devs]
-    return dict(sorted({
-        "allocated_bytes.all.current": s.active_bytes,
-        "allocated_bytes.all.peak": s.peak_active_bytes,
-        "requested_bytes.all.current": s.allocated_bytes,
-        "requested_bytes.all.peak": s.peak_allocated_bytes,
-        "active_bytes.all.current": s.active_bytes + s.pending_free_bytes,
-        "reserved_bytes.all.current": sum(p.pages_total * p.page_bytes for p in per_device),
-        "allocation.all.current": s.num_live_allocs,
-        "allocation.all.allocated": s.num_allocs,
-        "allocation.all.freed": s.num_frees,
-        "num_ooms": s.num_ooms,
-        "num_device_alloc": s.num_map_calls,
-        "num_device_free": s.num_unmap_calls,
-        "vtalloc.capacity_bytes": s.capacity_bytes,
-        "vtalloc.page_bytes": s.page_bytes,
-        "vtalloc.mapped_bytes.current": s.mapped_bytes,
-        "vtalloc.mapped_bytes.peak": s.peak_mapped_bytes,
-        "vtalloc.cached_bytes.current": s.cached_bytes,
-        "vtalloc.pending_free_bytes.current": s.pending_free_bytes,
-        "vtalloc.reserved_va_bytes.current": s.reserved_va_bytes,
-        "vtalloc.pages_total": s.pages_total,
-        "vtalloc.pages_mapped": s.pages_mapped,
-        "vtalloc.pages_free": s.pages_free,
-        "vtalloc.num_page_reclaims": s.num_page_reclaims,
-        "vtalloc.alloc_failures": sum(f.alloc_failures for f in fails),
-        "vtalloc.capture_refusals": sum(f.capture_refusals for f in fails),
-        "vtalloc.free_failures": sum(f.free_failures for f in fails),
-        "vtalloc.deferred_frees": sum(f.deferred_frees for f in fails),
-        "vtalloc.devices": sum(1 for p in per_device if p.capacity_bytes),
-    }.items()))
+    return _stats.flat_stats(_stats.device_list(device))
 
 
-def memory_allocated(device: int | None = None) -> int:
+def memory_stats_as_nested_dict(device: Any = None) -> dict[str, Any]:
+    """:func:`memory_stats` as nested dicts (``["allocated_bytes"]["all"]["peak"]``), as torch's."""
+    return _stats.nested(memory_stats(device))
+
+
+def memory_allocated(device: Any = None) -> int:
     return memory_stats(device)["allocated_bytes.all.current"]
 
 
-def max_memory_allocated(device: int | None = None) -> int:
+def max_memory_allocated(device: Any = None) -> int:
     return memory_stats(device)["allocated_bytes.all.peak"]
 
 
-def memory_reserved(device: int | None = None) -> int:
+def memory_reserved(device: Any = None) -> int:
     return memory_stats(device)["reserved_bytes.all.current"]
 
 
-def reset_peak_memory_stats(device: int | None = None) -> None:
-    """Peaks (allocated, requested, mapped) restart from the current values."""
-    _torch_shim.reset_peak_stats(device)
+def max_memory_reserved(device: Any = None) -> int:
+    """The most bytes of physical pages held at once since the start or the last peak reset."""
+    return memory_stats(device)["reserved_bytes.all.peak"]
 
 
-def empty_cache(device: int | None = None) -> int:
+def _peak_device(device: Any) -> int | None:
+    return None if isinstance(device, str) and device == _stats.ALL else _stats.device_index(device)
+
+
+def reset_peak_memory_stats(device: Any = None) -> None:
+    """Peaks (allocated, requested, reserved, mapped) restart from the current values."""
+    _torch_shim.reset_peak_stats(_peak_device(device))
+
+
+def reset_max_memory_allocated(device: Any = None) -> None:
+    """As torch's: resets *every* peak (it calls :func:`reset_peak_memory_stats`). Unlike torch,
+    it emits no FutureWarning: vtalloc has no older behaviour to warn about."""
+    reset_peak_memory_stats(device)
+
+
+def reset_accumulated_memory_stats(device: Any = None) -> None:
+    """Restart the accumulated counts from zero: ``allocation.all.allocated`` / ``freed``,
+    ``num_ooms``, ``num_device_alloc`` / ``free`` and vtalloc's historical counters (page
+    reclaims, failures), as memory_stats() reports them. :func:`stats` and :func:`failures` keep
+    the allocator's own counts."""
+    for d in _stats.device_list(device):
+        _stats.reset_accumulated(d)
+
+
+def mem_get_info(device: Any = None) -> tuple[int, int]:
+    """(free, total) bytes as the vtalloc allocator sees the device: total is the capacity of its
+    address space there, free what it may still take (capacity less the pages it holds), no more
+    than the driver's free memory once CUDA is initialized. Before the device's space exists:
+    the configured capacity, or, with none configured, the driver's answer
+    (torch.cuda.mem_get_info) where CUDA is initialized, else (0, 0).
+
+    torch.cuda.mem_get_info() stays the driver's view of the whole GPU (every process)."""
+    d = _stats.device_index(device)
+    s = _torch_shim.device_stats(d)
+    torch = sys.modules.get("torch")
+    driver = torch.cuda.mem_get_info(d) if torch is not None and torch.cuda.is_initialized() else None
+    if s.capacity_bytes:
+        total = s.capacity_bytes
+        free = total - s.pages_total * s.page_bytes
+    else:
+        is_configured, _, options = _torch_shim.current_config()
+        configured = options["capacity_bytes"] if is_configured else 0
+        if not configured:
+            return (int(driver[0]), int(driver[1])) if driver else (0, 0)
+        free = total = configured
+    return (min(free, int(driver[0])) if driver else free), total
+
+
+def empty_cache(device: Any = _stats.ALL) -> int:
     """Unmap cached pages and give unused pages back to the driver; returns the bytes released.
 
     ``torch.cuda.empty_cache()`` does nothing under a pluggable allocator: call this instead.
+    Like it, by default it covers every device ("all"); a ``device`` argument narrows it to one.
     """
-    return _torch_shim.trim(device)
+    return _torch_shim.trim(_peak_device(device))
 
 
-def failures(device: int = 0) -> _torch_shim.Failures:
+def failures(device: Any = 0) -> _torch_shim.Failures:
     """What the allocator could not do on ``device``: counts and the last message (OOM numbers included)."""
-    return _torch_shim.failures(device)
+    return _torch_shim.failures(_stats.device_index(device))
 
 
 def oom_exception() -> str:
@@ -338,9 +354,10 @@ def oom_binding() -> OomBinding:
     return _torch_shim.oom_binding()
 
 
-def memory_summary(device: int | None = None) -> str:
-    """A human-readable table of the torch allocator's memory, per device and in total."""
-    devs = _device_list(device)
+def memory_summary(device: Any = _stats.ALL) -> str:
+    """A human-readable table of the torch allocator's memory: by default of every device it
+    serves and their total ("all"), or of the one ``device`` names (None: the current one)."""
+    devs = _stats.device_list(device)
     header = f"vtalloc torch allocator ({_state.mode or 'not enabled'}" + (
         f"; {_describe(_state.config)})" if _state.config else ")")
     if not devs:
@@ -349,7 +366,7 @@ def memory_summary(device: int | None = None) -> str:
     if len(devs) > 1:
         rows[0] = (*rows[0], "total")
     per = [memory_stats(d) for d in devs]
-    total = memory_stats(None) if len(devs) > 1 else None
+    total = memory_stats(_stats.ALL) if len(devs) > 1 else None
     metrics = [
         ("allocated (rounded)", "allocated_bytes.all.current", True),
         ("allocated, peak", "allocated_bytes.all.peak", True),

@@ -346,6 +346,6 @@ class LeaseSource(PageSource):
                 if p.tag in ids and p.state in _PAGE_USE]  # evicted virtual pages hold no leased page
         return pages_pb2.ClientReport(
             allocated_bytes=s.allocated_bytes, active_bytes=s.active_bytes, mapped_bytes=s.mapped_bytes,
-            cached_bytes=s.cached_bytes, pages_total=s.pages_total, pages_allocated=by_state["allocated"],
+            cached_bytes=s.cached_bytes, pages_total=s.pages_total, pages_resident=by_state["allocated"],
             pages_cached=by_state["cached"], pages_free=by_state["free"], ooms_total=s.num_ooms,
             page_uses=uses, **engine_counters(s))

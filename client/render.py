@@ -71,7 +71,7 @@ def _device(d: Any, sessions: list[dict[str, Any]]) -> dict[str, Any]:
 def _report(r: Any, page: int) -> dict[str, Any]:
     return {
         "allocated_bytes": r.allocated_bytes, "active_bytes": r.active_bytes, "mapped_bytes": r.mapped_bytes,
-        "cached_bytes": r.cached_bytes, "resident_pages": r.pages_allocated, "resident_bytes": r.pages_allocated * page,
+        "cached_bytes": r.cached_bytes, "resident_pages": r.pages_resident, "resident_bytes": r.pages_resident * page,
         "cached_pages": r.pages_cached,
         "unmapped_pages": r.pages_free, "evicted_pages": r.evicted_pages, "evicted_bytes": r.evicted_bytes,
         "evictions_total": r.evictions_total, "restores_total": r.restores_total, "ooms_total": r.ooms_total,

@@ -22,6 +22,7 @@ metrics thread reads while the event loop writes).
 from __future__ import annotations
 
 import dataclasses
+import logging
 import secrets
 import threading
 import time
@@ -52,6 +53,8 @@ from .views import (
     PageUseReport,
     SessionInfoView,
 )
+
+log = logging.getLogger("vtalloc.server")
 
 __all__ = [
     "Ledger", "NodeGeometry", "Session", "ClientReport", "PageUseReport", "EvictTicket", "PAGE_STATES", "PAGE_USES",
@@ -186,8 +189,11 @@ class Ledger:
                 raise InvalidArgumentError(
                     f"quota minimums would add up to {mins} pages, more than the node's {cap}: "
                     "a guarantee the node cannot keep")
+            old = self._quotas.get(principal, self._default_quota)
             self._quotas[principal] = q
-            return q
+        log.info("quota of %s set: min %d bytes, max %d bytes (was min %d, max %d)", principal, q.min_bytes,
+                 q.max_bytes, old.min_bytes, old.max_bytes)
+        return q
 
     def _principal_pages(self, principal: str) -> int:
         return sum(len(s.pages) for s in self._sessions.values() if s.principal == principal)
@@ -233,6 +239,8 @@ class Ledger:
                 self._counters.quota_rejections_total += 1
                 s.counters.quota_rejections += 1
                 self._quota_rejections[s.principal] = self._quota_rejections.get(s.principal, 0) + 1
+                log.info("lease of %d pages for session %s (%s, pid %d) refused: its principal holds %d pages, its "
+                         "maximum is %d bytes", pages, s.session_id, s.principal, s.pid, used, q.max_bytes)
                 raise QuotaExceededError(
                     f"{s.principal} holds {used} pages of {g.page_bytes} bytes; {pages} more would pass its "
                     f"maximum of {q.max_bytes} bytes", requested_bytes=pages * g.page_bytes,

@@ -2,15 +2,21 @@
 
 Owns: metric names and units (base units: bytes, seconds; counters end in ``_total``; no
 per-session or per-pid labels, whose cardinality is unbounded: per-session detail is in
-``vtalloc stats``). Invariant: a scrape reads one consistent ledger snapshot and changes
-nothing; counters only ever grow (client-reported counters are summed as deltas).
+``vtalloc stats``), ``vtalloc_build_info``, and the registry served (with prometheus_client's
+standard ``process_*`` metrics). Invariants: every ``vtalloc_*`` series carries the node's
+``backend`` and ``device`` labels; a page mapped under live allocations is "resident" here as
+in the CLI and the protobuf (ClientReport.pages_resident, PAGE_USE_RESIDENT); a scrape reads one
+consistent ledger snapshot and changes nothing; counters only ever grow (client-reported
+counters are summed as deltas).
 """
 
 from __future__ import annotations
 
+import time
 from typing import Iterator
 
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client import ProcessCollector
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily
 from prometheus_client.registry import Collector, CollectorRegistry
 
 from vtalloc.allocator.errors import InternalError
@@ -18,7 +24,7 @@ from vtalloc.allocator.errors import InternalError
 from .ledger import Ledger
 from .protocol.rpc import NODE_COUNTERS
 
-__all__ = ["LedgerCollector", "make_registry", "start_metrics_server"]
+__all__ = ["LedgerCollector", "make_registry", "start_metrics_server", "version", "NODE_LABELS"]
 
 # (node counter, metric name without _total, help); every node counter (NODE_COUNTERS, the
 # proto's list) has its metric: a counter added to the proto without one fails the import.
@@ -47,54 +53,89 @@ if sorted(key for key, _, _ in _COUNTERS) != sorted(NODE_COUNTERS):
                         f"differences: {sorted(set(NODE_COUNTERS) ^ {key for key, _, _ in _COUNTERS})}")
 
 
+NODE_LABELS = ("backend", "device")
+
+
+def version() -> str:
+    """The installed vtalloc's version ("unknown" when it is run from a tree that is not installed)."""
+    from importlib.metadata import PackageNotFoundError
+    from importlib.metadata import version as dist_version
+
+    try:
+        return dist_version("vtalloc")
+    except PackageNotFoundError:
+        return "unknown"
+
+
 class LedgerCollector(Collector):
     def __init__(self, ledger: Ledger) -> None:
         self.ledger = ledger
+        view, _ = ledger.metrics_snapshot()
+        self.start_time = time.time() - view.uptime_s  # the ledger's start, on the wall clock
+        self.version = version()
 
     def collect(self) -> Iterator:
         view, by_state = self.ledger.metrics_snapshot()
         d = view.device
-        yield GaugeMetricFamily("vtalloc_page_bytes", "Bytes per physical page.", value=d.page_bytes)
-        yield GaugeMetricFamily("vtalloc_capacity_bytes", "Bytes of pages the node may lease.",
-                                value=d.capacity_pages * d.page_bytes)
-        pages = GaugeMetricFamily("vtalloc_pages", "Physical pages by state (free: neither leased nor "
-                                  "inherited; inherited: held by live clients of a previous daemon).", labels=["state"])
+        node = [d.backend, str(d.device)]
+
+        def gauge(name: str, help_text: str, value: float | None = None, labels: tuple[str, ...] = ()):
+            family = GaugeMetricFamily(name, help_text, labels=[*labels, *NODE_LABELS])
+            if value is not None:
+                family.add_metric(node, value)
+            return family
+
+        info = InfoMetricFamily("vtalloc_build", "The daemon's vtalloc version and the node it serves.",
+                                labels=["version", *NODE_LABELS])
+        info.add_metric([self.version, *node], {})
+        yield info
+        yield gauge("vtalloc_start_time_seconds", "When the daemon started, in seconds since the Unix epoch.",
+                    self.start_time)
+        yield gauge("vtalloc_page_bytes", "Bytes per physical page.", d.page_bytes)
+        yield gauge("vtalloc_capacity_bytes", "Bytes of pages the node may lease.", d.capacity_pages * d.page_bytes)
+        pages = gauge("vtalloc_pages", "Physical pages by state (free: neither leased nor inherited; inherited: "
+                      "held by live clients of a previous daemon).", labels=("state",))
         for state, n in by_state.items():
-            pages.add_metric([state], n)
+            pages.add_metric([state, *node], n)
         yield pages
-        reported = GaugeMetricFamily(
-            "vtalloc_client_pages", "Clients' own count of their pages by state (their last reports); "
-            "evicted pages hold data on the host, not on the node.", labels=["state"])
-        for state, key in (("allocated", "pages_allocated"), ("cached", "pages_cached"), ("unmapped", "pages_free"),
+        reported = gauge("vtalloc_client_pages", "Clients' own count of their pages by state (their last reports): "
+                         "resident (mapped under live allocations), cached, unmapped; evicted pages hold data on "
+                         "the host, not on the node.", labels=("state",))
+        for state, key in (("resident", "pages_resident"), ("cached", "pages_cached"), ("unmapped", "pages_free"),
                            ("evicted", "evicted_pages")):
-            reported.add_metric([state], sum(getattr(s.report, key) for s in view.sessions))
+            reported.add_metric([state, *node], sum(getattr(s.report, key) for s in view.sessions))
         yield reported
-        yield GaugeMetricFamily("vtalloc_client_sessions", "Live client sessions.", value=len(view.sessions))
-        resident = GaugeMetricFamily("vtalloc_principal_resident_bytes",
-                                     "Bytes of pages leased to a principal's sessions.", labels=["principal"])
-        evicted = GaugeMetricFamily("vtalloc_principal_evicted_bytes",
-                                    "Bytes of a principal's pages evicted to host memory (client reports).",
-                                    labels=["principal"])
-        qmin = GaugeMetricFamily("vtalloc_principal_quota_min_bytes", "Guaranteed bytes.", labels=["principal"])
-        qmax = GaugeMetricFamily("vtalloc_principal_quota_max_bytes", "Hard maximum bytes.", labels=["principal"])
+        yield gauge("vtalloc_client_sessions", "Live client sessions.", len(view.sessions))
+        principal = ("principal",)
+        leased = gauge("vtalloc_principal_leased_bytes", "Bytes of pages leased to a principal's sessions.",
+                       labels=principal)
+        evicted = gauge("vtalloc_principal_evicted_bytes",
+                        "Bytes of a principal's pages evicted to host memory (client reports).", labels=principal)
+        qmin = gauge("vtalloc_principal_quota_min_bytes", "Guaranteed bytes.", labels=principal)
+        qmax = gauge("vtalloc_principal_quota_max_bytes", "Hard maximum bytes.", labels=principal)
         rejected = CounterMetricFamily("vtalloc_principal_quota_rejections",
-                                       "Leases refused for passing the principal's maximum.", labels=["principal"])
+                                       "Leases refused for passing the principal's maximum.",
+                                       labels=[*principal, *NODE_LABELS])
         for p in view.principals:
-            name = [p.quota.principal]
-            resident.add_metric(name, p.leased_pages * d.page_bytes)
+            name = [p.quota.principal, *node]
+            leased.add_metric(name, p.leased_pages * d.page_bytes)
             evicted.add_metric(name, p.evicted_bytes)
             qmin.add_metric(name, p.quota.min_bytes)
             qmax.add_metric(name, p.quota.max_bytes)
             rejected.add_metric(name, p.quota_rejections)
-        yield from (resident, evicted, qmin, qmax, rejected)
+        yield from (leased, evicted, qmin, qmax, rejected)
         for key, name, help_text in _COUNTERS:
-            yield CounterMetricFamily(name, help_text, value=view.counters[key])
-        yield GaugeMetricFamily("vtalloc_uptime_seconds", "Seconds since the daemon started.", value=view.uptime_s)
+            counter = CounterMetricFamily(name, help_text, labels=list(NODE_LABELS))
+            counter.add_metric(node, view.counters[key])
+            yield counter
 
 
 def make_registry(ledger: Ledger) -> CollectorRegistry:
+    """The ledger's metrics and prometheus_client's process_* metrics (start time, resident
+    memory, open fds, CPU seconds; on Linux), which keep their standard names and no labels."""
     registry = CollectorRegistry(auto_describe=False)
     registry.register(LedgerCollector(ledger))
+    ProcessCollector(registry=registry)
     return registry
 
 

@@ -302,6 +302,8 @@ class Node:
                 break
             if asked or loop.time() >= deadline:
                 self.ledger.count_node_short()
+                log.warning("lease of %d pages for session %s (%s, pid %d) refused: the node is %d pages short",
+                            pages, s.session_id, s.principal, s.pid, short)
                 raise NodeShortError(
                     f"the node is {short} pages short and other sessions did not free enough in time",
                     requested_bytes=pages * self.ledger.geometry.page_bytes,
@@ -364,6 +366,8 @@ class Node:
         if sum(k for _, k in victims) < short:
             return  # nobody can give enough back: the caller fails at once
         evict_by = min(deadline, loop.time() + self.ledger.geometry.evict_deadline_s)
+        log.info("the node is %d pages short for %s: asking %s", short, requester.principal,
+                 ", ".join(f"session {v.session_id} for {k}" for v, k in victims))
         asked = [self._ask(v, k, evict_by - loop.time()) for v, k in victims]
         tickets = [t for t in asked if t is not None]
 
@@ -422,6 +426,9 @@ class Node:
             return EvictOutcome(0, 0, False, False)
         loop = asyncio.get_running_loop()
         deadline_s = self.ledger.geometry.evict_deadline_s
+        log.info("forced eviction by uid %d: session %s (%s, pid %d) asked for %d of its %d pages within %.1f s%s",
+                 admin.uid, session_id, target.principal, target.pid, asked, held, deadline_s,
+                 ", or killed" if kill_on_miss else "")
         t = self._ask(target, asked, deadline_s)
         if t is None:
             raise FailedPreconditionError(f"session {session_id} has ended")
@@ -435,6 +442,8 @@ class Node:
             killed = peer is not None and self._kill(peer, "missed a forced eviction")
             if killed:
                 await self._wait(lambda: not target.live, KILL_WAIT_S)
+        log.info("forced eviction of session %s: %d of %d pages given back%s", session_id, returned, asked,
+                 ", deadline missed" + (", killed" if killed else "") if missed else "")
         return EvictOutcome(asked, returned, missed, killed)
 
     # -- events -----------------------------------------------------------------------------

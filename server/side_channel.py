@@ -22,7 +22,6 @@ failure of a run is logged, then at most one line per ACCEPT_LOG_EVERY_S, and th
 
 from __future__ import annotations
 
-import array
 import asyncio
 import errno
 import logging
@@ -32,7 +31,7 @@ import struct
 import time
 from typing import Any
 
-from .protocol.side_channel import FD_BYTES, MAX_MESSAGE_BYTES, encode, parse_datagram
+from .protocol.side_channel import FD_BYTES, encode, parse_datagram, recv_datagram, send_datagram
 
 __all__ = ["peer_credentials", "peer_pidfd", "AsyncConnection", "AcceptFailures"]
 
@@ -76,41 +75,39 @@ class AsyncConnection:
 
     async def recv(self, timeout_s: float | None) -> dict[str, Any]:
         """The next message from the client; it may send no descriptors (ProtocolError if it does)."""
-        fut: asyncio.Future[tuple[bytes, list, int]] = self._loop.create_future()
+        fut: asyncio.Future[tuple[bytes, list[int], int]] = self._loop.create_future()
         fd = self.sock.fileno()
 
         def readable() -> None:
             if fut.done():
                 return
             try:
-                data, anc, flags, _ = self.sock.recvmsg(MAX_MESSAGE_BYTES + 1, socket.CMSG_SPACE(_STRAY_FDS_SEEN * FD_BYTES),
-                                                        socket.MSG_CMSG_CLOEXEC)
+                received = recv_datagram(self.sock, _STRAY_FDS_SEEN)
             except (BlockingIOError, InterruptedError):
                 return
             except OSError as e:
                 fut.set_exception(EOFError(f"side channel: {e}"))
                 return
-            fut.set_result((data, anc, flags))
+            fut.set_result(received)
 
         self._loop.add_reader(fd, readable)
         try:
-            data, anc, flags = await asyncio.wait_for(fut, timeout_s)
+            data, fds, flags = await asyncio.wait_for(fut, timeout_s)
         finally:
             if not self.closed:
                 self._loop.remove_reader(fd)
-        msg, fds = parse_datagram(data, anc, flags, 0)
+        msg, _ = parse_datagram(data, fds, flags, 0)
         return msg
 
     async def send(self, message: dict[str, Any], fds: list[int] = (), *, timeout_s: float) -> None:
         """Send one message, waiting (bounded) while the client's receive buffer is full."""
         data = encode(message)
-        anc = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))] if fds else []
         deadline = self._loop.time() + timeout_s
         while True:
             if self.closed:
                 raise EOFError("the side channel is closed")
             try:
-                self.sock.sendmsg([data], anc)
+                send_datagram(self.sock, data, fds)
                 return
             except (BlockingIOError, InterruptedError):
                 pass

@@ -40,7 +40,7 @@ class ClientReport:
     mapped_bytes: int = 0
     cached_bytes: int = 0
     pages_total: int = 0
-    pages_allocated: int = 0
+    pages_resident: int = 0          # mapped, under live allocations (the word of metrics and the CLI)
     pages_cached: int = 0
     pages_free: int = 0
     evicted_bytes: int = 0

@@ -122,7 +122,7 @@ def test_two_client_processes_show_up_live_in_stats(daemon):
         def reported():
             s = {x.info.session_id: x for x in obs.stats().sessions}
             return sa in s and sb in s and s[sa].reported and s[sb].reported and \
-                s[sa].report.pages_allocated == 3 and s[sb].report.pages_allocated == 5 and s
+                s[sa].report.pages_resident == 3 and s[sb].report.pages_resident == 5 and s
 
         s = wait_until(reported, 5)
         assert s[sa].info.pid == a.pid and s[sb].info.pid == b.pid
@@ -140,9 +140,11 @@ def test_prometheus_metrics_use_base_units_and_total_counters(daemon):
         if line and not line.startswith("#"):
             name, value = line.rsplit(" ", 1)
             values[name] = float(value)
-    assert values['vtalloc_pages{state="leased"}'] == held
-    assert values["vtalloc_capacity_bytes"] == 64 * MiB and values["vtalloc_page_bytes"] == PAGE
-    assert values['vtalloc_principal_resident_bytes{principal="uid:0"}'] == held * PAGE
+    node = 'backend="host",device="0"'
+    assert values[f'vtalloc_pages{{{node},state="leased"}}'] == held
+    assert values[f"vtalloc_capacity_bytes{{{node}}}"] == 64 * MiB and values[f"vtalloc_page_bytes{{{node}}}"] == PAGE
+    assert values[f'vtalloc_principal_leased_bytes{{{node},principal="uid:0"}}'] == held * PAGE
+    values = {name.split("{")[0]: value for name, value in values.items()}
     for counter in ("vtalloc_reclaims_total", "vtalloc_evictions_total", "vtalloc_restores_total",
                     "vtalloc_quota_rejections_total", "vtalloc_evict_requests_total", "vtalloc_leased_pages_total"):
         assert counter in values

@@ -242,7 +242,8 @@ def test_stats_cli_and_metrics_show_what_is_inherited(base):
             table = CliRunner().invoke(app, ["stats"], env={"VTALLOC_SOCKET": d.socket, "COLUMNS": "200"}).stdout
             assert "inherited" in table and "4 pg / 1 proc" in table
             text = urllib.request.urlopen(d.ready["metrics"], timeout=5).read().decode()
-            assert 'vtalloc_pages{state="inherited"} 4.0' in text and 'vtalloc_pages{state="free"} 60.0' in text
+            assert 'vtalloc_pages{backend="host",device="0",state="inherited"} 4.0' in text
+            assert 'vtalloc_pages{backend="host",device="0",state="free"} 60.0' in text
     finally:
         sleeper.kill()
         sleeper.wait()

@@ -28,6 +28,7 @@ vta_stats_t AddressSpace::stats() {
   s.pages_mapped = pages_.pages_mapped();
   s.pages_free = pages_.pages_unmapped();
   s.peak_mapped_bytes = pages_.peak_pages_mapped() * page_bytes_;
+  s.peak_pages_total = pages_.peak_pages_held();
   s.pages_resident = pages_.pages_mapped() - policy_.cached_bytes() / page_bytes_;
   residency_.fill_stats(&s);  // and subtracts the held device pages from pages_resident
   fill_call_counts(&s);

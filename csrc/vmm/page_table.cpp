@@ -72,6 +72,7 @@ int32_t PageTable::new_slot(PageHandle handle, uint64_t tag, uint32_t npages) {
   }
   pages_[slot] = Page{handle, 0, true, npages, tag};
   pages_held_ += npages;
+  if (pages_held_ > peak_pages_held_) peak_pages_held_ = pages_held_;
   if (npages > 1) {
     ++extents_held_;
     extent_ids_.push_back(slot);

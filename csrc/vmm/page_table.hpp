@@ -89,7 +89,11 @@ class PageTable {
   uint64_t pages_held() const { return pages_held_; }
   uint64_t pages_mapped() const { return pages_mapped_; }
   uint64_t peak_pages_mapped() const { return peak_pages_mapped_; }
-  void reset_peak() { peak_pages_mapped_ = pages_mapped_; }
+  uint64_t peak_pages_held() const { return peak_pages_held_; }
+  void reset_peak() {
+    peak_pages_mapped_ = pages_mapped_;
+    peak_pages_held_ = pages_held_;
+  }
   uint64_t pages_unmapped() const { return free_page_count_; }
   uint64_t extents_held() const { return extents_held_; }
 
@@ -139,6 +143,7 @@ class PageTable {
   uint64_t extents_held_ = 0;
   uint64_t pages_mapped_ = 0;
   uint64_t peak_pages_mapped_ = 0;  // every mapping counts: allocations, restores
+  uint64_t peak_pages_held_ = 0;    // PyTorch's peak reserved bytes, in pages
 };
 
 }  // namespace vta

@@ -22,7 +22,7 @@ from typing import Any
 
 __all__ = [
     "ProtocolError", "MAX_MESSAGE_BYTES", "MAX_FDS_PER_MESSAGE", "PROTOCOL_VERSION", "FD_BYTES", "encode",
-    "decode", "version_of", "parse_datagram", "connect", "send_message", "recv_message",
+    "decode", "version_of", "send_datagram", "recv_datagram", "parse_datagram", "connect", "send_message", "recv_message",
 ]
 
 PROTOCOL_VERSION = 1
@@ -72,22 +72,32 @@ def connect(path: str, timeout_s: float) -> socket.socket:
     return sock
 
 
-def send_message(sock: socket.socket, message: dict[str, Any], fds: list[int] = ()) -> None:
-    data = encode(message)
+def send_datagram(sock: socket.socket, data: bytes, fds: list[int] = ()) -> None:
+    """One datagram, with its descriptors (``socket.send_fds``) if any."""
     if fds:
-        sock.sendmsg([data], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))])
+        socket.send_fds(sock, [data], list(fds))
     else:
         sock.send(data)
 
 
-def _fds_from(ancdata: list[tuple[int, int, bytes]]) -> list[int]:
-    fds: list[int] = []
-    for level, kind, data in ancdata:
+def send_message(sock: socket.socket, message: dict[str, Any], fds: list[int] = ()) -> None:
+    send_datagram(sock, encode(message), fds)
+
+
+def recv_datagram(sock: socket.socket, max_fds: int) -> tuple[bytes, list[int], int]:
+    """One datagram, its descriptors and recvmsg's flags; room for ``max_fds`` descriptors (at
+    least one, so that strays are seen and refused).
+
+    Not ``socket.recv_fds``: up to at least Python 3.13 it ignores its ``flags`` argument
+    (CPython gh-107898), so MSG_CMSG_CLOEXEC would be lost and a fork+exec in another thread
+    could leak page descriptors into a child before they could be marked close-on-exec."""
+    data, ancdata, flags, _ = sock.recvmsg(MAX_MESSAGE_BYTES + 1, socket.CMSG_SPACE(max(max_fds, 1) * FD_BYTES),
+                                           socket.MSG_CMSG_CLOEXEC)
+    fds = array.array("i")
+    for level, kind, payload in ancdata:
         if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
-            a = array.array("i")
-            a.frombytes(data[: len(data) - len(data) % a.itemsize])
-            fds.extend(a)
-    return fds
+            fds.frombytes(payload[: len(payload) - len(payload) % fds.itemsize])
+    return data, list(fds), flags
 
 
 def _close_all(fds: list[int]) -> None:
@@ -98,10 +108,9 @@ def _close_all(fds: list[int]) -> None:
             pass
 
 
-def parse_datagram(data: bytes, ancdata: list, flags: int, max_fds: int) -> tuple[dict[str, Any], list[int]]:
-    """One received datagram (``recvmsg``'s data, ancillary data and flags) as a message and
-    its descriptors; on any error the descriptors are closed."""
-    fds = _fds_from(ancdata)
+def parse_datagram(data: bytes, fds: list[int], flags: int, max_fds: int) -> tuple[dict[str, Any], list[int]]:
+    """One received datagram (:func:`recv_datagram`'s data, descriptors and flags) as a message
+    and its descriptors; on any error the descriptors are closed."""
     try:
         if flags & (socket.MSG_TRUNC | socket.MSG_CTRUNC):
             raise ProtocolError("side-channel message or its descriptors were truncated")
@@ -122,6 +131,4 @@ def recv_message(sock: socket.socket, timeout_s: float | None, *, max_fds: int =
     Raises EOFError when the peer closed, TimeoutError, or ProtocolError.
     """
     sock.settimeout(timeout_s)
-    data, ancdata, flags, _ = sock.recvmsg(MAX_MESSAGE_BYTES + 1, socket.CMSG_SPACE(max(max_fds, 1) * FD_BYTES),
-                                           socket.MSG_CMSG_CLOEXEC)
-    return parse_datagram(data, ancdata, flags, max_fds)
+    return parse_datagram(*recv_datagram(sock, max_fds), max_fds)

@@ -23,7 +23,7 @@ PACKAGES = {"allocator": "vtalloc.allocator", "server": "vtalloc.server", "clien
 # what server and client both speak; the client library reaches the daemon only through it.
 PY_LAYERS: tuple[tuple[str, ...], ...] = (
     ("vtalloc.allocator",),
-    ("vtalloc.allocator.torch", "vtalloc.allocator._torch_shim", "vtalloc.allocator._torch_mode",
+    ("vtalloc.allocator.torch", "vtalloc.allocator._torch_shim", "vtalloc.allocator._torch_mode", "vtalloc.allocator._torch_stats",
      "vtalloc.allocator.paged_activations"),
     ("vtalloc.server.protocol", "vtalloc.server.proto"),
     ("vtalloc.server",),

@@ -129,6 +129,7 @@ typedef struct vta_stats {
   uint64_t num_stream_synchronize_calls;
   uint64_t num_reserve_calls;
   uint64_t num_free_va_calls;
+  uint64_t peak_pages_total;      /* most pages held at once since creation or the last peak reset */
 } vta_stats_t;
 
 /* One physical page of an address space. */

@@ -112,13 +112,13 @@ class PageUseReport(_message.Message):
     def __init__(self, page_id: _Optional[int] = ..., use: _Optional[_Union[PageUse, str]] = ...) -> None: ...
 
 class ClientReport(_message.Message):
-    __slots__ = ("allocated_bytes", "active_bytes", "mapped_bytes", "cached_bytes", "pages_total", "pages_allocated", "pages_cached", "pages_free", "evicted_bytes", "evicted_pages", "evictions_total", "restores_total", "ooms_total", "page_uses")
+    __slots__ = ("allocated_bytes", "active_bytes", "mapped_bytes", "cached_bytes", "pages_total", "pages_resident", "pages_cached", "pages_free", "evicted_bytes", "evicted_pages", "evictions_total", "restores_total", "ooms_total", "page_uses")
     ALLOCATED_BYTES_FIELD_NUMBER: _ClassVar[int]
     ACTIVE_BYTES_FIELD_NUMBER: _ClassVar[int]
     MAPPED_BYTES_FIELD_NUMBER: _ClassVar[int]
     CACHED_BYTES_FIELD_NUMBER: _ClassVar[int]
     PAGES_TOTAL_FIELD_NUMBER: _ClassVar[int]
-    PAGES_ALLOCATED_FIELD_NUMBER: _ClassVar[int]
+    PAGES_RESIDENT_FIELD_NUMBER: _ClassVar[int]
     PAGES_CACHED_FIELD_NUMBER: _ClassVar[int]
     PAGES_FREE_FIELD_NUMBER: _ClassVar[int]
     EVICTED_BYTES_FIELD_NUMBER: _ClassVar[int]
@@ -132,7 +132,7 @@ class ClientReport(_message.Message):
     mapped_bytes: int
     cached_bytes: int
     pages_total: int
-    pages_allocated: int
+    pages_resident: int
     pages_cached: int
     pages_free: int
     evicted_bytes: int
@@ -141,7 +141,7 @@ class ClientReport(_message.Message):
     restores_total: int
     ooms_total: int
     page_uses: _containers.RepeatedCompositeFieldContainer[PageUseReport]
-    def __init__(self, allocated_bytes: _Optional[int] = ..., active_bytes: _Optional[int] = ..., mapped_bytes: _Optional[int] = ..., cached_bytes: _Optional[int] = ..., pages_total: _Optional[int] = ..., pages_allocated: _Optional[int] = ..., pages_cached: _Optional[int] = ..., pages_free: _Optional[int] = ..., evicted_bytes: _Optional[int] = ..., evicted_pages: _Optional[int] = ..., evictions_total: _Optional[int] = ..., restores_total: _Optional[int] = ..., ooms_total: _Optional[int] = ..., page_uses: _Optional[_Iterable[_Union[PageUseReport, _Mapping]]] = ...) -> None: ...
+    def __init__(self, allocated_bytes: _Optional[int] = ..., active_bytes: _Optional[int] = ..., mapped_bytes: _Optional[int] = ..., cached_bytes: _Optional[int] = ..., pages_total: _Optional[int] = ..., pages_resident: _Optional[int] = ..., pages_cached: _Optional[int] = ..., pages_free: _Optional[int] = ..., evicted_bytes: _Optional[int] = ..., evicted_pages: _Optional[int] = ..., evictions_total: _Optional[int] = ..., restores_total: _Optional[int] = ..., ooms_total: _Optional[int] = ..., page_uses: _Optional[_Iterable[_Union[PageUseReport, _Mapping]]] = ...) -> None: ...
 
 class ReportRequest(_message.Message):
     __slots__ = ("report",)
