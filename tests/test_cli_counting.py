@@ -44,7 +44,7 @@ def test_a_malloc_the_lease_serves_is_no_oom(daemon):
         a = space.malloc(4 * MiB)  # no pages yet: the core's first try fails, the lease grows
         b = space.malloc(2 * MiB)
         assert space.stats().num_ooms == 0 and space.report().ooms_total == 0
-        reported(daemon, space.session.session_id, lambda s: s.report.pages_allocated == 3)
+        reported(daemon, space.session.session_id, lambda s: s.report.pages_resident == 3)
         assert reported(daemon, space.session.session_id, lambda s: True).report.ooms_total == 0
         with pytest.raises(OutOfMemoryError):
             space.malloc(16 * MiB, evict=False)  # past the 16 MiB ceiling: the caller sees one OOM
