@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 import weakref
 from typing import Any
 
@@ -30,7 +29,9 @@ __all__ = ["Link", "start_threads"]
 log = logging.getLogger("vtalloc.client")
 
 WATCH_RENEW_S = 600.0      # a Watch call's deadline; renewed when it runs out
-WATCH_RETRY_S = 0.2        # pause after a Watch that failed for another reason
+# After a Watch that failed for another reason (and gRPC's own retries of it, session.py): a
+# pause that doubles from the first to the last while failures repeat, reset by an event.
+WATCH_BACKOFF_S = (0.05, 2.0)
 THREAD_JOIN_S = 5.0        # how long closing waits for each thread
 _REPORT_THREAD = "vtalloc-report"
 
@@ -70,6 +71,7 @@ def start_threads(ref: "weakref.ref[Any]", link: Link) -> None:
 
 def _watch_loop(ref: "weakref.ref[Any]", link: Link, session: ServiceSession) -> None:
     """Answer the daemon's events for one session until it ends or the space closes."""
+    pause = WATCH_BACKOFF_S[0]
     while not link.stop.is_set() and link.session is session:
         try:
             call = session.watch(WATCH_RENEW_S)
@@ -78,6 +80,7 @@ def _watch_loop(ref: "weakref.ref[Any]", link: Link, session: ServiceSession) ->
         link.watch_call = call
         try:
             for event in call:
+                pause = WATCH_BACKOFF_S[0]
                 kind = event.WhichOneof("kind")
                 if kind == "evict":
                     _answer_eviction(ref, event.evict)
@@ -92,7 +95,8 @@ def _watch_loop(ref: "weakref.ref[Any]", link: Link, session: ServiceSession) ->
                 continue  # a long watch ran out its deadline: renew it
             if e.code() in (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.FAILED_PRECONDITION):
                 return
-            time.sleep(WATCH_RETRY_S)
+            link.stop.wait(pause)  # closing the space ends the pause at once
+            pause = min(pause * 2, WATCH_BACKOFF_S[1])
         finally:
             link.watch_call = None
 

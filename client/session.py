@@ -12,6 +12,7 @@ every descriptor received is either returned to the caller or closed.
 from __future__ import annotations
 
 import errno
+import json
 import logging
 import os
 import select
@@ -44,8 +45,20 @@ def _never_sent(e: grpc.RpcError) -> bool:
     return code == grpc.StatusCode.UNAVAILABLE and _NOT_CONNECTED in (e.details() or "")
 
 
+# gRPC's retry policy, for Watch only: it changes nothing on the daemon, so a Watch that ends
+# UNAVAILABLE (the daemon restarting its listener, a connection reset) is re-sent with
+# exponential backoff. Every other call is sent at most once by gRPC (a lease or a return must
+# not run twice); the one re-send the session makes itself is for a call that never left this
+# process (_never_sent).
+_SERVICE_CONFIG = json.dumps({"methodConfig": [{
+    "name": [{"service": pages_pb2.DESCRIPTOR.services_by_name["Pages"].full_name, "method": "Watch"}],
+    "retryPolicy": {"maxAttempts": 5, "initialBackoff": "0.05s", "maxBackoff": "1s", "backoffMultiplier": 2,
+                    "retryableStatusCodes": ["UNAVAILABLE"]},
+}]})
+
 _CHANNEL_OPTIONS = [
-    ("grpc.enable_retries", 0),
+    ("grpc.enable_retries", 1),
+    ("grpc.service_config", _SERVICE_CONFIG),
     ("grpc.initial_reconnect_backoff_ms", 100),
     ("grpc.min_reconnect_backoff_ms", 100),
     ("grpc.max_reconnect_backoff_ms", 1000),

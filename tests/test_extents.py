@@ -245,3 +245,33 @@ def test_an_extent_is_evicted_into_pieces_when_the_host_pool_has_no_run_of_its_s
                 assert space.read(a, 2 * MiB) == pattern(40 + i, 2 * MiB)
                 space.free(a)
         space.free(big)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("mode", ["copy", "mapped"])
+def test_extents_on_cuda_move_bytes_with_one_call_per_handle(mode):
+    """The same engine on the real driver: a 256 MiB allocation is one 256 MiB handle, evicted
+    and restored with one unmap and one map (copy mode) and its bytes intact; under pressure a
+    second one evicts it whole."""
+    from vtalloc.allocator import BackendUnavailableError
+    try:
+        space = AddressSpace(backend="cuda", capacity=384 * MiB, host_capacity=512 * MiB, evict_mode=mode)
+    except BackendUnavailableError as e:
+        pytest.skip(f"{mode} mode not available on this driver: {e}")
+    with space:
+        a = space.malloc(256 * MiB)
+        space.write(a, pattern(60, 256 * MiB))
+        space.set_evictable(a)
+        out, back = evict_restore_calls(space, a)
+        if mode == "copy":
+            assert (map_unmap(out), map_unmap(back)) == (1, 1), (out, back)
+        assert map_unmap(out) + map_unmap(back) <= 6, (out, back)
+        assert space.read(a, 256 * MiB) == pattern(60, 256 * MiB)
+        b = space.malloc(256 * MiB)  # only 384 MiB: a's extent is evicted whole
+        assert space.stats().pressure_evictions == 128
+        space.write(b, pattern(61, 256 * MiB))
+        assert space.read(a, 256 * MiB) == pattern(60, 256 * MiB)  # from the host copy
+        space.free(b)
+        space.ensure_resident(a)
+        assert space.read(a, 256 * MiB) == pattern(60, 256 * MiB)
+        space.free(a)
