@@ -78,16 +78,36 @@ def test_a_large_allocation_gets_extents_of_a_few_size_classes():
 
 
 def test_a_cached_extent_of_the_same_class_moves_with_one_unmap_and_one_map():
-    """Capacity holds one 64 MiB allocation; a 66 MiB one (a 64 MiB extent and a page) must take
-    the cached 64 MiB extent: unmapped and mapped again, not released and created."""
-    with host_space(66 * MiB) as space:
+    """A 66 MiB allocation (a 64 MiB extent and a page) where only a cached 64 MiB extent, hemmed
+    in by a live allocation, has the room: the extent is unmapped and mapped again at the new
+    address, not released and created."""
+    with host_space(68 * MiB) as space:
         a = space.malloc(64 * MiB)
+        guard = space.malloc(2 * MiB)  # right after a: a's range cannot grow in place
+        assert guard == a + 64 * MiB
         space.free(a)
         before = calls(space)
         b = space.malloc(66 * MiB)
         d = delta(before, calls(space))
         assert d.get("release_page", 0) == 0 and d.get("create_page") == 1, d  # only the one page is new
         assert (d.get("unmap"), d.get("map")) == (1, 2), d
+        space.free(b)
+        space.free(guard)
+
+
+def test_a_cached_range_grows_in_place():
+    """A request larger than a cached range that free address space follows keeps the cached
+    pages where they are and maps only the rest: no unmap, one map for the new page."""
+    with host_space(66 * MiB) as space:
+        a = space.malloc(64 * MiB)
+        space.write(a, pattern(70, 4096))
+        space.free(a)
+        before = calls(space)
+        b = space.malloc(66 * MiB)
+        d = delta(before, calls(space))
+        assert b == a and d.get("unmap", 0) == 0 and (d.get("map"), d.get("create_page")) == (1, 1), d
+        space.write(b + 65 * MiB, pattern(71, 4096))
+        assert space.read(b + 65 * MiB, 4096) == pattern(71, 4096)
         space.free(b)
 
 

@@ -128,9 +128,29 @@ std::vector<uint32_t> AllocPolicy::handle_plan(size_t npages) const {
 }
 
 bool AllocPolicy::map_range(size_t npages, bool may_evict, uintptr_t* out) {
-  std::vector<uint32_t> plan = handle_plan(npages);
   bool driver_oom = false;
   auto obtain = [&](uint32_t n, int32_t* id) { return obtain_handle(n, id, may_evict, &driver_oom); };
+  // A cached range grown in place keeps its pages where they are: only the rest is mapped
+  // (reusing freed memory elsewhere would unmap and map each of its handles again).
+  uintptr_t start = 0;
+  size_t cached = 0, bytes = npages * page_bytes_;
+  if (npages > 1 && ranges_.take_growable(bytes, &start, &cached)) {
+    bool ok = false;
+    try {
+      ok = ranges_.map_at(start + cached, handle_plan((bytes - cached) / page_bytes_), obtain);
+    } catch (...) {
+      ranges_.give_back_growth(start, cached, bytes);
+      throw;
+    }
+    if (ok) {
+      *out = start;
+      return true;
+    }
+    ranges_.give_back_growth(start, cached, bytes);
+    if (!driver_oom) return false;
+    driver_oom = false;
+  }
+  std::vector<uint32_t> plan = handle_plan(npages);
   if (ranges_.map_range(plan, obtain, out)) return true;
   if (!driver_oom) return false;
   // The driver refused an extent's size although capacity was there: one-page handles.

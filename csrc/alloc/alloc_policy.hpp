@@ -6,19 +6,21 @@
 //
 // Allocation, in order, for n pages (large, > small_threshold):
 //   1. best-fit among cached free ranges that still have pages mapped (no driver call);
-//   2. best-fit among unmapped free ranges (reserving more VA if none fits), backed by
+//   2. grow a cached range in place: the largest cached range that free address space of its
+//      reservation follows, the rest mapped there (its pages are not unmapped and mapped again);
+//   3. best-fit among unmapped free ranges (reserving more VA if none fits), backed by
 //      free (unmapped) pages of the page table, pages created under capacity, reclaimed from cached
 //      free ranges, freed by waiting for frees still pending on their streams, or freed by
 //      the eviction engine: releasing the device pages evicted pages still hold, finishing
 //      eviction copies still running, evicting the least-recently-used evictable page,
 //      giving back a prefetched restore's device page (obtain_page, in that order);
-//   3. if pending frees completed meanwhile, retry once (a small request may now fit a
+//   4. if pending frees completed meanwhile, retry once (a small request may now fit a
 //      freed block); then OutOfMemory.
 // Before all of these, stream-ordered reuse: a block freed on the request's own stream and
 // still pending is taken at once, best fit, with no event and no driver call (0.); only when
 // none fits are the open frees of every stream sealed (one event each) and polled.
 // Small allocations (<= small_threshold) are 512-byte blocks packed into one-page slabs.
-// Large allocations of at least min(kExtentMinBytes, extent_bytes) (and two pages) get extents when step 2 maps
+// Large allocations of at least min(kExtentMinBytes, extent_bytes) (and two pages) get extents when steps 2-3 map
 // them: physical handles of several pages each, in size classes extent_bytes, half of it, ...
 // down to two pages, largest first, then one page for the rest (docs/eviction.md, "Extents");
 // smaller ones get one-page handles. An extent wanted is found, in order: free of its size,

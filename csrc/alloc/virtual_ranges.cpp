@@ -5,6 +5,7 @@
 #include "alloc/virtual_ranges.hpp"
 
 #include <algorithm>
+#include <map>
 #include <utility>
 
 namespace vta {
@@ -19,6 +20,31 @@ bool VirtualRanges::take_cached_page(uintptr_t* va, size_t* bytes) {
   *bytes = pages_.bytes_of(last);
   bool taken = cached_.take_exact(*va, *bytes);
   VTA_INVARIANT(taken);
+  return true;
+}
+
+bool VirtualRanges::take_growable(size_t bytes, uintptr_t* start, size_t* cached) {
+  // Largest cached range first: the most pages kept in place.
+  const std::map<uintptr_t, size_t>& free_va = unmapped_.ranges();
+  uintptr_t best = 0;
+  size_t best_bytes = 0;
+  for (auto& [at, n] : cached_.ranges()) {
+    if (n >= bytes || n <= best_bytes) continue;
+    auto next = free_va.find(at + n);
+    if (next == free_va.end() || next->second < bytes - n) continue;
+    // The same reservation: the range must not cross its end.
+    auto res = pages_.reservations().upper_bound(at);
+    VTA_INVARIANT(res != pages_.reservations().begin());
+    --res;
+    if (at + bytes > res->first + res->second) continue;
+    best = at;
+    best_bytes = n;
+  }
+  if (!best_bytes) return false;
+  bool taken = cached_.take_exact(best, best_bytes) && unmapped_.take_exact(best + best_bytes, bytes - best_bytes);
+  VTA_INVARIANT(taken);
+  *start = best;
+  *cached = best_bytes;
   return true;
 }
 

@@ -34,6 +34,20 @@ class VirtualRanges {
   // had; false then (nothing changed).
   template <typename Obtain>
   bool map_range(const std::vector<uint32_t>& handles, Obtain&& obtain, uintptr_t* out);
+  // Map handles of these sizes back to back at va (unmapped, taken out by the caller); all or
+  // nothing: on failure every handle obtained goes back and false (or the exception) follows.
+  template <typename Obtain>
+  bool map_at(uintptr_t va, const std::vector<uint32_t>& handles, Obtain&& obtain);
+  // Grow a cached range in place: the largest cached range (shorter than `bytes`) that an
+  // unmapped range of the same reservation follows directly, together at least `bytes`. Both
+  // pieces are taken out: the cached range keeps its pages mapped (no driver call) and only
+  // the rest, `bytes - *cached` from *start + *cached, is left for the caller to map (or to
+  // give back with give_back_growth). False when no such pair exists.
+  bool take_growable(size_t bytes, uintptr_t* start, size_t* cached);
+  void give_back_growth(uintptr_t start, size_t cached, size_t bytes) {
+    unmapped_.insert(start + cached, bytes - cached);
+    cached_.insert(start, cached);
+  }
   // The last handle (a page or an extent) of the smallest cached range (the least useful
   // for reuse), taken out: its first virtual page and its bytes.
   bool take_cached_page(uintptr_t* va, size_t* bytes);
@@ -71,11 +85,27 @@ bool VirtualRanges::map_range(const std::vector<uint32_t>& handles, Obtain&& obt
     bool taken = unmapped_.take_best_fit(bytes, &va);
     VTA_INVARIANT(taken);
   }
+  bool ok = false;
+  try {
+    ok = map_at(va, handles, obtain);
+  } catch (...) {
+    unmapped_.insert(va, bytes);
+    throw;
+  }
+  if (!ok) {
+    unmapped_.insert(va, bytes);
+    return false;
+  }
+  *out = va;
+  return true;
+}
+
+template <typename Obtain>
+bool VirtualRanges::map_at(uintptr_t va, const std::vector<uint32_t>& handles, Obtain&& obtain) {
   std::vector<int32_t> ids;
   ids.reserve(handles.size());
   auto give_back = [&] {
     for (int32_t id : ids) pages_.return_page(id);
-    unmapped_.insert(va, bytes);
   };
   try {
     for (uint32_t n : handles) {
@@ -91,7 +121,6 @@ bool VirtualRanges::map_range(const std::vector<uint32_t>& handles, Obtain&& obt
     give_back();
     throw;
   }
-  *out = va;
   return true;
 }
 
