@@ -135,19 +135,11 @@ bool AllocPolicy::map_range(size_t npages, bool may_evict, uintptr_t* out) {
   uintptr_t start = 0;
   size_t cached = 0, bytes = npages * page_bytes_;
   if (npages > 1 && ranges_.take_growable(bytes, &start, &cached)) {
-    bool ok = false;
-    try {
-      ok = ranges_.map_at(start + cached, handle_plan((bytes - cached) / page_bytes_), obtain);
-    } catch (...) {
-      ranges_.give_back_growth(start, cached, bytes);
-      throw;
-    }
-    if (ok) {
+    if (ranges_.map_growth(start, cached, bytes, handle_plan((bytes - cached) / page_bytes_), obtain)) {
       *out = start;
       return true;
     }
-    ranges_.give_back_growth(start, cached, bytes);
-    if (!driver_oom) return false;
+    if (!driver_oom) return false;  // the whole range would need as much memory again
     driver_oom = false;
   }
   std::vector<uint32_t> plan = handle_plan(npages);
@@ -156,8 +148,6 @@ bool AllocPolicy::map_range(size_t npages, bool may_evict, uintptr_t* out) {
   // The driver refused an extent's size although capacity was there: one-page handles.
   return ranges_.map_range(std::vector<uint32_t>(npages, 1), obtain, out);
 }
-
-bool AllocPolicy::obtain_page(int32_t* id, bool may_evict) { return obtain_handle(1, id, may_evict); }
 
 bool AllocPolicy::obtain_handle(uint32_t npages, int32_t* id, bool may_evict, bool* driver_oom) {
   // Cheapest first: a free handle of this size (or a new one under capacity), room made by

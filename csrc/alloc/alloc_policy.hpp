@@ -13,7 +13,7 @@
 //      free ranges, freed by waiting for frees still pending on their streams, or freed by
 //      the eviction engine: releasing the device pages evicted pages still hold, finishing
 //      eviction copies still running, evicting the least-recently-used evictable page,
-//      giving back a prefetched restore's device page (obtain_page, in that order);
+//      giving back a prefetched restore's device page (obtain_handle, in that order);
 //   4. if pending frees completed meanwhile, retry once (a small request may now fit a
 //      freed block); then OutOfMemory.
 // Before all of these, stream-ordered reuse: a block freed on the request's own stream and
@@ -93,10 +93,9 @@ class AllocPolicy {
   void settle();
   // Seal one stream's open frees (before the stream is destroyed).
   void settle_stream(StreamHandle stream);
-  // A device page for the caller to map, cheapest source first; false when none can be had.
-  bool obtain_page(int32_t* id, bool may_evict);
-  // The same for a handle of `npages` pages (an extent when more than one). *driver_oom (if
-  // given) is set when the driver refused an extent's size while capacity was there.
+  // A device handle of `npages` pages (a page, or an extent when more than one) for the caller
+  // to map, cheapest source first; false when none can be had. *driver_oom (if given) is set
+  // when the driver refused an extent's size while capacity was there.
   bool obtain_handle(uint32_t npages, int32_t* id, bool may_evict, bool* driver_oom = nullptr);
   // No extents from now on (a leased space's pages are the service's one-page pages).
   void disable_extents() { extent_max_pages_ = 0; }

@@ -41,13 +41,14 @@ class VirtualRanges {
   // Grow a cached range in place: the largest cached range (shorter than `bytes`) that an
   // unmapped range of the same reservation follows directly, together at least `bytes`. Both
   // pieces are taken out: the cached range keeps its pages mapped (no driver call) and only
-  // the rest, `bytes - *cached` from *start + *cached, is left for the caller to map (or to
-  // give back with give_back_growth). False when no such pair exists.
+  // the rest, `bytes - *cached` from *start + *cached, is left to map_growth(). False when no
+  // such pair exists.
   bool take_growable(size_t bytes, uintptr_t* start, size_t* cached);
-  void give_back_growth(uintptr_t start, size_t cached, size_t bytes) {
-    unmapped_.insert(start + cached, bytes - cached);
-    cached_.insert(start, cached);
-  }
+  // Map the rest of a range take_growable() gave, with handles of these sizes; all or nothing:
+  // on failure both pieces go back where they were and false (or the exception) follows.
+  template <typename Obtain>
+  bool map_growth(uintptr_t start, size_t cached, size_t bytes, const std::vector<uint32_t>& handles,
+                  Obtain&& obtain);
   // The last handle (a page or an extent) of the smallest cached range (the least useful
   // for reuse), taken out: its first virtual page and its bytes.
   bool take_cached_page(uintptr_t* va, size_t* bytes);
@@ -98,6 +99,24 @@ bool VirtualRanges::map_range(const std::vector<uint32_t>& handles, Obtain&& obt
   }
   *out = va;
   return true;
+}
+
+template <typename Obtain>
+bool VirtualRanges::map_growth(uintptr_t start, size_t cached, size_t bytes, const std::vector<uint32_t>& handles,
+                               Obtain&& obtain) {
+  auto give_back = [&] {
+    unmapped_.insert(start + cached, bytes - cached);
+    cached_.insert(start, cached);
+  };
+  bool ok = false;
+  try {
+    ok = map_at(start + cached, handles, obtain);
+  } catch (...) {
+    give_back();
+    throw;
+  }
+  if (!ok) give_back();
+  return ok;
 }
 
 template <typename Obtain>

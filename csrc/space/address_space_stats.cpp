@@ -76,10 +76,8 @@ std::vector<vta_page_info_t> AddressSpace::pages() {
   for (auto& [va, p] : away)
     if ((p.state == State::restoring || p.state == State::restored) && p.device_page >= 0)
       restoring[p.device_page] = va;
-  std::unordered_map<int32_t, uint32_t> seen;  // handle id -> rows listed (its k-th page next)
   std::vector<vta_page_info_t> out;
-  pages_.for_each_page([&](int32_t id, uintptr_t va) {
-    uint32_t k = seen[id]++;
+  pages_.for_each_page([&](int32_t id, uint32_t k, uintptr_t va) {
     vta_page_info_t info{};
     info.page_id = static_cast<uint64_t>(id);
     info.address = va;

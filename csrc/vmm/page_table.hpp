@@ -104,13 +104,14 @@ class PageTable {
       if (pages_[id].va) f(id, pages_[id].va);
   }
 
-  // Visit every page of every held handle: (id, the page's mapped address or 0).
+  // Visit every page of every held handle: (id, the page's index k in its handle, the page's
+  // mapped address or 0).
   template <typename F>
   void for_each_page(F&& f) const {
     for (size_t i = 0; i < pages_.size(); ++i) {
       const Page& p = pages_[i];
       if (!p.held) continue;
-      for (uint32_t k = 0; k < p.npages; ++k) f(static_cast<int32_t>(i), p.va ? p.va + k * page_bytes_ : 0);
+      for (uint32_t k = 0; k < p.npages; ++k) f(static_cast<int32_t>(i), k, p.va ? p.va + k * page_bytes_ : 0);
     }
   }
 
