@@ -52,6 +52,9 @@ class VtaStats(ctypes.Structure):
             "host_pool_capacity_bytes", "host_pool_bytes", "host_pool_used_bytes", "restore_wait_ns",
             "evict_copy_ns", "restore_copy_ns",
             *DRIVER_CALL_FIELDS, "peak_pages_total",
+            # appended: cumulative counters (PyTorch's allocated/freed columns)
+            "allocated_bytes_total", "freed_bytes_total", "requested_bytes_total", "requested_freed_bytes_total",
+            "page_bytes_created_total", "page_bytes_released_total", "num_alloc_retries", "num_sync_all_streams",
         )
     ]
 
@@ -123,6 +126,7 @@ _PROTOTYPES = {
     "vta_malloc_ex": (i32, [ctypes.c_void_p, u64, u64, u32, _P(u64)]),
     "vta_free": (i32, [ctypes.c_void_p, u64]),
     "vta_size_of": (i32, [ctypes.c_void_p, u64, _P(u64)]),
+    "vta_record_stream": (i32, [ctypes.c_void_p, u64, u64]),
     "vta_write": (i32, [ctypes.c_void_p, u64, u64, ctypes.c_void_p, u64]),
     "vta_read": (i32, [ctypes.c_void_p, u64, u64, ctypes.c_void_p, u64]),
     "vta_trim": (i32, [ctypes.c_void_p, _P(u64)]),

@@ -221,6 +221,12 @@ class AddressSpace(TestHooks, NativeHandle):
         if source is not None:
             source.after_free(self, address)
 
+    def record_stream(self, address: int, stream: int) -> None:
+        """PyTorch's ``Tensor.record_stream``: the allocation at ``address`` is also used on
+        ``stream``; once freed, its memory is reused (even on its own stream) only after the
+        work queued on ``stream`` up to the free completed."""
+        _native.check(self._lib.vta_record_stream(self._h(), _as_u64(address, "address"), _as_u64(stream, "stream")))
+
     def size_of(self, address: int) -> int:
         """The size that was requested for the allocation at ``address``."""
         out = ctypes.c_uint64()

@@ -96,6 +96,15 @@ class Stats:
     num_reserve_calls: int          # cuMemAddressReserve
     num_free_va_calls: int          # cuMemAddressFree
     peak_pages_total: int           # most pages held at once (PyTorch's peak reserved, in pages)
+    # cumulative since creation: PyTorch's "allocated" / "freed" columns
+    allocated_bytes_total: int = 0        # every allocation's bytes, rounded
+    freed_bytes_total: int = 0            # every free's bytes, rounded
+    requested_bytes_total: int = 0        # every allocation's bytes, as requested
+    requested_freed_bytes_total: int = 0  # every free's bytes, as requested
+    page_bytes_created_total: int = 0     # physical page bytes that came to be held
+    page_bytes_released_total: int = 0    # physical page bytes released
+    num_alloc_retries: int = 0            # allocations that reclaimed cached pages or waited for frees
+    num_sync_all_streams: int = 0         # waits for the pending frees of every stream
 
     @property
     def evict_bandwidth_bytes_per_s(self) -> float:

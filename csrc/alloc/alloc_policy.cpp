@@ -43,6 +43,7 @@ AllocPolicy::AllocPolicy(const vta_config_t& config, PageTable& pages, EventPool
                                                     : std::min<uint64_t>(1ull << 20, page_bytes_)),
       live_(pages),
       pending_(events, page_bytes_, backend_kind),
+      uses_(events, page_bytes_, backend_kind),
       slabs_(page_bytes_),
       extent_max_pages_(extent_max_pages(config, page_bytes_)),
       extent_min_pages_(std::max<uint64_t>(
@@ -64,6 +65,8 @@ AllocPolicy::Request AllocPolicy::request(uint64_t nbytes) {
 
 uintptr_t AllocPolicy::allocate(const Request& r, StreamHandle stream, bool may_evict) {
   uintptr_t address = 0;
+  if (!uses_.empty()) poll_uses(false);
+  retried_ = false;
   bool ok = take_same_stream(r, stream, &address);  // no driver call
   if (!ok) {
     // The memory other streams freed (and what this one freed that this request does not fit)
@@ -71,12 +74,16 @@ uintptr_t AllocPolicy::allocate(const Request& r, StreamHandle stream, bool may_
     settle();
     uint64_t released = pending_.released();
     ok = try_allocate(r.rounded, r.small, may_evict, &address);
-    if (!ok && (pending_.count() || pending_.released() != released)) {
-      // Frees that waited for their stream may have left a block this request fits in.
+    if (!ok && (pending_.count() || uses_.freed_count() || pending_.released() != released)) {
+      // Frees that waited for their streams (recorded ones too) may have left a block this
+      // request fits in.
+      retried_ = true;
+      poll_uses(true);
       drain_pending(true);
       ok = try_allocate(r.rounded, r.small, may_evict, &address);
     }
   }
+  if (retried_) num_alloc_retries_++;
   if (!ok) throw_oom(r.requested);
   live_.add(address, Allocation{r.rounded, r.requested, stream, r.small});
   if (r.small) port_->forget_lru(page_of(address));  // now shared with a pinned block
@@ -164,7 +171,9 @@ bool AllocPolicy::obtain_handle(uint32_t npages, int32_t* id, bool may_evict, bo
     // release, no create).
     if (npages > 1 && reclaim_cached_extent(npages)) continue;
     if (pages_.release_free_for(npages, /*pages_first=*/npages > 1)) continue;
+    retried_ = true;
     if (reclaim_one_page()) continue;
+    if (uses_.freed_count() && poll_uses(true)) continue;  // now pending frees: drained next
     if (pending_.count() && drain_pending(true)) continue;  // none: streams capturing a graph
     if (!port_->free_device_page(may_evict)) return false;
   }
@@ -200,11 +209,63 @@ void AllocPolicy::free(uintptr_t address) {
   const Allocation a = live_.erase(it);
   // Its pages may have become (un)evictable; with no evictable allocation left, none can be.
   if (a.evictable || live_.evictable_bytes()) port_->touch_range(address, a.size);
-  pending_.push(a.stream, PendingFree{address, a.size, a.small});  // no event yet: see pending_frees.hpp
+  retire(address, a, false);
+  if (!uses_.empty()) poll_uses(false);
   drain_pending(false);  // earlier batches whose events completed (no call while all are open)
 }
 
+void AllocPolicy::retire(uintptr_t address, const Allocation& a, bool kept) {
+  std::vector<StreamHandle> streams = uses_.take(address);
+  PendingFree f{address, a.size, a.small};
+  if (!streams.empty())
+    uses_.await(f, a.stream, streams, kept);  // no reuse, not even on its stream, before their events
+  else if (!kept)
+    pending_.push(a.stream, f);  // no event yet: see pending_frees.hpp
+}
+
+void AllocPolicy::record_stream(uintptr_t address, StreamHandle stream) {
+  auto it = live_.find_live(address);
+  uses_.record(address, it->second.stream, stream);
+}
+
+void AllocPolicy::keep(uintptr_t address) {
+  auto it = live_.find_live(address);
+  const Allocation a = it->second;
+  live_.keep(it);
+  if (a.evictable || live_.evictable_bytes()) port_->touch_range(address, a.size);
+  retire(address, a, true);
+}
+
+bool AllocPolicy::unkeep(uintptr_t address, uint64_t requested) {
+  auto it = live_.find_kept(address);
+  if (uses_.waiting(address)) return false;
+  live_.unkeep(it, requested);
+  return true;
+}
+
+void AllocPolicy::release_kept(uintptr_t address) {
+  auto it = live_.find_kept(address);
+  const Allocation a = live_.erase_kept(it);
+  if (uses_.waiting(address)) {
+    uses_.mark_freed(address);  // goes on to the pending frees once its streams are done
+    return;
+  }
+  pending_.push(a.stream, PendingFree{address, a.size, a.small});
+}
+
+uint64_t AllocPolicy::poll_uses(bool wait) {
+  return uses_.poll(wait, [&](StreamHandle own, const PendingFree& f) { pending_.push(own, f); });
+}
+
+void AllocPolicy::set_limit(uint64_t limit_bytes) {
+  if (limit_bytes > capacity_) fail(VTA_ERR_INVALID_ARGUMENT, "the limit is above the space's capacity");
+  limit_bytes_ = limit_bytes;
+  uint64_t pages = limit_bytes ? std::max<uint64_t>(1, limit_bytes / page_bytes_) : capacity_ / page_bytes_;
+  pages_.set_capacity_pages(pages);
+}
+
 uint64_t AllocPolicy::drain_pending(bool wait) {
+  if (wait && pending_.count()) num_sync_all_streams_++;
   if (wait) pending_.seal_all();
   return pending_.drain(wait, skip_free_wait_,
                         [&](uintptr_t address, uint64_t size, bool small) { release_block(address, size, small); });
@@ -288,13 +349,16 @@ void AllocPolicy::fill_stats(vta_stats_t* s) const {
   s->page_bytes = page_bytes_;
   s->small_threshold_bytes = small_threshold_;
   s->cached_bytes = cached_bytes();
-  s->pending_free_bytes = pending_.bytes();
+  s->pending_free_bytes = pending_.bytes() + uses_.freed_bytes();
+  s->num_alloc_retries = num_alloc_retries_;
+  s->num_sync_all_streams = num_sync_all_streams_;
   s->num_ooms = num_ooms_;
   s->num_page_reclaims = num_page_reclaims_;
 }
 
 void AllocPolicy::clear() {
   pending_.clear();
+  uses_.clear();
   live_.clear();
   ranges_.clear();
   slabs_.clear();

@@ -19,6 +19,11 @@
 // Before all of these, stream-ordered reuse: a block freed on the request's own stream and
 // still pending is taken at once, best fit, with no event and no driver call (0.); only when
 // none fits are the open frees of every stream sealed (one event each) and polled.
+// A block on which record_stream named other streams skips all of this at its free: it waits
+// in StreamUses for an event on each of them, then becomes a pending free of its own stream;
+// an allocation that would otherwise fail waits for those events (steps 3 and 4) first.
+// A kept block (keep(): a graph pool's freed block) stays out of every free set until
+// release_kept(); unkeep() hands it back to its owner once its recorded streams are done.
 // Small allocations (<= small_threshold) are 512-byte blocks packed into one-page slabs.
 // Large allocations of at least min(kExtentMinBytes, extent_bytes) (and two pages) get extents when steps 2-3 map
 // them: physical handles of several pages each, in size classes extent_bytes, half of it, ...
@@ -46,6 +51,7 @@
 #include "alloc/pending_frees.hpp"
 #include "alloc/residency_port.hpp"
 #include "alloc/slabs.hpp"
+#include "alloc/stream_uses.hpp"
 #include "alloc/virtual_ranges.hpp"
 #include "vmm/event_pool.hpp"
 #include "vmm/page_geometry.hpp"
@@ -75,6 +81,10 @@ class AllocPolicy {
   AllocPolicy(const AllocPolicy&) = delete;
   AllocPolicy& operator=(const AllocPolicy&) = delete;
   void set_port(ResidencyPort* port) { port_ = port; }
+  // The most pages the space may hold (set_per_process_memory_fraction): limit_bytes in
+  // whole pages, at least one and at most capacity; 0: capacity.
+  void set_limit(uint64_t limit_bytes);
+  uint64_t limit() const { return limit_bytes_ ? limit_bytes_ : capacity_; }
   void set_skip_free_wait(bool skip) { skip_free_wait_ = skip; }  // VTA_DEBUG_BREAK_FREE_WAIT
 
   // Validate and round a request; throws InvalidArgument, or OutOfMemory over capacity.
@@ -85,6 +95,14 @@ class AllocPolicy {
   // The allocation becomes a pending free of its stream (no driver call; its stream may reuse
   // it at once, others after its event: pending_frees.hpp).
   void free(uintptr_t address);
+  // record_stream: the live block at `address` is also used on `stream` (stream_uses.hpp).
+  void record_stream(uintptr_t address, StreamHandle stream);
+  // Graph pools: free the live block at `address` into a kept block; make a kept block live
+  // again for `requested` bytes (false, nothing changed, while it waits for recorded
+  // streams); free a kept block for good (its memory to the pending frees, as free() does).
+  void keep(uintptr_t address);
+  bool unkeep(uintptr_t address, uint64_t requested);
+  void release_kept(uintptr_t address);
   // Release the pending frees whose events completed; if `wait`, seal every stream's open
   // frees first and wait for all of them. How many were released.
   uint64_t drain_pending(bool wait);
@@ -110,6 +128,7 @@ class AllocPolicy {
   LiveAllocations& live() { return live_; }
   const LiveAllocations& live() const { return live_; }
   const PendingFrees& pending() const { return pending_; }
+  const StreamUses& uses() const { return uses_; }
   Slabs& slabs() { return slabs_; }
   const Slabs& slabs() const { return slabs_; }
   size_t page_bytes() const { return page_bytes_; }
@@ -123,6 +142,10 @@ class AllocPolicy {
 
  private:
   bool take_same_stream(const Request& r, StreamHandle stream, uintptr_t* out);
+  // Hand the freed blocks whose recorded streams are done to the pending frees (all, waiting, if `wait`).
+  uint64_t poll_uses(bool wait);
+  // Where a freed block goes: the pending frees of its stream, or StreamUses first.
+  void retire(uintptr_t address, const Allocation& a, bool kept);
   bool try_allocate(uint64_t rounded, bool small, bool may_evict, uintptr_t* out);
   bool map_range(size_t npages, bool may_evict, uintptr_t* out);
   // The handle sizes (in pages) that back a new range of npages.
@@ -141,11 +164,16 @@ class AllocPolicy {
   uint64_t extent_min_pages_;  // ranges of at least this many pages get extents
   LiveAllocations live_;
   PendingFrees pending_;
+  StreamUses uses_;
   Slabs slabs_;
   VirtualRanges ranges_;
   bool skip_free_wait_ = false;
   uint64_t num_ooms_ = 0;
   uint64_t num_page_reclaims_ = 0;
+  uint64_t num_alloc_retries_ = 0;
+  uint64_t num_sync_all_streams_ = 0;
+  bool retried_ = false;  // this allocation reclaimed cached pages or waited for frees
+  uint64_t limit_bytes_ = 0;
 };
 
 }  // namespace vta

@@ -19,6 +19,8 @@ void LiveAllocations::add(uintptr_t address, const Allocation& a) {
   peak_allocated_bytes_ = std::max(peak_allocated_bytes_, allocated_bytes_);
   peak_active_bytes_ = std::max(peak_active_bytes_, active_bytes_);
   num_allocs_++;
+  allocated_total_ += a.size;
+  requested_total_ += a.requested;
 }
 
 Allocation LiveAllocations::erase(Map::iterator it) {
@@ -28,7 +30,45 @@ Allocation LiveAllocations::erase(Map::iterator it) {
   allocated_bytes_ -= a.requested;
   active_bytes_ -= a.size;
   num_frees_++;
+  freed_total_ += a.size;
+  requested_freed_total_ += a.requested;
   return a;
+}
+
+void LiveAllocations::keep(Map::iterator it) {
+  uintptr_t address = it->first;
+  Allocation a = erase(it);  // the counters of a free
+  a.kept = true;
+  a.evictable = false;
+  map_[address] = a;
+  kept_++;
+  kept_bytes_ += a.size;
+}
+
+void LiveAllocations::unkeep(Map::iterator it, uint64_t requested) {
+  Allocation a = it->second;
+  uintptr_t address = it->first;
+  map_.erase(it);
+  kept_--;
+  kept_bytes_ -= a.size;
+  a.kept = false;
+  a.requested = requested;
+  add(address, a);
+}
+
+Allocation LiveAllocations::erase_kept(Map::iterator it) {
+  const Allocation a = it->second;
+  map_.erase(it);
+  kept_--;
+  kept_bytes_ -= a.size;
+  return a;
+}
+
+LiveAllocations::Map::iterator LiveAllocations::find_kept(uintptr_t address) {
+  auto it = map_.find(address);
+  if (it == map_.end() || !it->second.kept)
+    fail(VTA_ERR_INVALID_ARGUMENT, "address " + hex(address) + " is not a block kept for its graph pool");
+  return it;
 }
 
 void LiveAllocations::set_evictable(Map::iterator it, bool evictable) {
@@ -45,6 +85,8 @@ void LiveAllocations::set_evictable(Map::iterator it, bool evictable) {
   auto it = map_.upper_bound(address);
   if (it != map_.begin()) {
     --it;
+    if (address == it->first && it->second.kept)
+      fail(VTA_ERR_INVALID_ARGUMENT, "address " + hex(address) + " was already freed (its block is kept by a graph pool)");
     if (address > it->first && address < it->first + it->second.size)
       fail(VTA_ERR_INVALID_ARGUMENT, "address " + hex(address) + " is inside the allocation at " + hex(it->first) +
                                          " (an interior pointer), not the start of an allocation");
@@ -57,7 +99,7 @@ void LiveAllocations::set_evictable(Map::iterator it, bool evictable) {
 
 LiveAllocations::Map::iterator LiveAllocations::find_live(uintptr_t address) {
   auto it = map_.find(address);
-  if (it == map_.end()) throw_not_live(address);
+  if (it == map_.end() || it->second.kept) throw_not_live(address);
   return it;
 }
 
@@ -67,7 +109,7 @@ const Allocation& LiveAllocations::find_range(uintptr_t address, uint64_t offset
   --it;
   const Allocation& a = it->second;
   uint64_t into = address - it->first;
-  if (address < it->first || into >= a.requested) throw_not_live(address);
+  if (address < it->first || into >= a.requested || a.kept) throw_not_live(address);
   uint64_t room = a.requested - into;
   if (offset > room || nbytes > room - offset)
     fail(VTA_ERR_INVALID_ARGUMENT, "access of " + std::to_string(nbytes) + " bytes at offset " + std::to_string(offset) +
@@ -89,7 +131,7 @@ void LiveAllocations::add_page_streams(uintptr_t va, std::vector<StreamHandle>* 
   for_each_on_page(va, [&](uintptr_t, const Allocation& a) { add_stream(streams, a.stream); });
 }
 
-bool LiveAllocations::any_on_stream(StreamHandle stream) const {
+bool LiveAllocations::any_on_stream(StreamHandle stream) const {  // kept ones too: the stream still matters
   for (const auto& [address, a] : map_)
     if (a.stream == stream) return true;
   return false;
@@ -102,7 +144,11 @@ void LiveAllocations::fill_stats(vta_stats_t* s) const {
   s->peak_active_bytes = peak_active_bytes_;
   s->num_allocs = num_allocs_;
   s->num_frees = num_frees_;
-  s->num_live_allocs = map_.size();
+  s->num_live_allocs = map_.size() - kept_;
+  s->allocated_bytes_total = allocated_total_;
+  s->freed_bytes_total = freed_total_;
+  s->requested_bytes_total = requested_total_;
+  s->requested_freed_bytes_total = requested_freed_total_;
   s->evictable_bytes = evictable_bytes_;
 }
 

@@ -25,6 +25,7 @@ struct Allocation {
   StreamHandle stream;
   bool small;
   bool evictable = false;
+  bool kept = false;  // freed by its owner but kept out of reuse (a graph pool's: keep())
 };
 
 class LiveAllocations {
@@ -40,6 +41,13 @@ class LiveAllocations {
   const Allocation& find_range(uintptr_t address, uint64_t offset, uint64_t nbytes);
   // Forget a record (free); returns it.
   Allocation erase(Map::iterator it);
+  // A live record becomes kept (counted as freed); a kept one live again with `requested`
+  // (counted as allocated); a kept one forgotten (no count: it was counted freed when kept).
+  void keep(Map::iterator it);
+  void unkeep(Map::iterator it, uint64_t requested);
+  Allocation erase_kept(Map::iterator it);
+  // The kept record at `address`; throws InvalidArgument if there is none.
+  Map::iterator find_kept(uintptr_t address);
   void set_evictable(Map::iterator it, bool evictable);
   [[noreturn]] void throw_not_live(uintptr_t address) const;
 
@@ -52,12 +60,16 @@ class LiveAllocations {
   void add_page_streams(uintptr_t va, std::vector<StreamHandle>* streams) const;
   bool any_on_stream(StreamHandle stream) const;
 
-  const Map& all() const { return map_; }
+  const Map& all() const { return map_; }  // kept records included
+  uint64_t kept_bytes() const { return kept_bytes_; }
   uint64_t evictable_bytes() const { return evictable_bytes_; }
   uint64_t active_bytes() const { return active_bytes_; }
   void fill_stats(vta_stats_t* s) const;
   void reset_peak();
-  void clear() { map_.clear(); }
+  void clear() {
+    map_.clear();
+    kept_ = kept_bytes_ = 0;
+  }
 
  private:
   const PageTable& pages_;  // its reservations tell a freed address from a foreign one
@@ -67,6 +79,8 @@ class LiveAllocations {
   uint64_t allocated_bytes_ = 0, active_bytes_ = 0;
   uint64_t peak_allocated_bytes_ = 0, peak_active_bytes_ = 0;
   uint64_t num_allocs_ = 0, num_frees_ = 0;
+  uint64_t kept_ = 0, kept_bytes_ = 0;
+  uint64_t allocated_total_ = 0, freed_total_ = 0, requested_total_ = 0, requested_freed_total_ = 0;
 };
 
 template <typename F>

@@ -123,5 +123,9 @@ Status make_host_backend(const BackendOptions& options, std::unique_ptr<Backend>
 Status make_cuda_backend(const BackendOptions& options, std::unique_ptr<Backend>* out);
 // Backend::stream_is_capturing for VTA_BACKEND_CUDA (cuda_backend.cpp).
 Status cuda_stream_is_capturing(StreamHandle stream, bool* capturing);
+// cuThreadExchangeStreamCaptureMode for the calling thread: *mode in, the previous mode out
+// (CU_STREAM_CAPTURE_MODE_*); false (nothing changed) when the driver lacks it or refuses.
+bool cuda_exchange_capture_mode(int* mode);
+constexpr int kCaptureModeRelaxed = 2;  // CU_STREAM_CAPTURE_MODE_RELAXED
 
 }  // namespace vta

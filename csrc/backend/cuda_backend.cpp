@@ -54,6 +54,10 @@ void load_driver() {
     g_why = "CUDA driver too old: a virtual memory management entry point is missing (need CUDA 12)";
     return;
   }
+  // Optional: without it, allocation during capture goes on in the thread's current mode.
+  void* exchange = nullptr;
+  resolve("cuThreadExchangeStreamCaptureMode", &exchange);
+  g_api.cuThreadExchangeStreamCaptureMode = reinterpret_cast<CUresult (*)(int*)>(exchange);
 }
 }  // namespace
 
@@ -76,6 +80,12 @@ Status cuda_stream_is_capturing(StreamHandle stream, bool* capturing) {
   if (api->cuStreamIsCapturing(reinterpret_cast<cu::CUstream>(stream), &status) == cu::CUDA_SUCCESS)
     *capturing = status != cu::CU_STREAM_CAPTURE_STATUS_NONE;
   return Status::ok();
+}
+
+bool cuda_exchange_capture_mode(int* mode) {
+  const cu::DriverApi* api = cu::driver_api(nullptr);
+  if (!api || !api->cuThreadExchangeStreamCaptureMode) return false;
+  return api->cuThreadExchangeStreamCaptureMode(mode) == cu::CUDA_SUCCESS;
 }
 
 namespace {

@@ -111,7 +111,11 @@ struct DriverApi {
 #define VTA_DECLARE_FN(name, params) CUresult(*name) params = nullptr;
   VTA_CUDA_DRIVER_FUNCTIONS(VTA_DECLARE_FN)
 #undef VTA_DECLARE_FN
+  // Optional (nullptr when the driver lacks it): the calling thread's stream-capture mode.
+  CUresult (*cuThreadExchangeStreamCaptureMode)(int*) = nullptr;
 };
+
+enum { CU_STREAM_CAPTURE_MODE_GLOBAL = 0, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL = 1, CU_STREAM_CAPTURE_MODE_RELAXED = 2 };
 
 // Load libcuda and resolve every function once per process. Returns nullptr and sets
 // *why when the driver is missing or too old; never throws.

@@ -129,6 +129,10 @@ vta_status_t vta_free(vta_space_t* space, uint64_t address) {
   return guarded([&] { open_space(space).free(address); });
 }
 
+vta_status_t vta_record_stream(vta_space_t* space, uint64_t address, uint64_t stream) {
+  return guarded([&] { open_space(space).record_stream(address, static_cast<vta::StreamHandle>(stream)); });
+}
+
 vta_status_t vta_size_of(vta_space_t* space, uint64_t address, uint64_t* out) {
   return guarded([&] {
     need(out, "output");

@@ -19,28 +19,16 @@
 #include "capi/c10_oom.hpp"
 #include "capi/capture_parking.hpp"
 #include "capi/guard.hpp"
-#include "space/device_spaces.hpp"
-#include "vtalloc/torch_shim.h"
+#include "capi/torch_shim_state.hpp"
+#include "alloc/text.hpp"
 
-namespace {
+namespace vta::capi::torch {
 
 using vta::AddressSpace;
 using vta::CudaContextGuard;
 using vta::DeviceSpaces;
-using vta::capi::copy_out;
-using vta::capi::guarded;
-using vta::capi::need;
 
 static_assert(DeviceSpaces::kMaxDevices == VTA_TORCH_MAX_DEVICES, "one device range for the shim and its spaces");
-
-enum class FailureKind { oom, capture, other };
-
-// What the shim could not do on one device (vta_torch_failures).
-struct FailureRecord {
-  std::mutex mu;  // guards the fields below
-  vta_torch_failures_t failures{};
-  std::string last_message;
-};
 
 vta_torch_config_t default_config() {
   vta_torch_config_t c{};
@@ -50,6 +38,8 @@ vta_torch_config_t default_config() {
   c.space.backend = VTA_BACKEND_CUDA;
   return c;
 }
+
+namespace {
 
 // The options as stored: fields that do not matter zeroed, so equal options compare equal.
 vta_torch_config_t normalized(const vta_torch_config_t& in) {
@@ -70,16 +60,7 @@ vta_torch_config_t normalized(const vta_torch_config_t& in) {
   return c;
 }
 
-struct Shim {
-  std::mutex mu;  // the options: configure, get_config, release
-  bool configured = false;
-  vta_torch_config_t config = default_config();
-  std::atomic<uint32_t> on_failure{VTA_TORCH_FAIL_THROW};
-  std::atomic<bool> cuda{true};  // the configured backend is cuda (contexts and capture matter)
-  DeviceSpaces spaces{default_config().space};
-  vta::capi::CaptureParking parking;
-  FailureRecord records[VTA_TORCH_MAX_DEVICES];
-};
+}  // namespace
 
 Shim& shim() {
   static Shim* s = new Shim();  // immortal, see the file comment
@@ -92,6 +73,20 @@ AddressSpace& existing_space(int device, const std::string& why) {
   AddressSpace* space = shim().spaces.get(device);
   if (!space) vta::fail(VTA_ERR_INVALID_ARGUMENT, why);
   return *space;
+}
+
+AddressSpace& space_for(int device) {
+  Shim& s = shim();
+  if (AddressSpace* space = s.spaces.get(device)) return *space;
+  AddressSpace* space = s.spaces.get_or_create(device);
+  if (uint64_t limit = s.limits[device].load(std::memory_order_acquire)) space->set_limit(limit);
+  return *space;
+}
+
+std::string oom_message(int device, const vta::OutOfMemory& e) {
+  return "CUDA out of memory (vtalloc, device " + std::to_string(device) + "): " + e.what() +
+         ". Free tensors you no longer need, lower the batch size, or raise the capacity "
+         "(VTALLOC_CAPACITY or enable(capacity=...))";
 }
 
 void record_failure(int device, FailureKind kind, const std::string& message, const vta::OutOfMemory* oom) {
@@ -131,6 +126,8 @@ void flush_parked(int device, AddressSpace& space) {
   for (const std::string& error : shim().parking.flush(device, space)) record_free_failure(device, error);
 }
 
+namespace {
+
 // Runs `body(space)` for `device`'s space, or for every space when device is -1.
 template <typename F>
 void for_devices(int32_t device, F&& body) {
@@ -145,6 +142,12 @@ void for_devices(int32_t device, F&& body) {
 }
 
 }  // namespace
+}  // namespace vta::capi::torch
+
+using namespace vta::capi::torch;  // NOLINT(google-build-using-namespace): this file defines it
+using vta::capi::copy_out;
+using vta::capi::guarded;
+using vta::capi::need;
 
 extern "C" {
 
@@ -195,7 +198,7 @@ void* vta_torch_alloc(size_t size, int device, void* stream) {
   try {
     DeviceSpaces::check_device(device);
     CudaContextGuard guard(s.cuda.load(std::memory_order_acquire));
-    AddressSpace* space = s.spaces.get_or_create(device);
+    AddressSpace* space = &space_for(device);
     if (space->backend_kind() == VTA_BACKEND_CUDA) {
       flush_parked(device, *space);
       if (vta::capi::stream_capturing(VTA_BACKEND_CUDA, stream)) {
@@ -209,9 +212,7 @@ void* vta_torch_alloc(size_t size, int device, void* stream) {
     }
     return reinterpret_cast<void*>(space->malloc(size, reinterpret_cast<vta::StreamHandle>(stream)));
   } catch (const vta::OutOfMemory& e) {
-    message = "CUDA out of memory (vtalloc, device " + std::to_string(device) + "): " + e.what() +
-              ". Free tensors you no longer need, lower the batch size, or raise the capacity "
-              "(VTALLOC_CAPACITY or enable(capacity=...))";
+    message = oom_message(device, e);
     record_failure(device, FailureKind::oom, message, &e);
     kind = FailureKind::oom;
   } catch (const std::exception& e) {
@@ -294,6 +295,10 @@ vta_status_t vta_torch_residency_op(int32_t device, int32_t op, uint64_t address
     AddressSpace& space = existing_space(device, "no vtalloc address space serves this device yet");
     CudaContextGuard guard(space.backend_kind() == VTA_BACKEND_CUDA);
     const uint64_t* consumer = use_stream ? &stream : nullptr;
+    if ((op == VTA_TORCH_OP_OFFLOAD || op == VTA_TORCH_OP_SET_EVICTABLE) && shim().pools.in_used_pool(device, address))
+      vta::fail(VTA_ERR_INVALID_ARGUMENT, "the block at " + vta::hex(address) +
+                                              " belongs to a graph-private pool that still has users: a captured "
+                                              "graph may use it at any replay, so it cannot be offloaded");
     switch (op) {
       case VTA_TORCH_OP_SET_EVICTABLE: space.set_evictable(address, true); break;
       case VTA_TORCH_OP_CLEAR_EVICTABLE: space.set_evictable(address, false); break;
@@ -327,7 +332,14 @@ vta_status_t vta_torch_release(void) {
     std::lock_guard<std::mutex> lk(s.mu);
     CudaContextGuard guard(s.cuda.load(std::memory_order_acquire) && s.spaces.any());
     vta::Status closed = s.spaces.release(
-        "vtalloc's torch allocator", [&](int d) { return s.parking.parked(d); }, default_config().space);
+        "vtalloc's torch allocator", [&](int d) { return s.parking.parked(d) + s.pools.cached_count(d); },
+        default_config().space);
+    s.pools.clear();
+    for (int d = 0; d < VTA_TORCH_MAX_DEVICES; ++d) {
+      s.limits[d].store(0, std::memory_order_release);
+      std::lock_guard<std::mutex> mlk(s.accumulated[d].mu);
+      s.accumulated[d].marks = vta_torch_device_stats_t{};
+    }
     for (FailureRecord& r : s.records) {
       std::lock_guard<std::mutex> rlk(r.mu);
       r.failures = vta_torch_failures_t{};

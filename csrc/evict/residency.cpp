@@ -168,6 +168,7 @@ void Residency::quiesce_pages(const std::vector<uintptr_t>& vas) {
   }
   // A freed block's work may still run until its free completes.
   policy_.pending().add_streams_over(pages, &streams);
+  policy_.uses().add_streams_over(pages, &streams);  // and a block freed after record_stream
   for (StreamHandle s : streams) events_.record_then_sync(s);
 }
 

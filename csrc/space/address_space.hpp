@@ -77,6 +77,28 @@ class AddressSpace {
   void import_page(int fd, uint64_t tag);
   std::vector<uint64_t> return_pages(uint64_t max_pages);
 
+  // For PyTorch's full allocator interface (csrc/space/address_space_torch.cpp).
+  // record_stream: the live allocation at `address` is also used on `stream` (alloc_policy.hpp).
+  void record_stream(uintptr_t address, StreamHandle stream);
+  // Graph pools (AllocPolicy::keep / unkeep / release_kept).
+  void keep(uintptr_t address);
+  bool unkeep(uintptr_t address, uint64_t requested);
+  void release_kept(uintptr_t address);
+  // The bytes a request of nbytes takes (rounded); InvalidArgument for 0 or too large.
+  uint64_t rounded_size(uint64_t nbytes);
+  // Whether `address` lies in one of this space's reservations (no lock: the reservations
+  // of a space only grow while it is open; a closed space answers false).
+  bool holds_address(uintptr_t address);
+  // The live allocation containing `address` (any address inside it): its start and record.
+  bool containing(uintptr_t address, uintptr_t* base, Allocation* out);
+  // The cap on pages held (0: capacity) and the cap in force; the largest allocation that
+  // fits under it now without evicting: the cap less the pages in use (live, kept, slabs).
+  void set_limit(uint64_t bytes);
+  uint64_t limit();
+  uint64_t largest_allocatable();
+  // Every record, kept ones included, in address order.
+  std::vector<std::pair<uintptr_t, Allocation>> records();
+
   // Introspection (csrc/space/address_space_stats.cpp).
   vta_stats_t stats();
   void reset_peak_stats();

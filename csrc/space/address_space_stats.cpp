@@ -29,6 +29,8 @@ vta_stats_t AddressSpace::stats() {
   s.pages_free = pages_.pages_unmapped();
   s.peak_mapped_bytes = pages_.peak_pages_mapped() * page_bytes_;
   s.peak_pages_total = pages_.peak_pages_held();
+  s.page_bytes_created_total = pages_.pages_adopted_total() * page_bytes_;
+  s.page_bytes_released_total = pages_.pages_released_total() * page_bytes_;
   s.pages_resident = pages_.pages_mapped() - policy_.cached_bytes() / page_bytes_;
   residency_.fill_stats(&s);  // and subtracts the held device pages from pages_resident
   fill_call_counts(&s);
@@ -96,7 +98,7 @@ std::vector<vta_page_info_t> AddressSpace::pages() {
       info.num_allocs = count_allocs(va);
     } else {
       info.num_allocs = count_allocs(va);
-      bool pending = policy_.pending().over_page(va);
+      bool pending = policy_.pending().over_page(va) || policy_.uses().over_page(va);
       bool live_slab = policy_.slabs().has_live_blocks(va);
       info.state = (info.num_allocs > 0 || pending || live_slab) ? VTA_PAGE_ALLOCATED : VTA_PAGE_CACHED;
     }
@@ -122,7 +124,8 @@ std::vector<vta_alloc_info_t> AddressSpace::allocations() {
   const LiveAllocations::Map& live = policy_.live().all();
   std::vector<vta_alloc_info_t> out;
   out.reserve(live.size());
-  for (auto& [addr, a] : live) out.push_back(vta_alloc_info_t{addr, a.size, a.requested, a.stream});
+  for (auto& [addr, a] : live)
+    if (!a.kept) out.push_back(vta_alloc_info_t{addr, a.size, a.requested, a.stream});
   return out;
 }
 

@@ -72,6 +72,7 @@ int32_t PageTable::new_slot(PageHandle handle, uint64_t tag, uint32_t npages) {
   }
   pages_[slot] = Page{handle, 0, true, npages, tag};
   pages_held_ += npages;
+  pages_adopted_total_ += npages;
   if (pages_held_ > peak_pages_held_) peak_pages_held_ = pages_held_;
   if (npages > 1) {
     ++extents_held_;
@@ -89,6 +90,7 @@ void PageTable::release_slot(int32_t id) {
   Page& p = pages_[id];
   check(backend_.release_page(p.handle));
   pages_held_ -= p.npages;
+  pages_released_total_ += p.npages;
   free_page_count_ -= p.npages;
   if (p.npages > 1) {
     --extents_held_;

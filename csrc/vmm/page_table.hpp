@@ -95,6 +95,9 @@ class PageTable {
     peak_pages_held_ = pages_held_;
   }
   uint64_t pages_unmapped() const { return free_page_count_; }
+  // Pages that became held (created or imported) and that were released, ever.
+  uint64_t pages_adopted_total() const { return pages_adopted_total_; }
+  uint64_t pages_released_total() const { return pages_released_total_; }
   uint64_t extents_held() const { return extents_held_; }
 
   // Visit every mapped extent: (id, its first virtual page).
@@ -145,6 +148,7 @@ class PageTable {
   uint64_t pages_mapped_ = 0;
   uint64_t peak_pages_mapped_ = 0;  // every mapping counts: allocations, restores
   uint64_t peak_pages_held_ = 0;    // PyTorch's peak reserved bytes, in pages
+  uint64_t pages_adopted_total_ = 0, pages_released_total_ = 0;
 };
 
 }  // namespace vta

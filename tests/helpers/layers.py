@@ -24,6 +24,7 @@ PACKAGES = {"allocator": "vtalloc.allocator", "server": "vtalloc.server", "clien
 PY_LAYERS: tuple[tuple[str, ...], ...] = (
     ("vtalloc.allocator",),
     ("vtalloc.allocator.torch", "vtalloc.allocator._torch_shim", "vtalloc.allocator._torch_mode", "vtalloc.allocator._torch_stats",
+     "vtalloc.allocator._torch_native",
      "vtalloc.allocator.paged_activations"),
     ("vtalloc.server.protocol", "vtalloc.server.proto"),
     ("vtalloc.server",),

@@ -130,6 +130,15 @@ typedef struct vta_stats {
   uint64_t num_reserve_calls;
   uint64_t num_free_va_calls;
   uint64_t peak_pages_total;      /* most pages held at once since creation or the last peak reset */
+  /* cumulative, since creation (appended: check struct_size) */
+  uint64_t allocated_bytes_total;       /* every allocation's bytes, rounded */
+  uint64_t freed_bytes_total;           /* every free's bytes, rounded */
+  uint64_t requested_bytes_total;       /* every allocation's bytes, as requested */
+  uint64_t requested_freed_bytes_total; /* every free's bytes, as requested */
+  uint64_t page_bytes_created_total;    /* physical page bytes that came to be held (created or imported) */
+  uint64_t page_bytes_released_total;   /* physical page bytes released (or given back) */
+  uint64_t num_alloc_retries;           /* allocations that reclaimed cached pages or waited for frees */
+  uint64_t num_sync_all_streams;        /* waits for the pending frees of every stream */
 } vta_stats_t;
 
 /* One physical page of an address space. */
@@ -292,6 +301,12 @@ VTA_API vta_status_t vta_pool_create_page(vta_pool_t* pool, uint64_t* out_page_i
 /* A new file descriptor for the page on each call; the caller owns and closes it. */
 VTA_API vta_status_t vta_pool_export_page(vta_pool_t* pool, uint64_t page_id, int32_t* out_fd);
 VTA_API vta_status_t vta_pool_release_page(vta_pool_t* pool, uint64_t page_id);
+
+/* --- record_stream (appended) ------------------------------------------------------------ */
+/* The live allocation at `address` is also used on `stream` (PyTorch's Tensor.record_stream):
+ * at its free an event is recorded on each such stream, and its memory is reused (even on its
+ * own stream) only once all of them completed. Its own stream, or one twice: nothing. */
+VTA_API vta_status_t vta_record_stream(vta_space_t* space, uint64_t address, uint64_t stream);
 
 #ifdef __cplusplus
 }

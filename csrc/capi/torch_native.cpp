@@ -1,0 +1,406 @@
+// The torch-native C ABI (torch_native.h): what a binding implementing PyTorch's full
+// CUDAAllocator calls, over the same per-device spaces as the pluggable shim.
+//
+// Owns: the entry points of torch_native.h, PyTorch's statistics quadruples assembled from a
+// space's stats, and the relaxed capture mode around allocations made during a capture.
+// Invariants: no call throws, calls Python or creates a space except vta_torch_malloc; an
+// out-of-memory is recorded as vta_torch_alloc records it (torch_shim_state.hpp); a free on a
+// capturing stream is parked, as vta_torch_free's is; the calling thread's CUDA context and
+// stream-capture mode are the same after every call as before it (RAII guards).
+#include <algorithm>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "alloc/text.hpp"
+#include "backend/cuda_context_guard.hpp"
+#include "capi/guard.hpp"
+#include "capi/torch_shim_state.hpp"
+
+using namespace vta::capi::torch;  // NOLINT(google-build-using-namespace)
+using vta::AddressSpace;
+using vta::CudaContextGuard;
+using vta::DeviceSpaces;
+using vta::capi::guarded;
+using vta::capi::need;
+using vta::capi::PrivatePools;
+
+namespace {
+
+// The calling thread's stream-capture mode is relaxed while it lives: driver calls that a
+// capture in the global mode would forbid (cuMemMap, event queries) are allowed while a pool
+// serves an allocation during capture. Without the driver entry point it changes nothing.
+class RelaxedCaptureMode {
+ public:
+  RelaxedCaptureMode() {
+    int mode = vta::kCaptureModeRelaxed;
+    if (vta::cuda_exchange_capture_mode(&mode)) {
+      previous_ = mode;
+      active_ = true;
+    }
+  }
+  ~RelaxedCaptureMode() {
+    if (active_) (void)vta::cuda_exchange_capture_mode(&previous_);
+  }
+  RelaxedCaptureMode(const RelaxedCaptureMode&) = delete;
+  RelaxedCaptureMode& operator=(const RelaxedCaptureMode&) = delete;
+
+ private:
+  int previous_ = 0;
+  bool active_ = false;
+};
+
+PrivatePools::Id pool_key(vta_torch_pool_id_t id) { return {id.first, id.second}; }
+
+// The device whose space holds `ptr` in one of its reservations; -1 if none.
+int device_holding(uintptr_t ptr) {
+  for (int d = 0; d < VTA_TORCH_MAX_DEVICES; ++d) {
+    AddressSpace* space = shim().spaces.get(d);
+    if (space && space->holds_address(ptr)) return d;
+  }
+  return -1;
+}
+
+int device_of_or_fail(uintptr_t ptr) {
+  int d = device_holding(ptr);
+  if (d < 0) vta::fail(VTA_ERR_INVALID_ARGUMENT, "address " + vta::hex(ptr) + " is not in any vtalloc device space");
+  return d;
+}
+
+vta_torch_stat_t stat(uint64_t current, uint64_t peak, uint64_t allocated, uint64_t freed) {
+  return vta_torch_stat_t{static_cast<int64_t>(current), static_cast<int64_t>(std::max(peak, current)),
+                          static_cast<int64_t>(allocated), static_cast<int64_t>(freed)};
+}
+
+// A device's statistics, accumulated columns counted since the space's creation.
+vta_torch_device_stats_t raw_stats(int device, AddressSpace& space) {
+  vta_stats_t s = space.stats();
+  vta_torch_device_stats_t out{};
+  out.struct_size = sizeof out;
+  const uint64_t page = s.page_bytes;
+  out.allocation[0] = stat(s.num_live_allocs, s.num_live_allocs, s.num_allocs, s.num_frees);
+  out.allocated_bytes[0] = stat(s.active_bytes, s.peak_active_bytes, s.allocated_bytes_total, s.freed_bytes_total);
+  out.requested_bytes[0] =
+      stat(s.allocated_bytes, s.peak_allocated_bytes, s.requested_bytes_total, s.requested_freed_bytes_total);
+  out.active_bytes[0] = stat(s.active_bytes + s.pending_free_bytes, s.peak_active_bytes, s.allocated_bytes_total,
+                             s.freed_bytes_total);
+  out.reserved_bytes[0] = stat(s.pages_total * page, s.peak_pages_total * page, s.page_bytes_created_total,
+                               s.page_bytes_released_total);
+  out.segment[0] = stat(s.pages_total, s.peak_pages_total, page ? s.page_bytes_created_total / page : 0,
+                        page ? s.page_bytes_released_total / page : 0);
+  // Small and large: current only (the space keeps no per-class history).
+  uint64_t n[2] = {0, 0}, bytes[2] = {0, 0}, req[2] = {0, 0};
+  for (auto& [address, a] : space.records()) {
+    if (a.kept) continue;
+    int k = a.small ? 0 : 1;
+    n[k]++;
+    bytes[k] += a.size;
+    req[k] += a.requested;
+  }
+  for (int k = 0; k < 2; ++k) {
+    out.allocation[1 + k] = stat(n[k], n[k], 0, 0);
+    out.allocated_bytes[1 + k] = stat(bytes[k], bytes[k], 0, 0);
+    out.requested_bytes[1 + k] = stat(req[k], req[k], 0, 0);
+    out.active_bytes[1 + k] = stat(bytes[k], bytes[k], 0, 0);
+  }
+  out.num_alloc_retries = static_cast<int64_t>(s.num_alloc_retries);
+  out.num_ooms = static_cast<int64_t>(s.num_ooms);
+  out.num_sync_all_streams = static_cast<int64_t>(s.num_sync_all_streams);
+  out.num_device_alloc = static_cast<int64_t>(s.num_map_calls);
+  out.num_device_free = static_cast<int64_t>(s.num_unmap_calls);
+  out.pool_reserved_bytes = shim().pools.reserved_bytes(device);
+  return out;
+}
+
+void subtract_marks(vta_torch_device_stats_t* s, const vta_torch_device_stats_t& m) {
+  vta_torch_stat_t* cols[] = {s->allocation, s->allocated_bytes, s->requested_bytes, s->active_bytes, s->reserved_bytes,
+                              s->segment};
+  const vta_torch_stat_t* marks[] = {m.allocation, m.allocated_bytes, m.requested_bytes, m.active_bytes, m.reserved_bytes,
+                                     m.segment};
+  for (int c = 0; c < 6; ++c)
+    for (int k = 0; k < 3; ++k) {
+      cols[c][k].allocated -= marks[c][k].allocated;
+      cols[c][k].freed -= marks[c][k].freed;
+    }
+  s->num_alloc_retries -= m.num_alloc_retries;
+  s->num_ooms -= m.num_ooms;
+  s->num_sync_all_streams -= m.num_sync_all_streams;
+  s->num_device_alloc -= m.num_device_alloc;
+  s->num_device_free -= m.num_device_free;
+}
+
+// Free `ptr` of `device`: parked on a capturing stream, else to its pool or its space.
+void free_on(int device, AddressSpace& space, uintptr_t ptr) {
+  if (space.backend_kind() == VTA_BACKEND_CUDA) flush_parked(device, space);
+  uintptr_t base = 0;
+  vta::Allocation a{};
+  if (space.backend_kind() == VTA_BACKEND_CUDA && space.containing(ptr, &base, &a) && base == ptr &&
+      vta::capi::stream_capturing(VTA_BACKEND_CUDA, reinterpret_cast<void*>(a.stream))) {
+    shim().parking.park(device, ptr, reinterpret_cast<void*>(a.stream));
+    count_deferred_free(device);
+    return;
+  }
+  if (!shim().pools.free(device, ptr, space)) space.free(ptr);
+}
+
+}  // namespace
+
+extern "C" {
+
+int32_t vta_torch_native_abi(void) { return VTA_TORCH_NATIVE_ABI; }
+
+vta_status_t vta_torch_malloc(uint64_t size, int32_t device, void* stream, const vta_torch_pool_id_t* pool,
+                              void** out) {
+  FailureKind kind = FailureKind::other;
+  return guarded([&] {
+    need(out, "output");
+    *out = nullptr;
+    try {
+      if (size == 0) vta::fail(VTA_ERR_INVALID_ARGUMENT, "allocation size must be positive");
+      DeviceSpaces::check_device(device);
+      Shim& s = shim();
+      CudaContextGuard guard(s.cuda.load(std::memory_order_acquire));
+      AddressSpace& space = space_for(device);
+      auto handle = reinterpret_cast<vta::StreamHandle>(stream);
+      bool in_pool = PrivatePools::is_pool(pool);
+      bool capturing = false;
+      if (space.backend_kind() == VTA_BACKEND_CUDA) {
+        flush_parked(device, space);
+        capturing = vta::capi::stream_capturing(VTA_BACKEND_CUDA, stream);
+        if (capturing && !in_pool) {
+          kind = FailureKind::capture;
+          vta::fail(VTA_ERR_INVALID_ARGUMENT, "vtalloc cannot allocate on device " + std::to_string(device) +
+                                                  " while a CUDA graph is being captured on this stream without "
+                                                  "a graph-private pool: pass the capture's pool");
+        }
+      }
+      std::unique_ptr<RelaxedCaptureMode> relaxed;
+      if (capturing) relaxed = std::make_unique<RelaxedCaptureMode>();
+      uintptr_t address = in_pool ? s.pools.malloc(device, pool_key(*pool), space, size, handle)
+                                  : space.malloc(size, handle);
+      *out = reinterpret_cast<void*>(address);
+    } catch (const vta::OutOfMemory& e) {
+      record_failure(device, FailureKind::oom, oom_message(device, e), &e);
+      throw vta::OutOfMemory(oom_message(device, e), e.requested(), e.capacity(), e.mapped());
+    } catch (const std::exception& e) {
+      record_failure(device, kind, std::string("vtalloc could not allocate ") + std::to_string(size) +
+                                       " bytes on device " + std::to_string(device) + ": " + e.what(), nullptr);
+      throw;
+    }
+  });
+}
+
+vta_status_t vta_torch_free_ptr(void* ptr, int32_t* device_out) {
+  int device = -1;
+  vta_status_t st = guarded([&] {
+    need(ptr, "pointer");
+    uintptr_t p = reinterpret_cast<uintptr_t>(ptr);
+    device = device_of_or_fail(p);
+    if (device_out) *device_out = device;
+    AddressSpace& space = existing_space(device, "no vtalloc address space serves device " + std::to_string(device));
+    CudaContextGuard guard(space.backend_kind() == VTA_BACKEND_CUDA);
+    free_on(device, space, p);
+  });
+  if (st != VTA_OK)
+    record_free_failure(device < 0 ? 0 : device,
+                        std::string("vtalloc could not free a tensor's memory: ") + vta_torch_last_error());
+  return st;
+}
+
+vta_status_t vta_torch_device_of(void* ptr, int32_t* device) {
+  return guarded([&] {
+    need(device, "output");
+    uintptr_t p = reinterpret_cast<uintptr_t>(ptr);
+    int d = device_of_or_fail(p);
+    uintptr_t base = 0;
+    vta::Allocation a{};
+    if (!shim().spaces.get(d)->containing(p, &base, &a) || base != p)
+      vta::fail(VTA_ERR_INVALID_ARGUMENT, "address " + vta::hex(p) + " is not the start of a live block");
+    *device = d;
+  });
+}
+
+vta_status_t vta_torch_base_allocation(void* ptr, void** base, uint64_t* size) {
+  return guarded([&] {
+    need(base, "output");
+    need(size, "output");
+    uintptr_t p = reinterpret_cast<uintptr_t>(ptr);
+    int d = device_of_or_fail(p);
+    uintptr_t start = 0;
+    vta::Allocation a{};
+    if (!shim().spaces.get(d)->containing(p, &start, &a))
+      vta::fail(VTA_ERR_INVALID_ARGUMENT, "address " + vta::hex(p) + " is inside no live block");
+    *base = reinterpret_cast<void*>(start);
+    *size = a.requested;
+  });
+}
+
+vta_status_t vta_torch_record_stream(void* ptr, void* stream) {
+  return guarded([&] {
+    uintptr_t p = reinterpret_cast<uintptr_t>(ptr);
+    AddressSpace& space = *shim().spaces.get(device_of_or_fail(p));
+    CudaContextGuard guard(space.backend_kind() == VTA_BACKEND_CUDA);
+    space.record_stream(p, reinterpret_cast<vta::StreamHandle>(stream));
+  });
+}
+
+vta_status_t vta_torch_largest_allocatable(int32_t device, uint64_t* bytes) {
+  return guarded([&] {
+    need(bytes, "output");
+    DeviceSpaces::check_device(device);
+    AddressSpace* space = shim().spaces.get(device);
+    if (!space) {
+      *bytes = 0;
+      return;
+    }
+    CudaContextGuard guard(space->backend_kind() == VTA_BACKEND_CUDA);
+    *bytes = space->largest_allocatable();
+  });
+}
+
+vta_status_t vta_torch_device_stats(int32_t device, vta_torch_device_stats_t* out) {
+  return guarded([&] {
+    need(out, "output");
+    DeviceSpaces::check_device(device);
+    AddressSpace* space = shim().spaces.get(device);
+    if (!space) {
+      *out = vta_torch_device_stats_t{};
+      out->struct_size = sizeof *out;
+      return;
+    }
+    CudaContextGuard guard(space->backend_kind() == VTA_BACKEND_CUDA);
+    vta_torch_device_stats_t s = raw_stats(device, *space);
+    AccumulatedMarks& m = shim().accumulated[device];
+    std::lock_guard<std::mutex> lk(m.mu);
+    subtract_marks(&s, m.marks);
+    *out = s;
+  });
+}
+
+vta_status_t vta_torch_reset_accumulated(int32_t device) {
+  return guarded([&] {
+    if (device != -1) DeviceSpaces::check_device(device);
+    for (int d = 0; d < VTA_TORCH_MAX_DEVICES; ++d) {
+      if (device != -1 && d != device) continue;
+      AddressSpace* space = shim().spaces.get(d);
+      if (!space) continue;
+      CudaContextGuard guard(space->backend_kind() == VTA_BACKEND_CUDA);
+      vta_torch_device_stats_t s = raw_stats(d, *space);
+      AccumulatedMarks& m = shim().accumulated[d];
+      std::lock_guard<std::mutex> lk(m.mu);
+      m.marks = s;
+    }
+  });
+}
+
+vta_status_t vta_torch_set_limit(int32_t device, uint64_t bytes) {
+  return guarded([&] {
+    DeviceSpaces::check_device(device);
+    AddressSpace* space = shim().spaces.get(device);
+    if (space) {
+      CudaContextGuard guard(space->backend_kind() == VTA_BACKEND_CUDA);
+      space->set_limit(bytes);
+    }
+    shim().limits[device].store(bytes, std::memory_order_release);
+  });
+}
+
+vta_status_t vta_torch_get_limit(int32_t device, uint64_t* limit_out) {
+  return guarded([&] {
+    need(limit_out, "output");
+    DeviceSpaces::check_device(device);
+    AddressSpace* space = shim().spaces.get(device);
+    *limit_out = space ? space->limit() : shim().limits[device].load(std::memory_order_acquire);
+  });
+}
+
+vta_status_t vta_torch_pool_incref(int32_t device, vta_torch_pool_id_t pool) {
+  return guarded([&] {
+    DeviceSpaces::check_device(device);
+    shim().pools.incref(device, pool_key(pool));
+  });
+}
+
+vta_status_t vta_torch_pool_release(int32_t device, vta_torch_pool_id_t pool) {
+  return guarded([&] {
+    DeviceSpaces::check_device(device);
+    AddressSpace* space = shim().spaces.get(device);
+    CudaContextGuard guard(space && space->backend_kind() == VTA_BACKEND_CUDA);
+    shim().pools.release(device, pool_key(pool), space);
+  });
+}
+
+vta_status_t vta_torch_pool_use_count(int32_t device, vta_torch_pool_id_t pool, int32_t* out) {
+  return guarded([&] {
+    need(out, "output");
+    DeviceSpaces::check_device(device);
+    *out = shim().pools.use_count(device, pool_key(pool));
+  });
+}
+
+vta_status_t vta_torch_pool_empty(int32_t device, vta_torch_pool_id_t pool, uint64_t* released) {
+  return guarded([&] {
+    DeviceSpaces::check_device(device);
+    uint64_t n = shim().pools.empty(device, pool_key(pool));
+    if (released) *released = n;
+  });
+}
+
+vta_status_t vta_torch_blocks(int32_t device, const vta_torch_pool_id_t* pool, vta_torch_block_t* out,
+                              uint64_t capacity, uint64_t* count) {
+  return guarded([&] {
+    need(count, "output");
+    if (capacity) need(out, "output");
+    DeviceSpaces::check_device(device);
+    AddressSpace* space = shim().spaces.get(device);
+    std::vector<vta_torch_block_t> blocks;
+    if (space) {
+      CudaContextGuard guard(space->backend_kind() == VTA_BACKEND_CUDA);
+      PrivatePools::Id only = pool ? pool_key(*pool) : PrivatePools::Id{};
+      for (auto& [address, a] : space->records()) {
+        PrivatePools::Id id{};
+        PrivatePools::Block b{};
+        bool owned = shim().pools.owner(device, address, &id, &b);
+        if (pool && (!owned || id != only)) continue;
+        vta_torch_block_t t{};
+        t.address = address;
+        t.size = a.size;
+        t.requested = a.kept ? b.requested : a.requested;
+        t.stream = a.stream;
+        t.pool = vta_torch_pool_id_t{id.first, id.second};
+        t.state = a.kept ? VTA_TORCH_BLOCK_POOL_CACHED : VTA_TORCH_BLOCK_LIVE;
+        t.small = a.small ? 1 : 0;
+        blocks.push_back(t);
+      }
+    }
+    *count = blocks.size();
+    if (capacity) std::memcpy(out, blocks.data(), std::min<uint64_t>(capacity, blocks.size()) * sizeof *out);
+  });
+}
+
+vta_status_t vta_torch_pool_set_live(int32_t device, vta_torch_pool_id_t pool, const uint64_t* live, uint64_t n,
+                                     uint64_t* freed, uint64_t freed_capacity, uint64_t* n_freed, uint64_t* allocated,
+                                     uint64_t allocated_capacity, uint64_t* n_allocated) {
+  return guarded([&] {
+    need(n_freed, "output");
+    need(n_allocated, "output");
+    if (n) need(live, "live addresses");
+    AddressSpace& space = existing_space(device, "no vtalloc address space serves device " + std::to_string(device));
+    CudaContextGuard guard(space.backend_kind() == VTA_BACKEND_CUDA);
+    uint64_t blocks = 0;
+    PrivatePools::Id id = pool_key(pool);
+    shim().pools.for_each_block(device, &id, [&](uintptr_t, const PrivatePools::Block&, PrivatePools::Id) { ++blocks; });
+    if (freed_capacity < blocks || allocated_capacity < blocks || (blocks && (!freed || !allocated)))
+      vta::fail(VTA_ERR_INVALID_ARGUMENT, "set_live: the output arrays must hold the pool's " + std::to_string(blocks) +
+                                              " blocks each");
+    std::vector<uint64_t> f, a;
+    shim().pools.set_live(device, id, space, std::vector<uint64_t>(live, live + n), &f, &a);
+    std::copy(f.begin(), f.end(), freed);
+    std::copy(a.begin(), a.end(), allocated);
+    *n_freed = f.size();
+    *n_allocated = a.size();
+  });
+}
+
+}  // extern "C"

@@ -1,0 +1,70 @@
+// The torch shim's process-wide state, shared by its two C ABIs: torch_shim.h (the pluggable
+// allocator, capi/torch_shim.cpp) and torch_native.h (the torch-native binding,
+// capi/torch_native.cpp). Internal: nothing outside csrc/capi includes it.
+//
+// Owns: the declarations of the shim state (Shim), its failure records and the helpers both
+// ABIs use to record failures, flush parked frees and find spaces; the definitions are in
+// capi/torch_shim.cpp.
+// Invariants: shim() is immortal (see torch_shim.cpp); an out-of-memory is recorded with the
+// same fields and message shape whichever ABI saw it (oom_message).
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <mutex>
+#include <string>
+
+#include "capi/capture_parking.hpp"
+#include "capi/private_pools.hpp"
+#include "space/device_spaces.hpp"
+#include "vtalloc/torch_native.h"
+#include "vtalloc/torch_shim.h"
+
+namespace vta::capi::torch {
+
+enum class FailureKind { oom, capture, other };
+
+// What the shim could not do on one device (vta_torch_failures).
+struct FailureRecord {
+  std::mutex mu;  // guards the fields below
+  vta_torch_failures_t failures{};
+  std::string last_message;
+};
+
+// What vta_torch_reset_accumulated restarts, per device: the counter values at the last reset.
+struct AccumulatedMarks {
+  std::mutex mu;  // guards marks
+  vta_torch_device_stats_t marks{};
+  vta_torch_failures_t failures{};
+};
+
+vta_torch_config_t default_config();
+
+struct Shim {
+  std::mutex mu;  // the options: configure, get_config, release
+  bool configured = false;
+  vta_torch_config_t config = default_config();
+  std::atomic<uint32_t> on_failure{VTA_TORCH_FAIL_THROW};
+  std::atomic<bool> cuda{true};  // the configured backend is cuda (contexts and capture matter)
+  DeviceSpaces spaces{default_config().space};
+  CaptureParking parking;
+  PrivatePools pools;
+  FailureRecord records[VTA_TORCH_MAX_DEVICES];
+  AccumulatedMarks accumulated[VTA_TORCH_MAX_DEVICES];
+  std::atomic<uint64_t> limits[VTA_TORCH_MAX_DEVICES] = {};  // set_limit before the space exists (0: none)
+};
+
+Shim& shim();
+// The space of a device, which must exist already (only allocation creates spaces).
+AddressSpace& existing_space(int device, const std::string& why);
+// The space of a device, created on first use (with the limit set for it, if any).
+AddressSpace& space_for(int device);
+// "CUDA out of memory (vtalloc, device N): ... ": what an OOM says, whichever ABI saw it.
+std::string oom_message(int device, const vta::OutOfMemory& e);
+void record_failure(int device, FailureKind kind, const std::string& message, const vta::OutOfMemory* oom);
+void record_free_failure(int device, const std::string& message) noexcept;
+void count_deferred_free(int device);
+// Free what was parked during a capture on `device`, once its stream no longer captures.
+void flush_parked(int device, AddressSpace& space);
+
+}  // namespace vta::capi::torch
