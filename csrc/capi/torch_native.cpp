@@ -386,16 +386,24 @@ vta_status_t vta_torch_pool_set_live(int32_t device, vta_torch_pool_id_t pool, c
     need(n_freed, "output");
     need(n_allocated, "output");
     if (n) need(live, "live addresses");
-    AddressSpace& space = existing_space(device, "no vtalloc address space serves device " + std::to_string(device));
-    CudaContextGuard guard(space.backend_kind() == VTA_BACKEND_CUDA);
-    uint64_t blocks = 0;
+    DeviceSpaces::check_device(device);
     PrivatePools::Id id = pool_key(pool);
+    AddressSpace* space = shim().spaces.get(device);
+    if (!space) {  // no block yet: only an empty list fits
+      if (shim().pools.use_count(device, id) == 0)
+        vta::fail(VTA_ERR_INVALID_ARGUMENT, "no graph-private pool with users has this id on this device");
+      if (n) vta::fail(VTA_ERR_INVALID_ARGUMENT, "set_live: the pool has no blocks");
+      *n_freed = *n_allocated = 0;
+      return;
+    }
+    CudaContextGuard guard(space->backend_kind() == VTA_BACKEND_CUDA);
+    uint64_t blocks = 0;
     shim().pools.for_each_block(device, &id, [&](uintptr_t, const PrivatePools::Block&, PrivatePools::Id) { ++blocks; });
     if (freed_capacity < blocks || allocated_capacity < blocks || (blocks && (!freed || !allocated)))
       vta::fail(VTA_ERR_INVALID_ARGUMENT, "set_live: the output arrays must hold the pool's " + std::to_string(blocks) +
                                               " blocks each");
     std::vector<uint64_t> f, a;
-    shim().pools.set_live(device, id, space, std::vector<uint64_t>(live, live + n), &f, &a);
+    shim().pools.set_live(device, id, *space, std::vector<uint64_t>(live, live + n), &f, &a);
     std::copy(f.begin(), f.end(), freed);
     std::copy(a.begin(), a.end(), allocated);
     *n_freed = f.size();
