@@ -179,35 +179,14 @@ def test_oom_is_torch_out_of_memory_error_with_vtalloc_numbers(env):
     assert "vtalloc" in vta["message"] and "1.00 TiB" in vta["message"] and "1.00 GiB" in vta["message"]
 
 
-PAGED = """
-from vtalloc.allocator.torch import paged_activations
-torch.use_deterministic_algorithms(True)
-model = torch.nn.Sequential(*[torch.nn.Sequential(torch.nn.Linear(1024, 1024), torch.nn.GELU()) for _ in range(8)],
-                            torch.nn.Linear(1024, 1)).cuda()
-x = torch.randn(2048, 1024, device="cuda")
-y = torch.randn(2048, 1, device="cuda")
-pager = paged_activations(budget="32MiB") if VT else None
-losses = []
-for _ in range(3):
-    model.zero_grad(set_to_none=True)
-    if VT:
-        with pager:
-            loss = torch.nn.functional.mse_loss(model(x), y)
-    else:
-        loss = torch.nn.functional.mse_loss(model(x), y)
-    loss.backward()
-    losses.append(loss.item())
-out = {"losses": losses}
-if VT:
-    out["offloads"] = pager.stats().offloads
-print(json.dumps(out))
-"""
-
-
 def test_paged_activations_under_the_native_binding(env):
-    native, vta = both(PAGED, env)
-    assert vta["losses"] == native["losses"]
-    assert vta["offloads"] > 0
+    """test_paged_activations_gpu's script, its enable() made to take the native binding."""
+    from test_paged_activations_gpu import SCRIPT
+
+    native = run_python(SCRIPT, "native", env=env)
+    paged = run_python(SCRIPT, "paged", env=dict(env, VTALLOC_TORCH_BINDING="native"))
+    assert paged["losses"] == native["losses"] and paged["grads"] == native["grads"]
+    assert paged["offloads"] > 0 and paged["restores"] > 0
 
 
 DDP = """
