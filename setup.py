@@ -3,16 +3,39 @@
 Only a C++17 compiler is needed: no nvcc, no CUDA headers, no libcuda at link time (the
 cuda backend resolves the driver at run time). The library is loaded with ctypes, not
 imported, so it exports only the C ABI of csrc/include/vtalloc/vtalloc.h.
+
+csrc/torch_binding/ is not part of it: that is the torch-native binding, compiled against the
+user's torch at the first enable() (allocator/_torch_binding.py). Its sources and the vtalloc
+headers they include are copied into the package (vtalloc/allocator/_binding_src/) so a wheel
+can build it; an editable install reads them from the repo.
 """
 
 from pathlib import Path
 
 from setuptools import Extension, setup
+from setuptools.command.build_py import build_py
 
 ROOT = Path(__file__).parent
-sources = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "csrc").rglob("*.cpp") if "tests" not in p.parts)
+EXCLUDED = {"tests", "torch_binding"}
+sources = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "csrc").rglob("*.cpp") if not EXCLUDED & set(p.parts))
+BINDING_SOURCES = [*sorted((ROOT / "csrc" / "torch_binding").glob("*.[ch]pp")),
+                   *sorted((ROOT / "csrc" / "include" / "vtalloc").glob("*.h"))]
+
+
+class BuildPyWithBindingSources(build_py):
+    """Also copies the torch-native binding's sources into the built package."""
+
+    def run(self):
+        super().run()
+        target = Path(self.build_lib) / "vtalloc" / "allocator" / "_binding_src"
+        for src in BINDING_SOURCES:
+            dest = target / src.parent.relative_to(ROOT / "csrc") / src.name
+            self.mkpath(str(dest.parent))
+            self.copy_file(str(src), str(dest))
+
 
 setup(
+    cmdclass={"build_py": BuildPyWithBindingSources},
     ext_modules=[
         Extension(
             "vtalloc.allocator._vtalloc",

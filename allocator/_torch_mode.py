@@ -2,7 +2,7 @@
 
 Owns: the process's torch mode (:data:`state`: not at all, ``"global"`` through enable(), or
 ``"mempool"``; the options in force; the CUDAPluggableAllocator object, kept for the life of
-the process) with its lock, and :class:`AllocatorConflictError` / :class:`UnsupportedError`.
+the process; the binding enable() chose) with its lock, and :class:`AllocatorConflictError` / :class:`UnsupportedError`.
 Layer: the bottom of the torch glue. ``torch`` (which sets the mode) and ``paged_activations``
 (which reads it) both import this module; it imports neither.
 Invariant: only ``vtalloc.allocator.torch`` changes :data:`state`, under :data:`lock`.
@@ -36,6 +36,7 @@ class State:
     config: Config | None = None
     allocator: Any = None              # torch.cuda.memory.CUDAPluggableAllocator, never released
     original_record_stream: Any = None
+    binding: Any = None                # _torch_install.Binding once enable() chose one
 
 
 state = State()

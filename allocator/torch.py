@@ -21,9 +21,10 @@ import logging
 import sys
 from typing import Any
 
-from . import _native, _torch_shim
+from . import _native, _torch_install, _torch_shim
 from . import _torch_stats as _stats
 from ._torch_mode import GLOBAL, MEMPOOL, AllocatorConflictError, UnsupportedError
+from ._torch_install import Binding, BindingFallbackWarning
 from ._torch_mode import lock as _lock
 from ._torch_mode import state as _state
 from ._torch_shim import OomBinding
@@ -36,7 +37,7 @@ from .publish import publish_stats as _publish
 from .stats import Stats
 
 __all__ = [
-    "enable", "is_enabled", "mode", "mempool", "resolve_config",
+    "enable", "is_enabled", "mode", "binding", "Binding", "BindingFallbackWarning", "mempool", "resolve_config",
     "stats", "memory_stats", "memory_stats_as_nested_dict", "memory_allocated", "max_memory_allocated",
     "memory_reserved", "max_memory_reserved", "reset_peak_memory_stats", "reset_max_memory_allocated",
     "reset_accumulated_memory_stats", "mem_get_info", "memory_summary", "empty_cache", "failures", "oom_exception",
@@ -96,22 +97,29 @@ def _describe(cfg: Config) -> str:
     return ", ".join(f"{k}={format_size(v) if isinstance(v, int) else v}" for k, v in fields.items() if v is not None) or "defaults"
 
 
-def enable(**config: Any) -> Config:
+def enable(binding: str | None = None, **config: Any) -> Config:
     """Make vtalloc PyTorch's CUDA allocator for this process; returns the options in force.
 
     Options are those of :class:`~vtalloc.allocator.Config` except ``backend``/``device``
     (``capacity``, ``page_size``, ...), per device, from keyword arguments or ``VTALLOC_*``
     variables. Call it before CUDA is first used (before the first CUDA tensor). Calling it
     again with the same options does nothing; with other options it raises.
+
+    ``binding`` (or ``VTALLOC_TORCH_BINDING``): "auto" (the default) uses the torch-native
+    binding, built once for this torch, and falls back to PyTorch's pluggable allocator with
+    one BindingFallbackWarning saying why when it cannot be had; "native" raises
+    BackendUnavailableError instead; "pluggable" never builds. :func:`binding` says which is in force.
     """
+    choice = _torch_install.binding_choice(binding)
     cfg = resolve_config(**config)
     with _lock:
         if _state.mode == GLOBAL:
-            if cfg == _state.config:
+            if cfg == _state.config and (binding is None or choice in ("auto", _state.binding.kind)):
                 return cfg
             raise AllocatorConflictError(
-                f"vtalloc is already torch's allocator with options ({_describe(_state.config)}); "
-                f"it cannot switch to ({_describe(cfg)}) in a running process"
+                f"vtalloc is already torch's allocator ({_state.binding.kind} binding) with options "
+                f"({_describe(_state.config)}); it cannot switch to ({_describe(cfg)}, binding={choice}) in a "
+                "running process"
             )
         if _state.mode == MEMPOOL:
             raise AllocatorConflictError(
@@ -120,21 +128,19 @@ def enable(**config: Any) -> Config:
             )
         torch = _torch()
         _require_cuda(torch)
-        if torch.cuda.is_initialized():
-            raise AllocatorConflictError(
-                "CUDA is already initialized in this process, so PyTorch's allocator is fixed: call "
-                "vtalloc.allocator.torch.enable() before the first CUDA tensor (or any call that initializes CUDA)"
-            )
-        if torch.backends.cudnn.benchmark:
+        _require_uninitialized(torch)
+        chosen, lib = _torch_install.prepare(torch, choice)
+        if chosen.kind == "pluggable" and torch.backends.cudnn.benchmark:
             raise AllocatorConflictError(
                 "torch.backends.cudnn.benchmark is True, which needs the allocator's cacheInfo that PyTorch's pluggable "
                 "allocator does not provide: set it to False before enable()"
+                + (f" (the torch-native binding, which provides it, is unavailable: {chosen.reason})"
+                   if chosen.reason else "")
             )
         _torch_shim.configure(cfg, _torch_shim.FAIL_THROW)
         publish_from_env(_TORCH_VIEW)  # VTALLOC_PUBLISH_STATS: `vtalloc stats --pid` sees torch's memory
         try:
-            allocator = _pluggable(torch)
-            torch.cuda.memory.change_current_allocator(allocator)
+            allocator = _torch_install.install(torch, chosen, lib, lambda: _pluggable(torch))
         except RuntimeError as e:
             _torch_shim.release()  # no space exists yet: back to the defaults, nothing changed
             raise AllocatorConflictError(
@@ -144,10 +150,26 @@ def enable(**config: Any) -> Config:
         except BaseException:
             _torch_shim.release()
             raise
-        _state.mode, _state.config, _state.allocator = GLOBAL, cfg, allocator
-        _guard_record_stream(torch)
-        log.info("vtalloc is torch's CUDA allocator: %s", _describe(cfg))
+        _state.mode, _state.config, _state.allocator, _state.binding = GLOBAL, cfg, allocator, chosen
+        if chosen.kind == "pluggable":
+            _guard_record_stream(torch)  # the native binding implements record_stream
+        log.info("vtalloc is torch's CUDA allocator (%s binding): %s", chosen.kind, _describe(cfg))
     return cfg
+
+
+def _require_uninitialized(torch: Any) -> None:
+    if torch.cuda.is_initialized():
+        raise AllocatorConflictError(
+            "CUDA is already initialized in this process, so PyTorch's allocator is fixed: call "
+            "vtalloc.allocator.torch.enable() before the first CUDA tensor (or any call that initializes CUDA)"
+        )
+
+
+def binding() -> Binding:
+    """Which binding makes vtalloc torch's allocator in this process: kind "native" (the
+    torch-native binding: library, torch version, build seconds or "cached"), "pluggable" (with
+    the reason when "auto" fell back), or None before enable()."""
+    return _state.binding or Binding(None)
 
 
 def is_enabled() -> bool:
@@ -170,9 +192,11 @@ def mempool(**config: Any) -> Any:
     cfg = resolve_config(**config)
     with _lock:
         if _state.mode == GLOBAL:
+            hint = ("; under its native binding torch.cuda.MemPool() itself gives a vtalloc pool"
+                    if _state.binding is not None and _state.binding.kind == "native" else "")
             raise AllocatorConflictError(
                 "enable() made vtalloc torch's global allocator, which replaced the caching allocator MemPools need; "
-                "use either enable() or mempool() in one process"
+                f"use either enable() or mempool() in one process{hint}"
             )
         if _state.mode == MEMPOOL and cfg != _state.config:
             raise AllocatorConflictError(

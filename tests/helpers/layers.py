@@ -40,10 +40,12 @@ PY_ONLY_THROUGH: dict[str, tuple[str, ...]] = {
 PY_ONLY_THROUGH_EXEMPT = ("vtalloc.client.cli", "vtalloc.client.commands_service")
 
 # csrc directories, lowest first. include/ (the public C ABI types) is below everything;
-# tests/ (native test programs) above everything.
-CSRC_LAYERS = ("include", "backend", "vmm", "alloc", "evict", "space", "capi", "tests")
-# The only directories that may define C ABI entry points (extern "C").
-CSRC_C_ABI_DIRS = ("capi",)
+# tests/ (native test programs) above everything. torch_binding/ is a library of its own (built
+# against the user's torch at enable()); it calls the core through include/ only.
+CSRC_LAYERS = ("include", "backend", "vmm", "alloc", "evict", "space", "capi", "torch_binding", "tests")
+# The only directories that may define C ABI entry points (extern "C"): the core library's
+# capi/, and the torch binding's install.cpp (the entry points its own library exports).
+CSRC_C_ABI_DIRS = ("capi", "torch_binding")
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,279 @@
+"""The torch-native binding on a machine without a GPU: its source compiles against the installed
+torch's headers (-fsyntax-only), and enable()'s choice of binding (auto / native / pluggable),
+its fallback warning, the build cache and vt.binding() behave as docs/torch.md says. The build
+and load steps are faked where they would need CUDA libraries.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+import sys
+import types
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+
+import vtalloc.allocator.torch as vt
+from vtalloc.allocator import _native, _torch_binding, _torch_install, _torch_shim
+from vtalloc.allocator._torch_mode import state
+from vtalloc.allocator.errors import BackendUnavailableError, InvalidArgumentError
+
+
+def fake_torch(version: str = "2.13.0+cu130", cuda: str | None = "13.0") -> types.SimpleNamespace:
+    """What build() reads of torch: version, CUDA version, where its headers are, the C++ ABI."""
+    return types.SimpleNamespace(__version__=version, version=types.SimpleNamespace(cuda=cuda),
+                                 __file__=torch.__file__, _C=types.SimpleNamespace(_GLIBCXX_USE_CXX11_ABI=True))
+
+
+@pytest.fixture
+def fake_compiler(tmp_path: Path) -> Path:
+    """A "compiler" that writes its -o file and counts its runs in calls.txt."""
+    script = tmp_path / "fake-cxx"
+    script.write_text(f"""#!{sys.executable}
+import sys
+args = sys.argv[1:]
+open({str(tmp_path / 'calls.txt')!r}, "a").write("x\\n")
+out = args[args.index("-o") + 1]
+open(out, "w").write("not really a library")
+""")
+    script.chmod(script.stat().st_mode | stat.S_IXUSR)
+    return script
+
+
+@pytest.fixture
+def build_env(tmp_path: Path, fake_compiler: Path) -> dict[str, str]:
+    return {"CXX": str(fake_compiler), "VTALLOC_CACHE_DIR": str(tmp_path / "cache"), "PATH": os.environ["PATH"],
+            "CUDA_HOME": str(_cuda_home(tmp_path))}
+
+
+def _cuda_home(tmp_path: Path) -> Path:
+    home = tmp_path / "cuda"
+    (home / "include").mkdir(parents=True)
+    (home / "include" / "cuda_runtime_api.h").write_text("/* found */\n")
+    return home
+
+
+@pytest.fixture
+def fresh_warning():
+    _torch_install.reset_warning_for_tests()
+    yield
+    _torch_install.reset_warning_for_tests()
+
+
+# -- the source compiles -------------------------------------------------------------------------
+
+def test_binding_source_compiles_against_installed_torch():
+    if not _torch_binding.cuda_include_dirs():
+        pytest.skip("no CUDA headers (cuda_runtime_api.h) in $CUDA_HOME, /usr/local/cuda or pip nvidia-* packages")
+    result = _torch_binding.syntax_check(torch)
+    assert result.ok, f"{' '.join(result.command)}\n{result.output[-4000:]}"
+    assert "-fsyntax-only" in result.command
+
+
+def test_syntax_check_reports_a_compile_error(monkeypatch, tmp_path):
+    if not _torch_binding.cuda_include_dirs():
+        pytest.skip("no CUDA headers found")
+    bad = tmp_path / "torch_binding"
+    bad.mkdir()
+    (bad / "broken.cpp").write_text("int main() { return undeclared_name; }\n")
+    monkeypatch.setattr(_torch_binding, "_source_root", lambda: tmp_path)
+    result = _torch_binding.syntax_check(torch)
+    assert not result.ok and result.returncode != 0
+    assert "undeclared_name" in result.output
+
+
+def test_core_library_does_not_compile_the_binding():
+    setup = (Path(__file__).parent.parent / "setup.py").read_text()
+    assert '"torch_binding"' in setup and "EXCLUDED" in setup
+    lib = _torch_shim.lib()
+    assert not hasattr(lib, "vta_torch_binding_install")
+
+
+# -- typed failures ------------------------------------------------------------------------------
+
+def test_no_compiler_is_a_typed_failure(build_env):
+    env = dict(build_env, CXX="/nonexistent/c++")
+    with pytest.raises(_torch_binding.BindingBuildError) as info:
+        _torch_binding.build(fake_torch(), env)
+    assert info.value.failure.kind == "no-compiler"
+    assert "/nonexistent/c++" in str(info.value)
+    assert isinstance(info.value, BackendUnavailableError)
+
+
+def test_no_cuda_headers_is_a_typed_failure(build_env, monkeypatch):
+    monkeypatch.setattr(_torch_binding, "cuda_include_dirs", lambda environ=None: [])
+    with pytest.raises(_torch_binding.BindingBuildError) as info:
+        _torch_binding.build(fake_torch(), build_env)
+    assert info.value.failure.kind == "no-cuda-headers"
+    assert "CUDA_HOME" in info.value.failure.detail
+
+
+@pytest.mark.parametrize("version,cuda", [("2.10.1+cu128", "12.8"), ("2.14.0", "13.0"), ("2.13.0+cpu", None)])
+def test_unsupported_torch_is_a_typed_failure(build_env, version, cuda):
+    with pytest.raises(_torch_binding.BindingBuildError) as info:
+        _torch_binding.build(fake_torch(version, cuda), build_env)
+    assert info.value.failure.kind == "unsupported-torch"
+    assert version in info.value.failure.detail
+
+
+def test_compile_error_carries_the_compiler_output_tail(build_env, tmp_path):
+    failing = tmp_path / "failing-cxx"
+    failing.write_text("#!/bin/sh\necho 'vta_allocator.cpp:1: error: something precise' >&2\nexit 1\n")
+    failing.chmod(0o755)
+    with pytest.raises(_torch_binding.BindingBuildError) as info:
+        _torch_binding.build(fake_torch(), dict(build_env, CXX=str(failing)))
+    assert info.value.failure.kind == "compile-error"
+    assert "something precise" in info.value.failure.detail
+    assert not list((tmp_path / "cache").glob("*.so"))  # nothing half-written is left to load
+
+
+def test_load_error_is_a_typed_failure(build_env):
+    path, _ = _torch_binding.build(fake_torch(), build_env)  # the fake compiler writes a text file
+    with pytest.raises(_torch_binding.BindingBuildError) as info:
+        _torch_binding.load(path)
+    # on a branch whose core lacks the torch-native ABI it is refused before loading
+    assert info.value.failure.kind in ("load-error", "abi-mismatch")
+
+
+# -- the cache -----------------------------------------------------------------------------------
+
+def test_cache_key_changes_with_every_input():
+    base = ("2.13.0+cu130", "13.0", 1, "src", "core")
+    keys = {_torch_binding.cache_key(*base)}
+    for i, other in enumerate(["2.11.0+cu130", "12.8", 0, "src2", "core2"]):
+        changed = list(base)
+        changed[i] = other
+        keys.add(_torch_binding.cache_key(*changed))
+    assert len(keys) == 6
+    assert _torch_binding.cache_key(*base) == _torch_binding.cache_key(*base)
+
+
+def test_cache_dir_follows_the_environment(tmp_path):
+    assert _torch_binding.cache_dir({"VTALLOC_CACHE_DIR": str(tmp_path)}) == tmp_path
+    assert _torch_binding.cache_dir({"XDG_CACHE_HOME": str(tmp_path)}) == tmp_path / "vtalloc"
+    assert _torch_binding.cache_dir({}) == Path(os.path.expanduser("~")) / ".cache" / "vtalloc"
+
+
+def test_a_cached_build_is_reused(build_env, tmp_path, capsys):
+    path, first = _torch_binding.build(fake_torch(), build_env)
+    assert isinstance(first, float) and path.exists()
+    assert "building the torch-native binding for torch 2.13.0+cu130" in capsys.readouterr().err
+    again, second = _torch_binding.build(fake_torch(), build_env)
+    assert (again, second) == (path, "cached")
+    assert (tmp_path / "calls.txt").read_text().count("x") == 1
+    other, _ = _torch_binding.build(fake_torch("2.11.0+cu130"), build_env)  # another torch: another build
+    assert other != path and (tmp_path / "calls.txt").read_text().count("x") == 2
+    assert not list((tmp_path / "cache").glob("*.tmp.so"))
+
+
+# -- the choice ----------------------------------------------------------------------------------
+
+def test_binding_choice_is_normalized_once():
+    assert _torch_install.binding_choice(None, {}) == "auto"
+    assert _torch_install.binding_choice(None, {"VTALLOC_TORCH_BINDING": " Native "}) == "native"
+    assert _torch_install.binding_choice("pluggable", {"VTALLOC_TORCH_BINDING": "native"}) == "pluggable"
+    with pytest.raises(InvalidArgumentError, match="VTALLOC_TORCH_BINDING must be one of auto, native, pluggable"):
+        _torch_install.binding_choice(None, {"VTALLOC_TORCH_BINDING": "fast"})
+    with pytest.raises(InvalidArgumentError, match="binding must be one of"):
+        _torch_install.binding_choice("cuda", {})
+
+
+def _failing_build(torch_module):
+    raise _torch_binding.BindingBuildError("no-compiler", "CXX='/nonexistent' is not an executable")
+
+
+def test_auto_falls_back_with_one_warning_and_the_reason(fresh_warning, caplog):
+    with pytest.warns(_torch_install.BindingFallbackWarning, match="no-compiler: CXX='/nonexistent'") as record:
+        chosen, lib = _torch_install.prepare(fake_torch(), "auto", build=_failing_build)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            again, _ = _torch_install.prepare(fake_torch(), "auto", build=_failing_build)  # no second warning
+    assert len([w for w in record if w.category is _torch_install.BindingFallbackWarning]) == 1
+    assert lib is None and chosen.kind == again.kind == "pluggable"
+    assert chosen.reason.startswith("no-compiler")
+    assert "binding='pluggable'" in str(record[0].message)
+    assert "pluggable allocator" in caplog.text  # logged each time, warned once
+
+
+def test_native_raises_with_the_reason(fresh_warning):
+    with pytest.raises(BackendUnavailableError, match=r"unavailable \(no-compiler\)"):
+        _torch_install.prepare(fake_torch(), "native", build=_failing_build)
+
+
+def test_pluggable_never_builds():
+    def no_build(torch_module):
+        raise AssertionError("pluggable must not build")
+
+    chosen, lib = _torch_install.prepare(fake_torch(), "pluggable", build=no_build)
+    assert (chosen.kind, chosen.reason, lib) == ("pluggable", None, None)
+    assert chosen.library == _native.library_path()
+
+
+def test_auto_uses_a_native_build_that_loads(monkeypatch):
+    loaded = object()
+    monkeypatch.setattr(_torch_binding, "load", lambda path: loaded)
+    chosen, lib = _torch_install.prepare(fake_torch(), "auto", build=lambda t: (Path("/cache/b.so"), "cached"))
+    assert lib is loaded
+    assert (chosen.kind, chosen.library, chosen.build, chosen.reason) == ("native", "/cache/b.so", "cached", None)
+    assert chosen.describe().startswith("native (torch 2.13.0+cu130, cached build)")
+
+
+# -- enable() and binding() ----------------------------------------------------------------------
+
+@pytest.fixture
+def enable_without_gpu(monkeypatch, fresh_warning):
+    """enable() with the CUDA checks and torch's allocator switch faked; state restored after."""
+    saved = (state.mode, state.config, state.allocator, state.binding, state.original_record_stream)
+    original = torch.Tensor.record_stream
+    monkeypatch.setattr(vt, "_require_cuda", lambda t: None)
+    installed = []
+    monkeypatch.setattr(_torch_install, "install", lambda t, b, lib, plug: installed.append(b) or None)
+    monkeypatch.delenv("VTALLOC_TORCH_BINDING", raising=False)
+    yield installed
+    torch.Tensor.record_stream = original
+    state.mode, state.config, state.allocator, state.binding, state.original_record_stream = saved
+    _torch_shim.release()
+
+
+def test_binding_before_enable_is_none():
+    if state.binding is not None:
+        pytest.skip("enable() already ran in this process")
+    assert vt.binding() == _torch_install.Binding(None)
+    assert vt.binding().describe() == "not enabled"
+
+
+def test_enable_auto_on_a_cpu_torch_falls_back_and_reports_it(enable_without_gpu):
+    with pytest.warns(vt.BindingFallbackWarning, match="unsupported-torch"):
+        vt.enable()
+    b = vt.binding()
+    assert b.kind == "pluggable" and b.reason.startswith("unsupported-torch") and b.torch_version == torch.__version__
+    assert enable_without_gpu == [b]
+    assert torch.Tensor.record_stream is not state.original_record_stream  # the pluggable path's guard
+    assert vt.enable() == state.config  # again, same options: nothing happens
+    with pytest.raises(vt.AllocatorConflictError, match="binding=native"):
+        vt.enable(binding="native")
+
+
+def test_enable_native_raises_and_changes_nothing(enable_without_gpu):
+    with pytest.raises(BackendUnavailableError, match="unsupported-torch"):
+        vt.enable(binding="native")
+    assert state.mode is None and vt.binding().kind is None and enable_without_gpu == []
+
+
+def test_enable_pluggable_refuses_cudnn_benchmark_but_native_does_not(enable_without_gpu, monkeypatch):
+    monkeypatch.setattr(torch.backends.cudnn, "benchmark", True)
+    with pytest.raises(vt.AllocatorConflictError, match="cudnn.benchmark"):
+        vt.enable(binding="pluggable")
+    monkeypatch.setattr(_torch_install, "prepare",
+                        lambda t, choice: (_torch_install.Binding("native", library="/x.so", build=1.0), object()))
+    vt.enable()
+    assert vt.binding().kind == "native"
+    assert state.original_record_stream is None  # no record_stream guard under the native binding
+
+
+def test_enable_rejects_a_bad_binding():
+    with pytest.raises(InvalidArgumentError, match="binding must be one of"):
+        vt.enable(binding="fastest")

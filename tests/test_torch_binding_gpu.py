@@ -1,0 +1,225 @@
+"""The torch-native binding on a GPU (issue 13, item 4): each feature against PyTorch's native
+allocator on the same script. Each run is a fresh interpreter with enable(binding="native")
+before CUDA is initialized (the allocator is chosen once per process); the binding is built
+once per test session into a temporary cache. Skipped without a CUDA device.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from helpers.subproc import run_python
+
+pytestmark = pytest.mark.gpu
+
+PRELUDE = """
+import json, sys
+import torch
+VT = sys.argv[1] == "vtalloc"
+if VT:
+    import vtalloc.allocator.torch as vt
+    vt.enable(binding="native", capacity=sys.argv[2] if len(sys.argv) > 2 else None)
+    assert vt.binding().kind == "native", vt.binding()
+torch.manual_seed(0)
+"""
+
+
+@pytest.fixture(scope="module")
+def env(tmp_path_factory) -> dict[str, str]:
+    return {"VTALLOC_CACHE_DIR": str(tmp_path_factory.mktemp("binding-cache")), "CUBLAS_WORKSPACE_CONFIG": ":4096:8"}
+
+
+def both(script: str, env: dict[str, str], *args: str) -> tuple[dict, dict]:
+    return run_python(PRELUDE + script, "native", *args, env=env), run_python(PRELUDE + script, "vtalloc", *args, env=env)
+
+
+STATS = """
+x = [torch.empty(n, device="cuda") for n in (1, 1000, 1 << 20, 3 << 20)]
+s = torch.cuda.memory_stats()
+out = {"keys": sorted(s), "allocated": torch.cuda.memory_allocated(), "peak": torch.cuda.max_memory_allocated()}
+del x[-1]
+torch.cuda.reset_peak_memory_stats()
+out["peak_after_reset"] = torch.cuda.max_memory_allocated()
+out["allocated_after_free"] = torch.cuda.memory_allocated()
+out["summary"] = len(torch.cuda.memory_summary())
+snap = torch.cuda.memory_snapshot()
+out["snapshot_segments"] = len(snap)
+if VT:
+    out["vt_allocated"] = vt.memory_allocated(0)
+print(json.dumps(out))
+"""
+
+
+def test_memory_stats_summary_snapshot_and_peak_reset(env):
+    native, vta = both(STATS, env)
+    assert set(native["keys"]) <= set(vta["keys"])
+    assert vta["allocated"] == vta["vt_allocated"] > 0
+    assert vta["peak"] >= vta["allocated"]
+    assert vta["peak_after_reset"] == vta["allocated_after_free"] < vta["allocated"]
+    assert vta["summary"] > 0 and vta["snapshot_segments"] >= 3
+
+
+CONV = """
+torch.backends.cudnn.benchmark = True
+try:
+    import torchvision
+    model = torchvision.models.resnet18(num_classes=10)
+except ImportError:
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 32, 3, padding=1), torch.nn.BatchNorm2d(32), torch.nn.ReLU(),
+                                torch.nn.Conv2d(32, 64, 3, stride=2), torch.nn.ReLU(), torch.nn.AdaptiveAvgPool2d(1),
+                                torch.nn.Flatten(), torch.nn.Linear(64, 10))
+model = model.cuda()
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+x = torch.randn(16, 3, 64, 64, device="cuda")
+y = torch.randint(0, 10, (16,), device="cuda")
+losses = []
+for _ in range(3):
+    opt.zero_grad()
+    loss = torch.nn.functional.cross_entropy(model(x), y)
+    loss.backward()
+    opt.step()
+    losses.append(loss.item())
+print(json.dumps({"losses": losses}))
+"""
+
+
+def test_cudnn_benchmark_training_step_matches_native(env):
+    native, vta = both(CONV, env)
+    # cudnn.benchmark may pick other algorithms for other workspace sizes: equal to float tolerance
+    assert vta["losses"] == pytest.approx(native["losses"], rel=1e-3)
+
+
+GRAPH = """
+model = torch.nn.Sequential(torch.nn.Linear(256, 256), torch.nn.ReLU(), torch.nn.Linear(256, 256)).cuda()
+static_in = torch.randn(64, 256, device="cuda")
+s = torch.cuda.Stream()
+s.wait_stream(torch.cuda.current_stream())
+with torch.cuda.stream(s):
+    for _ in range(3):
+        model(static_in)
+torch.cuda.current_stream().wait_stream(s)
+g = torch.cuda.CUDAGraph()
+with torch.cuda.graph(g):
+    static_out = model(static_in)
+ok = True
+for i in range(100):
+    static_in.copy_(torch.randn(64, 256, device="cuda"))
+    g.replay()
+    ok = ok and torch.equal(static_out, model(static_in))
+pool = g.pool()
+pool_blocks = [(seg["address"], seg["total_size"]) for seg in torch.cuda.memory_snapshot()
+               if tuple(seg.get("owner_private_pool_id", (0, 0))) == tuple(pool)]
+outside = [torch.empty(256 * 256, device="cuda") for _ in range(20)]
+reused = any(a <= t.data_ptr() < a + n for t in outside for a, n in pool_blocks)
+print(json.dumps({"ok": ok, "reused": reused, "pool_blocks": len(pool_blocks)}))
+"""
+
+
+def test_captured_graph_replays_equal_to_eager_and_keeps_its_pool(env):
+    native, vta = both(GRAPH, env)
+    assert native["ok"] and vta["ok"]
+    assert vta["pool_blocks"] > 0 and not vta["reused"]
+
+
+COMPILE = """
+model = torch.nn.Sequential(torch.nn.Linear(128, 128), torch.nn.GELU(), torch.nn.Linear(128, 8)).cuda()
+compiled = torch.compile(model, mode="reduce-overhead")
+ok = True
+for step in range(6):
+    x = torch.randn(32, 128, device="cuda")
+    with torch.no_grad():
+        ok = ok and torch.allclose(compiled(x), model(x), rtol=1e-4, atol=1e-5)
+print(json.dumps({"ok": bool(ok)}))
+"""
+
+
+def test_reduce_overhead_compile_matches_eager(env):
+    native, vta = both(COMPILE, env)
+    assert native["ok"] and vta["ok"]
+
+
+STREAMS = """
+producer, consumer = torch.cuda.Stream(), torch.cuda.Stream()
+bad = 0
+for i in range(200):
+    with torch.cuda.stream(producer):
+        t = torch.full((4 << 20,), float(i), device="cuda")
+    consumer.wait_stream(producer)
+    with torch.cuda.stream(consumer):
+        torch.cuda._sleep(200000)  # keep the consumer busy while the producer reuses memory
+        total = t.sum()
+    t.record_stream(consumer)
+    del t
+    with torch.cuda.stream(producer):
+        junk = [torch.full((4 << 20,), -1.0, device="cuda") for _ in range(4)]  # pressure: reuse what it may
+    consumer.synchronize()
+    bad += int(total.item() != float(i) * (4 << 20))
+    del junk
+print(json.dumps({"bad": bad}))
+"""
+
+
+def test_record_stream_two_streams_under_pressure(env):
+    native, vta = both(STREAMS, env, "256MiB")
+    assert native["bad"] == 0 and vta["bad"] == 0
+
+
+OOM = """
+try:
+    torch.empty(1 << 40, dtype=torch.uint8, device="cuda")
+    print(json.dumps({"raised": None}))
+except torch.OutOfMemoryError as e:
+    print(json.dumps({"raised": "torch.OutOfMemoryError", "message": str(e)}))
+"""
+
+
+def test_oom_is_torch_out_of_memory_error_with_vtalloc_numbers(env):
+    _, vta = both(OOM, env, "1GiB")
+    assert vta["raised"] == "torch.OutOfMemoryError"
+    assert "vtalloc" in vta["message"] and "1.00 TiB" in vta["message"] and "1.00 GiB" in vta["message"]
+
+
+def test_paged_activations_under_the_native_binding(env):
+    """test_paged_activations_gpu's script, its enable() made to take the native binding."""
+    from test_paged_activations_gpu import SCRIPT
+
+    native = run_python(SCRIPT, "native", env=env)
+    paged = run_python(SCRIPT, "paged", env=dict(env, VTALLOC_TORCH_BINDING="native"))
+    assert paged["losses"] == native["losses"] and paged["grads"] == native["grads"]
+    assert paged["offloads"] > 0 and paged["restores"] > 0
+
+
+DDP = """
+import os
+import torch.distributed as dist
+if not dist.is_available() or not dist.is_nccl_available():
+    print(json.dumps({"skip": "no NCCL in this torch"}))
+    raise SystemExit(0)
+os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=os.environ["VTA_TEST_PORT"])
+dist.init_process_group("nccl", rank=0, world_size=1)
+model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(512, 512).cuda(), device_ids=[0])
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+losses = []
+for _ in range(3):
+    opt.zero_grad()
+    loss = model(torch.ones(64, 512, device="cuda")).pow(2).mean()
+    loss.backward()
+    opt.step()
+    losses.append(loss.item())
+dist.destroy_process_group()
+print(json.dumps({"losses": losses}))
+"""
+
+
+def test_ddp_step_with_nccl_on_one_gpu(env):
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = str(s.getsockname()[1])
+    env = dict(env, VTA_TEST_PORT=port)
+    native = run_python(PRELUDE + DDP, "native", env=env)
+    if "skip" in native:
+        pytest.skip(native["skip"])
+    vta = run_python(PRELUDE + DDP, "vtalloc", env=env)
+    assert vta["losses"] == pytest.approx(native["losses"], rel=1e-5)
