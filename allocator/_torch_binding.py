@@ -102,30 +102,37 @@ def find_compiler(environ: Mapping[str, str] | None = None) -> str:
         + ": install one (e.g. apt install g++) or set CXX")
 
 
-def cuda_include_dirs(environ: Mapping[str, str] | None = None) -> list[str]:
+def _cudart_major(include_dir: str) -> int | None:
+    """The CUDA major version of the headers in ``include_dir`` (CUDART_VERSION), None if unreadable."""
+    try:
+        with open(os.path.join(include_dir, "cuda_runtime_api.h"), encoding="utf-8", errors="replace") as f:
+            for line in f:
+                if line.startswith("#define CUDART_VERSION"):
+                    return int(line.split()[2]) // 1000
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def cuda_include_dirs(environ: Mapping[str, str] | None = None, cuda_version: str | None = None) -> list[str]:
     """Directories holding cuda_runtime_api.h: $CUDA_HOME / $CUDA_PATH, /usr/local/cuda, then the
-    pip nvidia-* packages (site-packages/nvidia/*/include, nvidia/cu*/include)."""
+    pip nvidia-* packages (site-packages/nvidia/*/include, nvidia/cu*/include). With
+    ``cuda_version`` (torch.version.cuda), headers of that CUDA major version come first."""
     env = _environ(environ)
     roots = [env.get("CUDA_HOME"), env.get("CUDA_PATH"), "/usr/local/cuda"]
     dirs = [os.path.join(r, "include") for r in roots if r]
     for site in sys.path:
         dirs += sorted(glob.glob(os.path.join(site, "nvidia", "*", "include")))
-    found = [d for d in dirs if os.path.isfile(os.path.join(d, "cuda_runtime_api.h"))]
-    return list(dict.fromkeys(found))
+    found = list(dict.fromkeys(d for d in dirs if os.path.isfile(os.path.join(d, "cuda_runtime_api.h"))))
+    if cuda_version:
+        major = int(cuda_version.split(".")[0])
+        found.sort(key=lambda d: _cudart_major(d) != major)  # stable: matching headers first
+    return found
 
 
-def _cuda_lib_args(environ: Mapping[str, str]) -> list[str]:
-    """Link cudart where it can be found (the toolkit's libcudart.so, or a pip package's
-    libcudart.so.N); else leave its symbols to the libcudart torch already loaded."""
-    roots = [environ.get("CUDA_HOME"), environ.get("CUDA_PATH"), "/usr/local/cuda"]
-    for d in [os.path.join(r, sub) for r in roots if r for sub in ("lib64", "lib")]:
-        if os.path.exists(os.path.join(d, "libcudart.so")):
-            return [f"-L{d}", "-lcudart", f"-Wl,-rpath,{d}"]
-    for site in sys.path:
-        for lib in sorted(glob.glob(os.path.join(site, "nvidia", "*", "lib", "libcudart.so.*"))):
-            d = os.path.dirname(lib)
-            return [f"-L{d}", f"-l:{os.path.basename(lib)}", f"-Wl,-rpath,{d}"]
-    return []
+# The binding does not link a CUDA runtime: its cuda* calls bind to the libcudart that torch's
+# libc10_cuda already loaded (a dependency of the binding's own libc10_cuda). Linking one found
+# on disk could load a second runtime of another major version into the process.
 
 
 def torch_version_tuple(torch: Any) -> tuple[int, int]:
@@ -237,7 +244,7 @@ def build(torch: Any, environ: Mapping[str, str] | None = None) -> tuple[Path, f
     env = _environ(environ)
     check_torch(torch)
     cxx = find_compiler(env)
-    cuda = cuda_include_dirs(env)
+    cuda = cuda_include_dirs(env, torch.version.cuda)
     if not cuda:
         raise BindingBuildError("no-cuda-headers", _NO_CUDA_HEADERS)
     core = _native.library_path()
@@ -269,7 +276,7 @@ def build(torch: Any, environ: Mapping[str, str] | None = None) -> tuple[Path, f
         cmd = [cxx, "-O2", "-shared", *_compile_args(torch, cuda),
                *[str(f) for f in source_files() if f.suffix == ".cpp"], "-o", str(tmp),
                f"-L{torch_lib}", "-lc10", "-lc10_cuda", "-ltorch_cuda", f"-Wl,-rpath,{torch_lib}",
-               f"-L{core_dir}", f"-l:{os.path.basename(core)}", f"-Wl,-rpath,{core_dir}", *_cuda_lib_args(env)]
+               f"-L{core_dir}", f"-l:{os.path.basename(core)}", f"-Wl,-rpath,{core_dir}"]
         start = time.monotonic()
         try:
             proc = subprocess.run(cmd, capture_output=True, text=True)

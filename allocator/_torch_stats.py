@@ -17,7 +17,7 @@ import re
 import sys
 from typing import Any
 
-from . import _torch_shim
+from . import _torch_native, _torch_shim
 from .errors import InvalidArgumentError
 from .stats import Stats
 
@@ -28,8 +28,10 @@ _CUDA_RE = re.compile(r"^cuda(?::([0-9]{1,4}))?$")
 _NOT_SUMMED = ("page_bytes", "small_threshold_bytes")
 # Keys PyTorch calls accumulated ("allocated"/"freed" counts, num_ooms, device calls) and
 # vtalloc's historical counters: what reset_accumulated_memory_stats() restarts from zero.
+# PyTorch's are restarted in the C++ shim (vta_torch_reset_accumulated, shared with
+# torch.cuda.reset_accumulated_memory_stats() under the torch-native binding); vtalloc's below by
+# marks kept here.
 ACCUMULATED_KEYS = (
-    "allocation.all.allocated", "allocation.all.freed", "num_ooms", "num_device_alloc", "num_device_free",
     "vtalloc.num_page_reclaims", "vtalloc.alloc_failures", "vtalloc.capture_refusals", "vtalloc.free_failures",
     "vtalloc.deferred_frees",
 )
@@ -84,23 +86,26 @@ def sum_stats(per_device: list[Stats]) -> Stats:
 
 
 def _raw(device: int) -> dict[str, int]:
+    """One device's memory_stats(): PyTorch's keys from vta_torch_device_stats (the very figures
+    torch.cuda.memory_stats() shows under the torch-native binding, accumulated columns already
+    counted from the last reset there), vtalloc's own keys from its Stats and failure records."""
     s = _torch_shim.device_stats(device)
     f = _torch_shim.failures(device)
-    reserved = s.pages_total * s.page_bytes
+    t = _torch_native.device_stats(device)
     return {
-        "allocated_bytes.all.current": s.active_bytes,
-        "allocated_bytes.all.peak": s.peak_active_bytes,
-        "requested_bytes.all.current": s.allocated_bytes,
-        "requested_bytes.all.peak": s.peak_allocated_bytes,
-        "active_bytes.all.current": s.active_bytes + s.pending_free_bytes,
-        "reserved_bytes.all.current": reserved,
-        "reserved_bytes.all.peak": max(s.peak_pages_total * s.page_bytes, reserved),
-        "allocation.all.current": s.num_live_allocs,
-        "allocation.all.allocated": s.num_allocs,
-        "allocation.all.freed": s.num_frees,
-        "num_ooms": s.num_ooms,
-        "num_device_alloc": s.num_map_calls,
-        "num_device_free": s.num_unmap_calls,
+        "allocated_bytes.all.current": t.allocated_bytes[0].current,
+        "allocated_bytes.all.peak": t.allocated_bytes[0].peak,
+        "requested_bytes.all.current": t.requested_bytes[0].current,
+        "requested_bytes.all.peak": t.requested_bytes[0].peak,
+        "active_bytes.all.current": t.active_bytes[0].current,
+        "reserved_bytes.all.current": t.reserved_bytes[0].current,
+        "reserved_bytes.all.peak": t.reserved_bytes[0].peak,
+        "allocation.all.current": t.allocation[0].current,
+        "allocation.all.allocated": t.allocation[0].allocated,
+        "allocation.all.freed": t.allocation[0].freed,
+        "num_ooms": t.num_ooms,
+        "num_device_alloc": t.num_device_alloc,
+        "num_device_free": t.num_device_free,
         "vtalloc.capacity_bytes": s.capacity_bytes,
         "vtalloc.page_bytes": s.page_bytes,
         "vtalloc.mapped_bytes.current": s.mapped_bytes,
@@ -135,6 +140,7 @@ def flat_stats(devices: list[int]) -> dict[str, int]:
 
 
 def reset_accumulated(device: int) -> None:
+    _torch_native.reset_accumulated(device)
     raw = _raw(device)
     _torch_shim.set_accumulated_mark(device, {key: raw[key] for key in ACCUMULATED_KEYS})
 

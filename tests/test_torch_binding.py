@@ -104,7 +104,7 @@ def test_no_compiler_is_a_typed_failure(build_env):
 
 
 def test_no_cuda_headers_is_a_typed_failure(build_env, monkeypatch):
-    monkeypatch.setattr(_torch_binding, "cuda_include_dirs", lambda environ=None: [])
+    monkeypatch.setattr(_torch_binding, "cuda_include_dirs", lambda environ=None, cuda_version=None: [])
     with pytest.raises(_torch_binding.BindingBuildError) as info:
         _torch_binding.build(fake_torch(), build_env)
     assert info.value.failure.kind == "no-cuda-headers"
@@ -277,3 +277,16 @@ def test_enable_pluggable_refuses_cudnn_benchmark_but_native_does_not(enable_wit
 def test_enable_rejects_a_bad_binding():
     with pytest.raises(InvalidArgumentError, match="binding must be one of"):
         vt.enable(binding="fastest")
+
+
+def test_cuda_headers_of_torchs_cuda_major_come_first(tmp_path, monkeypatch):
+    """With two toolkits, the headers of torch's CUDA major version are the ones compiled against."""
+    for name, version in (("cuda12", 12080), ("cuda13", 13000)):
+        inc = tmp_path / name / "include"
+        inc.mkdir(parents=True)
+        (inc / "cuda_runtime_api.h").write_text(f"#pragma once\n#define CUDART_VERSION {version}\n")
+    env = {"CUDA_HOME": str(tmp_path / "cuda12"), "CUDA_PATH": str(tmp_path / "cuda13"), "PATH": os.environ["PATH"]}
+    monkeypatch.setattr(_torch_binding.sys, "path", [])
+    dirs = _torch_binding.cuda_include_dirs(env, "13.0")
+    assert dirs[0] == str(tmp_path / "cuda13" / "include")
+    assert _torch_binding.cuda_include_dirs(env, "12.8")[0] == str(tmp_path / "cuda12" / "include")

@@ -223,3 +223,43 @@ def test_ddp_step_with_nccl_on_one_gpu(env):
         pytest.skip(native["skip"])
     vta = run_python(PRELUDE + DDP, "vtalloc", env=env)
     assert vta["losses"] == pytest.approx(native["losses"], rel=1e-5)
+
+
+CACHE_FRACTION_IPC = """
+out = {}
+x = torch.empty(64 << 20, dtype=torch.uint8, device="cuda")
+del x
+before = torch.cuda.memory_reserved()
+torch.cuda.empty_cache()
+out["reserved_before"], out["reserved_after"] = before, torch.cuda.memory_reserved()
+total = torch.cuda.get_device_properties(0).total_memory
+torch.cuda.set_per_process_memory_fraction(0.01)
+try:
+    torch.empty(int(total * 0.02), dtype=torch.uint8, device="cuda")
+    out["over_fraction"] = "allocated"
+except torch.OutOfMemoryError:
+    out["over_fraction"] = "OutOfMemoryError"
+torch.cuda.set_per_process_memory_fraction(1.0)
+y = torch.empty(int(total * 0.02), dtype=torch.uint8, device="cuda")
+out["after_lift"] = y.numel()
+import torch.multiprocessing.reductions as red
+try:
+    red.reduce_tensor(y)
+    out["ipc"] = "shared"
+except RuntimeError as e:
+    out["ipc"] = str(e)
+print(json.dumps(out))
+"""
+
+
+def test_empty_cache_memory_fraction_and_ipc_refusal(env):
+    """empty_cache gives cached pages back; set_per_process_memory_fraction caps (an OOM over it,
+    none once lifted), as with PyTorch's allocator; sharing a vtalloc tensor by CUDA IPC is
+    refused with vtalloc's message (PyTorch's allocator shares it)."""
+    native, vta = both(CACHE_FRACTION_IPC, env)
+    for r in (native, vta):
+        assert r["reserved_after"] < r["reserved_before"]
+        assert r["over_fraction"] == "OutOfMemoryError"
+        assert r["after_lift"] > 0
+    assert native["ipc"] == "shared"
+    assert "CUDA IPC of vtalloc memory is not supported" in vta["ipc"]

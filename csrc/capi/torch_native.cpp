@@ -130,9 +130,13 @@ void subtract_marks(vta_torch_device_stats_t* s, const vta_torch_device_stats_t&
   s->num_device_free -= m.num_device_free;
 }
 
-// Free `ptr` of `device`: parked on a capturing stream, else to its pool or its space.
+// Free `ptr` of `device`: to its pool while the pool has users, else parked on a capturing stream, else to the space.
 void free_on(int device, AddressSpace& space, uintptr_t ptr) {
   if (space.backend_kind() == VTA_BACKEND_CUDA) flush_parked(device, space);
+  // A block of a pool with users goes back to its pool even during a capture: that records no
+  // event (a recorded stream's mark waits for the capture's end), and the capture may reuse it
+  // on the same stream, in stream order, as PyTorch's private pools do.
+  if (shim().pools.in_used_pool(device, ptr) && shim().pools.free(device, ptr, space)) return;
   uintptr_t base = 0;
   vta::Allocation a{};
   if (space.backend_kind() == VTA_BACKEND_CUDA && space.containing(ptr, &base, &a) && base == ptr &&

@@ -21,8 +21,10 @@
  *  - A block on which record_stream was called is not reused, not even on its own stream,
  *    until the work queued on every recorded stream up to its free has completed.
  *  - Frees on a stream that is capturing a CUDA graph are parked and done after the capture
- *    (their events would otherwise become part of the graph); allocations during capture need a
- *    pool, and run their driver calls in the relaxed capture mode.
+ *    (their events would otherwise become part of the graph), except a pool's blocks while the
+ *    pool has users: they go back to the pool at once, with no event, so the capture reuses
+ *    them in stream order; allocations during capture need a pool, and run their driver calls
+ *    in the relaxed capture mode.
  */
 #ifndef VTALLOC_TORCH_NATIVE_H
 #define VTALLOC_TORCH_NATIVE_H
