@@ -45,7 +45,6 @@ FAILURE_KINDS = ("no-compiler", "no-cuda-headers", "unsupported-torch", "compile
 SUPPORTED_TORCH = ((2, 11), (2, 13))
 ESTIMATED_BUILD_S = 40
 _TAIL_CHARS = 2000
-_ABI = 1  # VTA_TORCH_NATIVE_ABI of csrc/include/vtalloc/torch_native.h
 
 
 @dataclasses.dataclass(frozen=True)
@@ -311,9 +310,9 @@ def load(path: Path | str) -> ctypes.CDLL:
     """Load the built binding and check it against the core library (loaded first: the binding
     uses the very same one). Changes nothing of torch's."""
     core_abi = _core_abi()
-    if core_abi != _ABI:
-        raise BindingBuildError("abi-mismatch", f"the core library {_native.library_path()} has torch-native ABI "
-                                                f"{core_abi}, this vtalloc's binding needs {_ABI}: reinstall vtalloc")
+    if core_abi is None:
+        raise BindingBuildError("abi-mismatch", f"the core library {_native.library_path()} has no torch-native ABI "
+                                                "(vta_torch_native_abi): reinstall vtalloc")
     try:
         lib = _loaded.get(str(path)) or ctypes.CDLL(str(path))
     except OSError as e:
@@ -324,9 +323,9 @@ def load(path: Path | str) -> ctypes.CDLL:
         lib.vta_torch_binding_last_error.restype = ctypes.c_char_p
     except AttributeError as e:
         raise BindingBuildError("load-error", f"{path} is not vtalloc's torch binding: {e}") from None
-    if lib.vta_torch_binding_abi() != _ABI:
+    if lib.vta_torch_binding_abi() != core_abi:
         raise BindingBuildError("abi-mismatch", f"{path} was built for torch-native ABI {lib.vta_torch_binding_abi()}"
-                                                f", this vtalloc has {_ABI}: delete it to rebuild")
+                                                f", this vtalloc's core has {core_abi}: delete it to rebuild")
     _loaded[str(path)] = lib
     return lib
 

@@ -252,49 +252,34 @@ vta_status_t vta_torch_record_stream(void* ptr, void* stream) {
 vta_status_t vta_torch_largest_allocatable(int32_t device, uint64_t* bytes) {
   return guarded([&] {
     need(bytes, "output");
-    DeviceSpaces::check_device(device);
-    AddressSpace* space = shim().spaces.get(device);
-    if (!space) {
-      *bytes = 0;
-      return;
-    }
-    CudaContextGuard guard(space->backend_kind() == VTA_BACKEND_CUDA);
-    *bytes = space->largest_allocatable();
+    *bytes = 0;
+    with_space(device, [&](AddressSpace& space) { *bytes = space.largest_allocatable(); });
   });
 }
 
 vta_status_t vta_torch_device_stats(int32_t device, vta_torch_device_stats_t* out) {
   return guarded([&] {
     need(out, "output");
-    DeviceSpaces::check_device(device);
-    AddressSpace* space = shim().spaces.get(device);
-    if (!space) {
-      *out = vta_torch_device_stats_t{};
-      out->struct_size = sizeof *out;
-      return;
-    }
-    CudaContextGuard guard(space->backend_kind() == VTA_BACKEND_CUDA);
-    vta_torch_device_stats_t s = raw_stats(device, *space);
-    AccumulatedMarks& m = shim().accumulated[device];
-    std::lock_guard<std::mutex> lk(m.mu);
-    subtract_marks(&s, m.marks);
-    *out = s;
+    *out = vta_torch_device_stats_t{};
+    out->struct_size = sizeof *out;
+    with_space(device, [&](AddressSpace& space) {
+      vta_torch_device_stats_t s = raw_stats(device, space);
+      AccumulatedMarks& m = shim().accumulated[device];
+      std::lock_guard<std::mutex> lk(m.mu);
+      subtract_marks(&s, m.marks);
+      *out = s;
+    });
   });
 }
 
 vta_status_t vta_torch_reset_accumulated(int32_t device) {
   return guarded([&] {
-    if (device != -1) DeviceSpaces::check_device(device);
-    for (int d = 0; d < VTA_TORCH_MAX_DEVICES; ++d) {
-      if (device != -1 && d != device) continue;
-      AddressSpace* space = shim().spaces.get(d);
-      if (!space) continue;
-      CudaContextGuard guard(space->backend_kind() == VTA_BACKEND_CUDA);
-      vta_torch_device_stats_t s = raw_stats(d, *space);
+    for_devices(device, [](int d, AddressSpace& space) {
+      vta_torch_device_stats_t s = raw_stats(d, space);
       AccumulatedMarks& m = shim().accumulated[d];
       std::lock_guard<std::mutex> lk(m.mu);
       m.marks = s;
-    }
+    });
   });
 }
 

@@ -126,22 +126,6 @@ void flush_parked(int device, AddressSpace& space) {
   for (const std::string& error : shim().parking.flush(device, space)) record_free_failure(device, error);
 }
 
-namespace {
-
-// Runs `body(space)` for `device`'s space, or for every space when device is -1.
-template <typename F>
-void for_devices(int32_t device, F&& body) {
-  if (device != -1) DeviceSpaces::check_device(device);
-  for (int d = 0; d < VTA_TORCH_MAX_DEVICES; ++d) {
-    if (device != -1 && d != device) continue;
-    AddressSpace* space = shim().spaces.get(d);
-    if (!space) continue;
-    CudaContextGuard guard(space->backend_kind() == VTA_BACKEND_CUDA);
-    body(*space);
-  }
-}
-
-}  // namespace
 }  // namespace vta::capi::torch
 
 using namespace vta::capi::torch;  // NOLINT(google-build-using-namespace): this file defines it
@@ -263,26 +247,21 @@ vta_status_t vta_torch_devices(uint64_t* mask) {
 vta_status_t vta_torch_stats(int32_t device, vta_stats_t* out) {
   return guarded([&] {
     need(out, "output");
-    DeviceSpaces::check_device(device);
-    AddressSpace* space = shim().spaces.get(device);
-    if (!space) {
+    if (!with_space(device, [&](AddressSpace& space) { *out = space.stats(); })) {
       *out = vta_stats_t{};
       out->struct_size = sizeof *out;
-      return;
     }
-    CudaContextGuard guard(space->backend_kind() == VTA_BACKEND_CUDA);
-    *out = space->stats();
   });
 }
 
 vta_status_t vta_torch_reset_peak_stats(int32_t device) {
-  return guarded([&] { for_devices(device, [](AddressSpace& space) { space.reset_peak_stats(); }); });
+  return guarded([&] { for_devices(device, [](int, AddressSpace& space) { space.reset_peak_stats(); }); });
 }
 
 vta_status_t vta_torch_trim(int32_t device, uint64_t* out_released) {
   return guarded([&] {
     uint64_t released = 0;
-    for_devices(device, [&](AddressSpace& space) { released += space.trim(); });
+    for_devices(device, [&](int, AddressSpace& space) { released += space.trim(); });
     if (out_released) *out_released = released;
   });
 }

@@ -14,6 +14,7 @@
 #include <mutex>
 #include <string>
 
+#include "backend/cuda_context_guard.hpp"
 #include "capi/capture_parking.hpp"
 #include "capi/private_pools.hpp"
 #include "space/device_spaces.hpp"
@@ -66,5 +67,26 @@ void record_free_failure(int device, const std::string& message) noexcept;
 void count_deferred_free(int device);
 // Free what was parked during a capture on `device`, once its stream no longer captures.
 void flush_parked(int device, AddressSpace& space);
+
+// Runs `body(space)` for `device`'s space (the ordinal checked) with its CUDA context current;
+// false, running nothing, when the device has no space yet.
+template <typename F>
+bool with_space(int32_t device, F&& body) {
+  DeviceSpaces::check_device(device);
+  AddressSpace* space = shim().spaces.get(device);
+  if (!space) return false;
+  CudaContextGuard guard(space->backend_kind() == VTA_BACKEND_CUDA);
+  body(*space);
+  return true;
+}
+
+// Runs `body(d, space)` for `device`'s space, or for every space when device is -1.
+template <typename F>
+void for_devices(int32_t device, F&& body) {
+  if (device != -1) DeviceSpaces::check_device(device);
+  for (int d = 0; d < VTA_TORCH_MAX_DEVICES; ++d) {
+    if (device == -1 || d == device) with_space(d, [&](AddressSpace& space) { body(d, space); });
+  }
+}
 
 }  // namespace vta::capi::torch
