@@ -95,3 +95,31 @@ def test_record_stream_through_the_shim():
         native.free(p)
     finally:
         shim.release()
+
+
+
+@pytest.mark.parametrize("mode", ["copy", "mapped"])
+def test_eviction_copies_after_the_writes_of_a_recorded_stream(mode):
+    """A write queued on a stream recorded on the allocation before its offload is part of what
+    the eviction copies: the copy follows every recorded stream, not only the allocation's own."""
+    with host_space(16 * MiB, host_capacity=64 * MiB, evict_mode=mode) as space:
+        own, other = space._create_stream(), space._create_stream()
+        busy = space.malloc(4096, other)
+        a = space.malloc(2 * MiB, own)
+        space.set_evictable(a)
+        space.record_stream(a, other)
+        space._run_kernel(busy, 4096, stream=other, duration_s=0.2)  # the write below runs late
+        space._run_kernel(a, 2 * MiB, stream=other, kind="fill", seed=7)
+        space.offload(a)
+        space._synchronize_stream(other)  # the write landed (on the device page, still held)
+        space.synchronize()  # the held device page is released: the host copy is all there is
+        space.ensure_resident(a, own)
+        space._run_kernel(a, 2 * MiB, stream=own, kind="check", seed=7)
+        space._synchronize_stream(own)
+        k = space._kernel_counters()
+        assert (k.kernels_faulted, k.copy_faults, k.bytes_mismatched) == (0, 0, 0), k
+        assert k.bytes_checked == 2 * MiB
+        for x in (a, busy):
+            space.free(x)
+        space._destroy_stream(own)
+        space._destroy_stream(other)

@@ -97,6 +97,9 @@ class AllocPolicy {
   void free(uintptr_t address);
   // record_stream: the live block at `address` is also used on `stream` (stream_uses.hpp).
   void record_stream(uintptr_t address, StreamHandle stream);
+  // Add every stream that may touch the live allocations on virtual page `va`: each one's own
+  // stream and the streams recorded on it. What an eviction copy and a mapping change wait for.
+  void add_page_streams(uintptr_t va, std::vector<StreamHandle>* streams) const;
   // Graph pools: free the live block at `address` into a kept block; make a kept block live
   // again for `requested` bytes (false, nothing changed, while it waits for recorded
   // streams); free a kept block for good (its memory to the pending frees, as free() does).

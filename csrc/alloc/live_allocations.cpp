@@ -127,10 +127,6 @@ bool LiveAllocations::page_evictable(uintptr_t va) const {
   return any && all;
 }
 
-void LiveAllocations::add_page_streams(uintptr_t va, std::vector<StreamHandle>* streams) const {
-  for_each_on_page(va, [&](uintptr_t, const Allocation& a) { add_stream(streams, a.stream); });
-}
-
 bool LiveAllocations::any_on_stream(StreamHandle stream) const {  // kept ones too: the stream still matters
   for (const auto& [address, a] : map_)
     if (a.stream == stream) return true;

@@ -56,8 +56,6 @@ class LiveAllocations {
   void for_each_on_page(uintptr_t va, F&& f) const;
   // Some allocation lies on the page and every one there is marked evictable.
   bool page_evictable(uintptr_t va) const;
-  // Add the streams of the page's allocations to `streams` (each once).
-  void add_page_streams(uintptr_t va, std::vector<StreamHandle>* streams) const;
   bool any_on_stream(StreamHandle stream) const;
 
   const Map& all() const { return map_; }  // kept records included

@@ -15,6 +15,12 @@ void StreamUses::record(uintptr_t address, StreamHandle own, StreamHandle stream
   add_stream(&streams, stream);
 }
 
+void StreamUses::add_recorded(uintptr_t address, std::vector<StreamHandle>* streams) const {
+  auto it = recorded_.find(address);
+  if (it == recorded_.end()) return;
+  for (StreamHandle s : it->second) add_stream(streams, s);
+}
+
 std::vector<StreamHandle> StreamUses::take(uintptr_t address) {
   auto it = recorded_.find(address);
   if (it == recorded_.end()) return {};

@@ -36,6 +36,8 @@ class StreamUses {
   std::vector<StreamHandle> take(uintptr_t address);
   // Whether extra streams are recorded on the live block at `address`.
   bool has_streams(uintptr_t address) const { return recorded_.count(address) != 0; }
+  // Add the extra streams recorded on the live block at `address` (none: nothing).
+  void add_recorded(uintptr_t address, std::vector<StreamHandle>* streams) const;
   // Block `f` (of stream `own`) waits for the work queued so far on each of `streams`. `kept`:
   // it stays its owner's (a graph pool's) and only stops waiting when done.
   void await(const PendingFree& f, StreamHandle own, const std::vector<StreamHandle>& streams, bool kept);

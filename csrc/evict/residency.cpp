@@ -111,10 +111,11 @@ bool Residency::evict_page(uintptr_t page, bool wait) {
   EventHandle done = 0;
   try {
     cs = copy_stream();
-    // Order the copy after the last use: an event on every stream of the handle's allocations.
+    // Order the copy after the last use: an event on every stream of the handle's allocations
+    // (their own and those recorded on them with record_stream).
     std::vector<StreamHandle> streams;
     if (!broken(VTA_DEBUG_BREAK_COPY_ORDER))
-      for (uint32_t k = 0; k < npages; ++k) policy_.live().add_page_streams(va + k * page_bytes_, &streams);
+      for (uint32_t k = 0; k < npages; ++k) policy_.add_page_streams(va + k * page_bytes_, &streams);
     for (StreamHandle s : streams) events_.record_then_wait(s, cs);
     copy_slots(va, slots, /*to_host=*/true, cs);
     // The copy is queued; if no event records its end, wait for it so the slot is not reused under it.
@@ -161,7 +162,7 @@ void Residency::quiesce_pages(const std::vector<uintptr_t>& vas) {
     uint32_t npages = it != away_.end() ? it->second.npages : 1;
     for (uint32_t k = 0; k < npages; ++k) {
       pages.push_back(va + k * page_bytes_);
-      policy_.live().add_page_streams(pages.back(), &streams);
+      policy_.add_page_streams(pages.back(), &streams);
     }
     if (it != away_.end())
       for (StreamHandle s : it->second.consumers) add_stream(&streams, s);
