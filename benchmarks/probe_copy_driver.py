@@ -63,7 +63,7 @@ class Probe:
         posix = self.attribute(a.CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED)
         # The device page as cuda_backend.cpp makes it: pinned, on the device, fd-exportable
         # where supported; granularity max(recommended, minimum), used for host pages too.
-        self.dev_prop = self.prop(d.CUmemLocationType.CU_MEM_LOCATION_TYPE_DEVICE, self.dev,
+        self.dev_prop = self.prop(d.CUmemLocationType.CU_MEM_LOCATION_TYPE_DEVICE, int(self.dev),
                                   d.CUmemAllocationHandleType.CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR if posix
                                   else d.CUmemAllocationHandleType.CU_MEM_HANDLE_TYPE_NONE)
         self.gran = max(self.granularity(self.dev_prop))
@@ -78,11 +78,11 @@ class Probe:
                      "async_engine_count": self.attribute(a.CU_DEVICE_ATTRIBUTE_ASYNC_ENGINE_COUNT),
                      "multiprocessors": self.attribute(a.CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)}
         self.device_va = self.vmm(self.dev_prop, device_only=True)
-        flags = d.CUstream_flags.CU_STREAM_NON_BLOCKING
+        flags = int(d.CUstream_flags.CU_STREAM_NON_BLOCKING)
         self.origin, *self.streams = (self.owned("cuStreamCreate", d.cuStreamCreate(flags), d.cuStreamDestroy)
                                       for _ in range(1 + max_streams))
         self.start, self.stop = (self.owned("cuEventCreate", d.cuEventCreate(0), d.cuEventDestroy) for _ in range(2))
-        untimed = d.CUevent_flags.CU_EVENT_DISABLE_TIMING
+        untimed = int(d.CUevent_flags.CU_EVENT_DISABLE_TIMING)
         self.done = [self.owned("cuEventCreate", d.cuEventCreate(untimed), d.cuEventDestroy) for _ in self.streams]
 
     def ok(self, call: str, result: Any) -> Any:
@@ -122,7 +122,7 @@ class Probe:
         handle = self.owned("cuMemCreate", d.cuMemCreate(self.nbytes, prop, 0), d.cuMemRelease)
         self.ok("cuMemMap", d.cuMemMap(va, self.nbytes, 0, handle, 0))
         self.stack.callback(d.cuMemUnmap, va, self.nbytes)
-        descs = [self.access(d.CUmemLocationType.CU_MEM_LOCATION_TYPE_DEVICE, self.dev)]
+        descs = [self.access(d.CUmemLocationType.CU_MEM_LOCATION_TYPE_DEVICE, int(self.dev))]
         if not device_only:
             descs.append(self.access(d.CUmemLocationType.CU_MEM_LOCATION_TYPE_HOST_NUMA, self.numa_id))
         self.ok("cuMemSetAccess" + ("" if device_only else " (device + HOST_NUMA)"),
@@ -221,7 +221,7 @@ class MatmulLoad:
             raise Refused("torch.cuda.is_available", "False")
         self.probe, self.torch = probe, torch
         d = probe.d
-        self.handle = probe.owned("cuStreamCreate", d.cuStreamCreate(d.CUstream_flags.CU_STREAM_NON_BLOCKING),
+        self.handle = probe.owned("cuStreamCreate", d.cuStreamCreate(int(d.CUstream_flags.CU_STREAM_NON_BLOCKING)),
                                   d.cuStreamDestroy)
         dev = torch.device("cuda", probe.info["ordinal"])
         self.stream = torch.cuda.ExternalStream(int(self.handle), device=dev)

@@ -155,6 +155,14 @@ def _ends(probe: Probe, target_va: int, direction: str) -> tuple[int, int]:
     return (target_va, probe.device_va) if direction == "evict" else (probe.device_va, target_va)
 
 
+def _why(e: Exception) -> dict[str, str]:
+    """A refusal's call and error: the driver's CUresult name, or the Python exception (a
+    cuda-python that differs from the one written against) so the run goes on and is recorded."""
+    if isinstance(e, Refused):
+        return {"call": e.call, "error": e.code}
+    return {"call": "python", "error": f"{type(e).__name__}: {one_line(e)}"}
+
+
 def measure(probe: Probe, sizes: tuple[int, ...], reps: int, streams: tuple[int, ...], deadline: float,
             refusals: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], dict[str, int]]:
     """Every target x method x streams x size x direction, idle: the rows (refused copies too)
@@ -164,16 +172,16 @@ def measure(probe: Probe, sizes: tuple[int, ...], reps: int, streams: tuple[int,
     for target in TARGETS:
         try:
             made[target] = probe.target(target)
-        except Refused as e:
-            refusals.append({"target": target, "step": "create", "call": e.call, "error": e.code})
+        except Exception as e:
+            refusals.append({"target": target, "step": "create", **_why(e)})
             continue
         if target != "pinned":
             probe.info[f"granularity_{target}"] = probe.target_granularity(target)
         for method in METHODS:
             try:
                 issue = probe.issue(method)
-            except Refused as e:
-                refusals.append({"target": target, "method": method, "step": "issue", "call": e.call, "error": e.code})
+            except Exception as e:
+                refusals.append({"target": target, "method": method, "step": "issue", **_why(e)})
                 continue
             for n in streams:
                 for size in sizes:
@@ -186,9 +194,9 @@ def measure(probe: Probe, sizes: tuple[int, ...], reps: int, streams: tuple[int,
                         try:
                             ev, wall = probe.time_copies(issue, *_ends(probe, made[target], direction),
                                                          split_plan(size, n), reps)
-                        except Refused as e:
-                            refusals.append({**key, "step": "copy", "call": e.call, "error": e.code})
-                            rows.append({**key, "status": "refused", "error": e.code})
+                        except Exception as e:
+                            refusals.append({**key, "step": "copy", **_why(e)})
+                            rows.append({**key, "status": "refused", "error": _why(e)["error"]})
                             continue
                         rows.append(_timed_row(key, size, ev, wall))
     return rows, made
@@ -204,8 +212,16 @@ def under_load(probe: Probe, made: dict[str, int], idle: list[dict[str, Any]], r
         load = MatmulLoad(probe)
     except ImportError as e:
         return {"skipped": f"torch is not importable: {e}"}
-    except Refused as e:
-        return {"skipped": f"torch cannot use the GPU: {e}"}
+    except Exception as e:  # torch.cuda unavailable (Refused), out of memory, ...
+        return {"skipped": f"torch cannot use the GPU: {one_line(e)}"}
+    try:
+        return _under_load(probe, load, made, idle, reps, deadline, refusals)
+    except Exception as e:  # keep the idle rows: they are the probe's answer
+        return {"failed": _why(e)}
+
+
+def _under_load(probe: Probe, load: MatmulLoad, made: dict[str, int], idle: list[dict[str, Any]], reps: int,
+                deadline: float, refusals: list[dict[str, Any]]) -> dict[str, Any]:
     alone = load.alone_ms()
     span0, span1 = probe.event(), probe.event()
     size = max(r["size_bytes"] for r in idle)
@@ -223,9 +239,9 @@ def under_load(probe: Probe, made: dict[str, int], idle: list[dict[str, Any]], r
         try:
             ev, wall = probe.time_copies(probe.issue(r["method"]), *_ends(probe, made[r["target"]], r["direction"]),
                                          [(0, size)], reps)
-        except Refused as e:
+        except Exception as e:
             load.stream.synchronize()
-            refusals.append({**key, "step": "copy", "call": e.call, "error": e.code})
+            refusals.append({**key, "step": "copy", **_why(e)})
             continue
         probe.record(span1, probe.origin)
         load.stream.synchronize()

@@ -173,6 +173,27 @@ def test_a_spent_time_budget_records_the_rest_as_skipped(probe, monkeypatch, tmp
     assert rec["verdict"]["evict"]["best"] is None
 
 
+def test_a_python_error_in_one_method_is_recorded_and_the_run_goes_on(probe, monkeypatch, tmp_path):
+    """As a cuda-python whose cuMemcpyBatchAsync takes other arguments would raise TypeError."""
+    fake = FakeDriver(RATES)
+
+    def other_signature(*args):
+        raise TypeError("cuMemcpyBatchAsync() takes 7 positional arguments but 8 were given")
+
+    monkeypatch.setattr(fake, "cuMemcpyBatchAsync", other_signature)
+    monkeypatch.setattr(probe, "load_driver", lambda: fake)
+    out = tmp_path / "probe.json"
+    assert probe.main(["--quick", "--out", str(out)]) == 0
+    rec = json.loads(out.read_text())
+    assert fake.held() == {}
+    ok = [r for r in rec["rows"] if r["status"] == "ok"]
+    refused = [r for r in rec["rows"] if r["status"] == "refused"]
+    assert {r["method"] for r in ok} == {"memcpy_async"} and {r["method"] for r in refused} == {"batch", "batch_ce"}
+    assert all(r["error"].startswith("TypeError: cuMemcpyBatchAsync() takes") for r in refused)
+    assert {r["call"] for r in rec["refusals"] if r["step"] == "copy"} == {"python"}
+    assert rec["verdict"]["evict"]["best"]["method"] == "memcpy_async"
+
+
 # -- without cuda-python, a driver or a device -----------------------------------------------
 STUBS = {
     "no cuda-python": ("raise ImportError('No module named cuda.bindings (stub)')", "", "cuda-python is not installed"),
