@@ -1,0 +1,168 @@
+"""gpu_session: everything a GPU session should run for vtalloc, in stages that fit one call each.
+
+Owns: the list of GPU checks and benchmarks (docs/gpu-validation.md, "What to run on a GPU"),
+grouped in stages of at most ~9.5 minutes each (a lent GPU machine runs one command for at most
+10 minutes, 30 minutes in all), and running one stage: each step in its own process with its own
+time limit, its output and JSON in one folder, a summary of what ran, passed, failed, timed out
+or was skipped for want of time.
+Invariants: a step that fails or times out never stops the stage (the next step still runs);
+a step whose estimate no longer fits the stage's budget is skipped and recorded as such, never
+started; the summary is written after every step, so a stage killed from outside still leaves
+what it finished; nothing here measures anything itself: the figures are the steps' own JSON.
+
+    python benchmarks/gpu_session.py --list                      # the stages and their steps
+    python benchmarks/gpu_session.py --stage check --out "$OUT"   # then paging, then training
+    python benchmarks/gpu_session.py --stage check --dry-run      # the commands, not run
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import shlex
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+STAGE_BUDGET_S = 570  # a call may run 600 s; leave room for the start and the summary
+
+
+@dataclasses.dataclass(frozen=True)
+class Step:
+    name: str
+    argv: tuple[str, ...]  # "{py}" is this interpreter, "{out}" the stage's output folder
+    estimate_s: int        # expected wall time on an H100 machine (16 cores): an estimate from
+                           # the 2026-11-22 session's runs, to be corrected by the first stage run
+    timeout_s: int         # the step is killed past this
+
+    def command(self, out: Path) -> list[str]:
+        return [a.replace("{py}", sys.executable).replace("{out}", str(out)) for a in self.argv]
+
+
+def _py(script: str, *args: str) -> tuple[str, ...]:
+    return ("{py}", script, *args)
+
+
+# The build step is cheap when the library is already built (a warm machine keeps it).
+BUILD = Step("build", _py("benchmarks/gpu_session.py", "--build-if-needed"), 60, 240)
+
+STAGES: dict[str, tuple[Step, ...]] = {
+    # Correctness first: if these fail, the figures of the later stages mean little.
+    "check": (
+        BUILD,
+        Step("gpu_tests", _py("-m", "pytest", "-q", "-m", "gpu", "-rs", "-p", "no:cacheprovider",
+                              "--junitxml={out}/gpu_tests.xml"), 240, 330),
+        Step("demo", ("vtalloc", "demo"), 40, 90),
+        Step("probe_copy_paths", _py("benchmarks/probe_copy_paths.py", "--with-compute", "--max-seconds", "150",
+                                     "--out", "{out}/probe_copy_paths.json"), 120, 200),
+    ),
+    # Paging and allocation speed: issue 10's eviction, C loop and churn figures.
+    "paging": (
+        BUILD,
+        Step("bench_evict", _py("benchmarks/bench_evict.py", "--backend", "cuda", "--out", "{out}/evict.json"), 90, 180),
+        Step("bench_malloc_free", _py("benchmarks/bench_malloc_free.py", "--backend", "cuda", "--quick",
+                                      "--out", "{out}/malloc_free.json"), 60, 120),
+        Step("bench_torch_alloc", _py("benchmarks/bench_torch_alloc.py", "--quick", "--out", "{out}/torch_alloc.json"),
+             40, 90),
+        Step("bench_churn", _py("benchmarks/bench_churn.py", "--out", "{out}/churn.json"), 150, 240),
+        Step("stress_paged_training", _py("benchmarks/stress_paged_training.py", "--pages", "64MiB,2MiB",
+                                          "--runs", "3", "--out", "{out}/stress.json"), 150, 240),
+    ),
+    # Training against every peer, 4x the native batch measured on the H100 (no batch probe).
+    "training": (
+        BUILD,
+        Step("offload_resnet50", _py("benchmarks/bench_offload_training.py", "--models", "resnet50",
+                                     "--batch", "resnet50=256", "--multiples", "4",
+                                     "--out", "{out}/offload_resnet50.json", "--chart", "{out}/offload_resnet50.png"),
+             240, 300),
+        Step("offload_transformer", _py("benchmarks/bench_offload_training.py", "--models", "transformer",
+                                        "--batch", "transformer=16", "--multiples", "4",
+                                        "--out", "{out}/offload_transformer.json",
+                                        "--chart", "{out}/offload_transformer.png"), 240, 300),
+    ),
+}
+
+
+def plan_fits(stage: tuple[Step, ...], budget_s: int = STAGE_BUDGET_S) -> bool:
+    """Whether the estimates of a stage's steps add up to no more than its budget."""
+    return sum(s.estimate_s for s in stage) <= budget_s
+
+
+def build_if_needed() -> int:
+    """Build (pip install -e, no dependencies) only when the core library does not load."""
+    probe = [sys.executable, "-c", "from vtalloc.allocator import _native; _native.load()"]
+    if subprocess.run(probe, cwd=ROOT, capture_output=True).returncode == 0:
+        print("vtalloc's core library loads: no build needed")
+        return 0
+    cmd = [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation", "-e", "."]
+    print("building:", shlex.join(cmd), flush=True)
+    return subprocess.run(cmd, cwd=ROOT).returncode
+
+
+def run_stage(name: str, out: Path, budget_s: int, dry_run: bool) -> int:
+    steps = STAGES[name]
+    out.mkdir(parents=True, exist_ok=True)
+    summary = {"stage": name, "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "budget_s": budget_s, "steps": []}
+    start = time.monotonic()
+    worst = 0
+    for step in steps:
+        cmd = step.command(out)
+        left = budget_s - (time.monotonic() - start)
+        row = {"step": step.name, "command": shlex.join(cmd), "estimate_s": step.estimate_s}
+        if dry_run:
+            print(f"{step.name:<24} ~{step.estimate_s:>4} s  {shlex.join(cmd)}")
+            continue
+        if step.estimate_s > left:
+            row.update(outcome="skipped", why=f"{left:.0f} s left of the stage's budget, the step needs ~{step.estimate_s} s")
+        else:
+            timeout = min(step.timeout_s, max(1, int(left)))
+            t0 = time.monotonic()
+            with open(out / f"{step.name}.log", "wb") as log:
+                try:
+                    rc = subprocess.run(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, timeout=timeout).returncode
+                    row.update(outcome="passed" if rc == 0 else "failed", rc=rc)
+                except subprocess.TimeoutExpired:
+                    row.update(outcome="timed_out", timeout_s=timeout)
+                except OSError as e:  # the command itself is missing
+                    row.update(outcome="failed", rc=None, why=str(e))
+            row["wall_s"] = round(time.monotonic() - t0, 1)
+        if row["outcome"] != "passed":
+            worst = 1
+        summary["steps"].append(row)
+        (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+        print(f"{step.name:<24} {row['outcome']:<10} {row.get('wall_s', '-')} s", flush=True)
+    return worst
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--stage", choices=sorted(STAGES), help="the stage to run")
+    ap.add_argument("--out", default=os.environ.get("OUT", "gpu-session"),
+                    help="folder for logs, JSON and summary.json (default: $OUT, else ./gpu-session)")
+    ap.add_argument("--budget", type=int, default=STAGE_BUDGET_S, help=f"seconds for the stage (default {STAGE_BUDGET_S})")
+    ap.add_argument("--dry-run", action="store_true", help="print the stage's commands, run nothing")
+    ap.add_argument("--list", action="store_true", help="print every stage and its steps")
+    ap.add_argument("--build-if-needed", action="store_true", help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.build_if_needed:
+        return build_if_needed()
+    if args.list:
+        for name, steps in STAGES.items():
+            print(f"{name}: ~{sum(s.estimate_s for s in steps)} s")
+            for s in steps:
+                print(f"  {s.name:<24} ~{s.estimate_s:>4} s")
+        return 0
+    if not args.stage:
+        ap.error("give --stage (or --list)")
+    if args.budget <= 0:
+        ap.error("--budget must be a positive number of seconds")
+    out = Path(args.out) / args.stage
+    return run_stage(args.stage, out, args.budget, args.dry_run)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

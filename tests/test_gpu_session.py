@@ -1,0 +1,93 @@
+"""benchmarks/gpu_session.py, the stages a GPU session runs, checked without a GPU.
+
+Owns: that every stage fits one lent call (its estimates within its budget), that every step
+names a script that exists and flags that script accepts, and the runner's rules (a failing step
+does not stop the stage, a step that no longer fits is skipped, the summary records each).
+Invariants: nothing here needs a GPU; the runner is exercised with a stage of harmless steps.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def load_session():
+    spec = importlib.util.spec_from_file_location("gpu_session", ROOT / "benchmarks" / "gpu_session.py")
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod  # its dataclasses look their module up
+    spec.loader.exec_module(mod)
+    return mod
+
+
+session = load_session()
+
+
+@pytest.mark.parametrize("name", sorted(session.STAGES))
+def test_each_stage_fits_one_call(name):
+    stage = session.STAGES[name]
+    assert session.plan_fits(stage), f"{name}: ~{sum(s.estimate_s for s in stage)} s over {session.STAGE_BUDGET_S} s"
+    assert all(s.estimate_s <= s.timeout_s for s in stage)
+
+
+def _script_steps():
+    for name, stage in session.STAGES.items():
+        for step in stage:
+            if step.argv[0] == "{py}" and step.argv[1].endswith(".py"):
+                yield pytest.param(step, id=f"{name}-{step.name}")
+
+
+@pytest.mark.parametrize("step", list(_script_steps()))
+def test_every_step_names_a_script_and_flags_it_accepts(step):
+    script = ROOT / step.argv[1]
+    assert script.is_file(), f"{step.name}: {script} does not exist"
+    help_text = subprocess.run([sys.executable, str(script), "--help"], capture_output=True, text=True, cwd=ROOT,
+                               timeout=120).stdout
+    flags = [a.split("=")[0] for a in step.argv[2:] if a.startswith("--")]
+    accepted = set(re.findall(r"--[a-z][a-z0-9-]*", help_text))
+    if "--build-if-needed" in flags:  # the runner's own hidden flag
+        flags.remove("--build-if-needed")
+    missing = [f for f in flags if f not in accepted]
+    assert not missing, f"{step.name}: {script.name} does not accept {missing}"
+
+
+def test_a_stage_runs_every_step_and_records_each(tmp_path, monkeypatch):
+    py = ("{py}", "-c")
+    monkeypatch.setitem(session.STAGES, "toy", (
+        session.Step("fails", (*py, "import sys; print('bad'); sys.exit(3)"), 1, 30),
+        session.Step("passes", (*py, "open(r'{out}/made.json', 'w').write('{}')"), 1, 30),
+        session.Step("too_slow", (*py, "import time; time.sleep(30)"), 1, 1),
+        session.Step("no_room", (*py, "pass"), 10_000, 10_000),
+    ))
+    rc = session.main(["--stage", "toy", "--out", str(tmp_path)])
+    assert rc == 1
+    summary = json.loads((tmp_path / "toy" / "summary.json").read_text())
+    outcomes = {s["step"]: s["outcome"] for s in summary["steps"]}
+    assert outcomes == {"fails": "failed", "passes": "passed", "too_slow": "timed_out", "no_room": "skipped"}
+    assert (tmp_path / "toy" / "made.json").exists(), "{out} is the stage's folder"
+    assert "bad" in (tmp_path / "toy" / "fails.log").read_text()
+
+
+def test_dry_run_and_list_run_nothing(tmp_path, capsys):
+    assert session.main(["--stage", "check", "--dry-run", "--out", str(tmp_path)]) == 0
+    printed = capsys.readouterr().out
+    assert "pytest" in printed and "probe_copy_paths.py" in printed
+    assert not (tmp_path / "check" / "summary.json").exists()
+    assert session.main(["--list"]) == 0
+    listed = capsys.readouterr().out
+    assert all(name in listed for name in session.STAGES)
+
+
+def test_bad_arguments_are_refused(capsys):
+    for argv in (["--stage", "nope"], [], ["--stage", "check", "--budget", "0"]):
+        with pytest.raises(SystemExit) as e:
+            session.main(argv)
+        assert e.value.code == 2
