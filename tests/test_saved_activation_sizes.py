@@ -128,3 +128,36 @@ def test_script_on_tiny_models_adds_up(tmp_path):
             assert small["driver_calls_per_step"]["map"] == 3 * small["handles_per_step"]
             assert pl["per_budget"][str(sas.MEASURED_BUDGET)]["handles_per_step"] == 0  # all fits in 6 GiB
         assert r["prediction"] is None  # no measured rows for the smoke models
+
+
+def test_pager_replay_offloads_what_paged_activations_offloads():
+    """The replay of the eviction rule against the real scheduler, driven with a recording pager
+    (storage bytes per pack, as DevicePager reports): the same storages are offloaded."""
+    import torch
+
+    from vtalloc.allocator.paged_activations import PagedActivations
+
+    class Recording:
+        def __init__(self):
+            self.offloaded = set()
+
+        def accepts(self, t):
+            return t.numel() * t.element_size() >= 1024
+
+        def pack(self, t):
+            return t, t.untyped_storage().nbytes()
+
+        def offload(self, h):
+            self.offloaded.add(h.untyped_storage()._cdata)
+
+    tensors = [torch.empty(n, dtype=torch.uint8) for n in (4096, 8192, 100, 16384, 2048, 32768)]
+    order = [0, 1, 2, 1, 3, 4, 0, 5]  # repeated storages and one under 1 KiB
+    budget = 30000
+    rec = Recording()
+    pa = PagedActivations(rec, budget)
+    with pa:
+        held = [pa._pack(tensors[i]) for i in order]  # autograd would hold these
+    packs = [{"storage": tensors[i].untyped_storage()._cdata, "storage_bytes": tensors[i].numel(),
+              "tensor_bytes": tensors[i].numel(), "parameter": False} for i in order]
+    assert sas.pager_evictions(packs, budget) == rec.offloaded and rec.offloaded
+    del held
