@@ -1,0 +1,163 @@
+"""benchmarks/saved_activation_sizes.py: its Python copy of the core's placement rule and its
+per-handle call counts agree with a real host-backend AddressSpace, and its report adds up.
+
+Owns: the checks of backing() (slab / one-page handles / extents, with their sizes) against
+pages() and the driver-call counters for a sweep of sizes at default settings and at 32 and 64
+MiB pages; of MAPPED_CYCLE_CALLS against a steady-state mapped-mode evict + restore; and a run
+of the script on the tiny smoke models.
+Invariants: CPU only, no GPU figure is checked; every space is closed (conftest checks pages
+and pinned bytes return to zero).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from helpers.sizes import MiB
+from vtalloc.allocator import AddressSpace
+
+BENCH = Path(__file__).resolve().parent.parent / "benchmarks"
+
+
+def load():
+    spec = importlib.util.spec_from_file_location("saved_activation_sizes", BENCH / "saved_activation_sizes.py")
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod  # its dataclasses look their module up
+    spec.loader.exec_module(mod)
+    return mod
+
+
+sas = load()
+SWEEP = {  # placement -> sizes (1 GiB at default settings only: the host backend really maps it)
+    "default": [4096, MiB, MiB + 1, 3 * MiB, 30 * MiB, 31 * MiB, 32 * MiB, 100 * MiB, 300 * MiB, 1024 * MiB],
+    "page2": [3 * MiB, 100 * MiB],
+    "page32": [4096, 3 * MiB, 31 * MiB, 32 * MiB, 100 * MiB, 300 * MiB],
+    "page64": [3 * MiB, 100 * MiB, 300 * MiB],
+}
+
+
+def space_for(p, size: int, **kw) -> AddressSpace:
+    cap = -(-size // p.page_bytes) * p.page_bytes + 2 * p.page_bytes
+    return AddressSpace(backend="host", capacity=cap, page_size=p.page_bytes, extent_size=p.extent_bytes, **kw)
+
+
+@pytest.mark.parametrize("name,size", [(n, s) for n, sizes in SWEEP.items() for s in sizes])
+def test_backing_rule_matches_a_host_backend_space(name, size):
+    p = sas.PLACEMENTS[name]
+    want = sas.backing(size, p)
+    with space_for(p, size) as space:
+        before = space.stats().driver_calls()
+        a = space.malloc(size)
+        created = space.stats().driver_calls()["create_page"] - before["create_page"]
+        rows = sorted((r for r in space.pages() if r.state == "allocated" and a in r.allocations), key=lambda r: r.address)
+        if want.kind == "slab":
+            assert len(rows) == 1 and created == 1, rows
+            assert space.stats().mapped_bytes == p.page_bytes
+        else:
+            handles, last = [], None
+            for r in rows:  # one row per page; consecutive rows of one handle share its page_id
+                if r.page_id != last:
+                    handles.append(0)
+                    last = r.page_id
+                handles[-1] += p.page_bytes
+            assert tuple(handles) == want.handles, (handles, want)
+            assert created == len(want.handles)
+            assert space.stats().mapped_bytes == want.rounded
+            assert want.kind == ("extents" if max(want.handles) > p.page_bytes else "pages")
+        space.free(a)
+
+
+def test_the_sweep_covers_every_kind_and_the_documented_plans():
+    assert sas.backing(300 * MiB).handles == (256 * MiB, 32 * MiB, 8 * MiB, 4 * MiB)
+    assert sas.backing(1024 * MiB).handles == (256 * MiB,) * 4
+    # the threshold counts whole pages: 31 MiB rounds to 16 pages and gets one 32 MiB extent
+    assert sas.backing(30 * MiB).kind == "pages" and sas.backing(30 * MiB + 1).handles == (32 * MiB,)
+    assert sas.backing(MiB).kind == "slab" and sas.backing(MiB + 1).kind == "pages"
+    assert sas.backing(100 * MiB, sas.PLACEMENTS["page32"]).handles == (32 * MiB,) * 4
+    with pytest.raises(ValueError):
+        sas.backing(0)
+
+
+@pytest.mark.parametrize("size", [3 * MiB, 32 * MiB, 300 * MiB])
+def test_mapped_evict_and_restore_costs_the_modeled_calls_per_handle(size):
+    handles = len(sas.backing(size).handles)
+    with AddressSpace(backend="host", capacity=size + 64 * MiB, host_capacity=size + 64 * MiB,
+                      evict_mode="mapped") as space:
+        a = space.malloc(size)
+        space.set_evictable(a)
+        for cycle in range(2):  # the first cycle also creates the host-located pages
+            before = space.stats().driver_calls()
+            space.offload(a)
+            space.synchronize()
+            space.ensure_resident(a)
+            space.synchronize()
+            after = space.stats().driver_calls()
+        got = {k: after[k] - before[k] for k in ("map", "unmap", "set_access", "create_page", "release_page")}
+        want = {k: n * handles for k, n in sas.MAPPED_CYCLE_CALLS.items()}
+        assert got == {**want, "create_page": 0, "release_page": 0}
+        space.free(a)
+
+
+def test_cost_table_interpolates_in_log2_and_clamps():
+    assert sas.call_us("map", 2 * MiB) == 2.1
+    assert sas.call_us("set_access", 256 * MiB) == 32.8  # beyond the last row: the nearest
+    assert sas.call_us("set_access", 64 * MiB) == pytest.approx((26.6 + 32.8) / 2)
+
+
+def test_script_on_tiny_models_adds_up(tmp_path):
+    out = tmp_path / "sizes.json"
+    assert sas.main(["--models", "cnn,tiny_transformer", "--batches", "cnn=16,tiny_transformer=8",
+                     "--budgets", "64KiB", "--out", str(out)]) == 0
+    record = json.loads(out.read_text())
+    assert record["predictions"] is True and len(record["results"]) == 2
+    for r in record["results"]:
+        s = r["summary"]
+        assert s["saved_bytes"] > 0 and s["saved_storages"] > 0
+        for name, pl in s["placements"].items():
+            kinds = pl["by_backing"]
+            assert sum(k["bytes"] for k in kinds.values()) == s["saved_bytes"], name
+            assert sum(k["count"] for k in kinds.values()) == s["saved_storages"], name
+            assert sum(k["share_of_bytes"] for k in kinds.values()) == pytest.approx(1.0)
+            small = pl["per_budget"][str(64 * 1024)]
+            assert 0 < small["evicted_bytes"] <= s["saved_bytes"] and small["handles_per_step"] > 0
+            assert small["driver_calls_per_step"]["map"] == 3 * small["handles_per_step"]
+            assert pl["per_budget"][str(sas.MEASURED_BUDGET)]["handles_per_step"] == 0  # all fits in 6 GiB
+        assert r["prediction"] is None  # no measured rows for the smoke models
+
+
+def test_pager_replay_offloads_what_paged_activations_offloads():
+    """The replay of the eviction rule against the real scheduler, driven with a recording pager
+    (storage bytes per pack, as DevicePager reports): the same storages are offloaded."""
+    import torch
+
+    from vtalloc.allocator.paged_activations import PagedActivations
+
+    class Recording:
+        def __init__(self):
+            self.offloaded = set()
+
+        def accepts(self, t):
+            return t.numel() * t.element_size() >= 1024
+
+        def pack(self, t):
+            return t, t.untyped_storage().nbytes()
+
+        def offload(self, h):
+            self.offloaded.add(h.untyped_storage()._cdata)
+
+    tensors = [torch.empty(n, dtype=torch.uint8) for n in (4096, 8192, 100, 16384, 2048, 32768)]
+    order = [0, 1, 2, 1, 3, 4, 0, 5]  # repeated storages and one under 1 KiB
+    budget = 30000
+    rec = Recording()
+    pa = PagedActivations(rec, budget)
+    with pa:
+        held = [pa._pack(tensors[i]) for i in order]  # autograd would hold these
+    packs = [{"storage": tensors[i].untyped_storage()._cdata, "storage_bytes": tensors[i].numel(),
+              "tensor_bytes": tensors[i].numel(), "parameter": False} for i in order]
+    assert sas.pager_evictions(packs, budget) == rec.offloaded and rec.offloaded
+    del held
