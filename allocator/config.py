@@ -125,7 +125,7 @@ class Config:
     cost_model: str | None = None         # host backend only: charge each call what it costs on this GPU
                                           # on a modeled clock (docs/cost-model.md); None: no model
     extent_size: int | None = None        # largest physical handle under one large allocation: those of
-                                          # >= min(32 MiB, extent_size) get extents (docs/eviction.md);
+                                          # >= min(32 MiB, extent_size) (in whole pages) get extents (docs/eviction.md);
                                           # default 256 MiB; the page size turns extents off
 
     _SIZE_FIELDS = ("capacity", "page_size", "small_threshold", "host_granularity", "host_capacity", "reservation_size",
