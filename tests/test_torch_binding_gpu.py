@@ -164,6 +164,28 @@ def test_record_stream_two_streams_under_pressure(env):
     assert native["bad"] == 0 and vta["bad"] == 0
 
 
+RECORDED_EVICTION = """
+side = torch.cuda.Stream()
+t = torch.zeros(8 << 20, device="cuda")  # 32 MiB, allocated on the current stream
+torch.cuda.synchronize()
+t.record_stream(side)
+with torch.cuda.stream(side):
+    torch.cuda._sleep(100_000_000)  # the write below runs well after the offload is issued
+    t.fill_(3.0)
+vt.offload(t)  # its copy must follow the recorded stream's write
+side.synchronize()
+vt.empty_cache()  # the held device page is released: the host copy is all there is
+vt.prefetch(t, wait=True)
+print(json.dumps({"sum": float(t.sum()), "want": 3.0 * (8 << 20), "evictions": vt.stats(0).evictions}))
+"""
+
+
+def test_eviction_follows_a_recorded_streams_write(env):
+    out = run_python(PRELUDE + RECORDED_EVICTION, "vtalloc", "1GiB", env=env)
+    assert out["evictions"] > 0
+    assert out["sum"] == out["want"], "the write queued on the recorded stream before the offload was lost"
+
+
 OOM = """
 try:
     torch.empty(1 << 40, dtype=torch.uint8, device="cuda")
