@@ -231,7 +231,7 @@ void AllocPolicy::record_stream(uintptr_t address, StreamHandle stream) {
 void AllocPolicy::add_page_streams(uintptr_t va, std::vector<StreamHandle>* streams) const {
   live_.for_each_on_page(va, [&](uintptr_t address, const Allocation& a) {
     add_stream(streams, a.stream);
-    if (uses_.has_streams(address)) uses_.add_recorded(address, streams);
+    uses_.add_recorded(address, streams);
   });
 }
 
