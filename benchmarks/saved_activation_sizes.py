@@ -347,14 +347,6 @@ def table(results: list[dict[str, Any]], budget: int) -> str:
     return "\n".join(rows)
 
 
-def parse_size(s: str) -> int:
-    units = {"KiB": 1 << 10, "MiB": MiB, "GiB": 1 << 30}
-    for u, m in units.items():
-        if s.endswith(u):
-            return int(float(s[: -len(u)]) * m)
-    return int(s)
-
-
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--models", default="resnet50,transformer")
@@ -364,7 +356,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default=None, help="JSON path")
     a = ap.parse_args(argv)
     batches = {m: [int(b) for b in bs.split("/")] for m, bs in (kv.split("=") for kv in a.batches.split(","))}
-    budgets = [parse_size(s) for s in a.budgets.split(",")]
+    from vtalloc.allocator.config import parse_size  # the project's one size parser
+
+    try:
+        budgets = [parse_size(s, name="budget") for s in a.budgets.split(",")]
+    except ValueError as e:
+        ap.error(str(e))
     if MEASURED_BUDGET not in budgets:
         budgets.insert(0, MEASURED_BUDGET)
     results = []
