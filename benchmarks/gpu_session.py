@@ -105,7 +105,8 @@ def build_if_needed() -> int:
 
 def run_stage(name: str, out: Path, budget_s: int, dry_run: bool) -> int:
     steps = STAGES[name]
-    out.mkdir(parents=True, exist_ok=True)
+    if not dry_run:
+        out.mkdir(parents=True, exist_ok=True)
     summary = {"stage": name, "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "budget_s": budget_s, "steps": []}
     start = time.monotonic()
     worst = 0

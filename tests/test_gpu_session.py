@@ -80,7 +80,7 @@ def test_dry_run_and_list_run_nothing(tmp_path, capsys):
     assert session.main(["--stage", "check", "--dry-run", "--out", str(tmp_path)]) == 0
     printed = capsys.readouterr().out
     assert "pytest" in printed and "probe_copy_paths.py" in printed
-    assert not (tmp_path / "check" / "summary.json").exists()
+    assert not (tmp_path / "check").exists()
     assert session.main(["--list"]) == 0
     listed = capsys.readouterr().out
     assert all(name in listed for name in session.STAGES)
