@@ -27,10 +27,20 @@ from .commands_service import Backend
 from .commands_service import register as _register_service_commands
 from .render import rounding_note
 
-try:  # click's usage errors: from click itself, or from the copy recent typer versions vendor
-    from click import ClickException as _ClickException
-except ImportError:  # pragma: no cover - depends on the typer version
-    from typer import TyperException as _ClickException
+# click's usage errors: recent typer versions raise those of the copy of click they vendor
+# (typer.TyperException), older ones click's own; click may be installed either way (another
+# package pulls it in), so both are usage errors.
+def _click_exception() -> type[Exception] | None:
+    try:
+        from click import ClickException
+    except ImportError:  # pragma: no cover - depends on what else is installed
+        return None
+    return ClickException
+
+
+_USAGE_ERRORS: tuple[type[Exception], ...] = tuple(
+    cls for cls in (getattr(typer, "TyperException", None), _click_exception()) if cls is not None
+)
 
 EXIT_CODES = {0: "ok", 1: "runtime failure (no daemon or GPU, a failed call or check, health not serving)",
               2: "usage error (unknown command or option, bad value)", 130: "interrupted (Ctrl-C)"}
@@ -197,7 +207,7 @@ def main(argv: Optional[list[str]] = None) -> None:
     except (typer.Abort, KeyboardInterrupt):
         sys.exit(130)
     except Exception as e:  # click usage errors carry their own exit code (2)
-        if isinstance(e, _ClickException):
+        if isinstance(e, _USAGE_ERRORS):
             e.show()
             sys.exit(e.exit_code)
         if _state["debug"]:
