@@ -1,0 +1,476 @@
+"""record_trace: record the allocation trace of real models' training steps (benchmarks/traces/).
+
+Owns: the models a trace is recorded from (MODELS: transformers configs with random weights), the
+training step (forward, loss, backward, AdamW step, zero_grad(set_to_none=True)), the two ways of
+watching an allocator (the CPU profiler's memory events; on CUDA, the caching allocator's memory
+history), their conversion into vtalloc-trace/1 events (trace_format.py), and the CLI.
+Invariants: nothing is downloaded (configs only, HF_HUB_OFFLINE=1); transformers is imported only
+inside the model builders, so everything else here, record_steps_cpu() and snapshot_to_events()
+included, works with torch alone; a trace holds one warm-up step's aftermath, never the warm-up
+itself; every free is paired with the allocation at its address, and a free of an address not
+allocated during the recording becomes an allocation that opens the trace (it existed before).
+
+What the CPU path sees. ``torch.profiler.profile(profile_memory=True)`` reports each block the
+host allocator (c10's DefaultCPUAllocator) hands out or takes back, with its address and requested
+size; sizes are exact (no rounding). The allocator's reporter knows a block's size only if the
+block was allocated while some memory profiler was on, and reports no free for any other block. So
+the warm-up step runs under a throwaway memory profiler too (its events are dropped): every block
+the warm-up leaves behind is then known, and its free, if a recorded step frees it, is reported.
+Parameters, buffers, gradients and optimizer state are enumerated from Python when the recording
+starts and open the trace. Each event carries the reporter's running total of live bytes, so the
+recorder counts the events whose total does not follow from the one before (a wrong order or a
+lost event; stored as running_total_mismatches). Memory a kernel gets other than through c10's
+allocator is invisible. What differs from a CUDA step: CPU kernels' workspaces and temporaries;
+host-only tensors are in the trace (AdamW's 4-byte step counters, and the 0-dim tensors CPU ops
+wrap Python scalars in, 4 or 8 bytes, where CUDA's foreach kernels take scalars by value); the
+optimizer is AdamW(foreach=True), CUDA's default, on CPU its per-tensor fallback, with the same
+outputs allocated.
+
+    python benchmarks/record_trace.py --model resnet50 --model bert
+    python benchmarks/record_trace.py --model all --out /tmp/traces
+    python benchmarks/record_trace.py --model llama --device cuda --batch 8 --seq-len 1024
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime as _dt
+import gc
+import os
+import shlex
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+import trace_format
+from provenance import git_info, machine_info
+
+MiB = 1 << 20
+Batch = dict[str, torch.Tensor]
+MakeBatch = Callable[[int], Batch]  # step number -> the step's inputs, made on the model's device
+LossFn = Callable[[torch.nn.Module, Batch], torch.Tensor]
+LR = 1e-4
+DEFAULT_STEPS = 2
+DEFAULT_MAX_ENTRIES = 1_000_000
+
+
+# -- events: allocations and frees by address, paired into trace events ------------------------
+
+@dataclasses.dataclass
+class Pairing:
+    """Allocations and frees seen by address, turned into trace events with ids in allocation order.
+
+    Keys: an allocation made during the recording gets key n >= 0 (its rank among those); one that
+    existed before gets key -(k + 1) (its rank among those) and its trace id is k, so they open the
+    trace whatever the moment they are discovered.
+    """
+
+    initial: list[tuple[int, int]] = dataclasses.field(default_factory=list)  # (size, stream)
+    body: list[tuple[Any, ...]] = dataclasses.field(default_factory=list)  # ("a", key, size, stream) | ("f", key)
+    live: dict[int, int] = dataclasses.field(default_factory=dict)  # address -> key
+    allocated: int = 0
+    unknown_frees: int = 0  # frees of an address not allocated during the recording
+    missed_frees: int = 0  # allocations at an address still live: the watcher missed its free
+
+    def existing(self, addr: int, size: int, stream: int = 0) -> None:
+        """A block live when the recording starts (or, at the end, live since before it)."""
+        self.initial.append((size, stream))
+        self.live[addr] = -len(self.initial)
+
+    def alloc(self, addr: int, size: int, stream: int = 0) -> None:
+        if addr in self.live:
+            self.missed_frees += 1
+            self.body.append(("f", self.live.pop(addr)))
+        self.live[addr] = self.allocated
+        self.body.append(("a", self.allocated, size, stream))
+        self.allocated += 1
+
+    def free(self, addr: int, size: int, stream: int = 0) -> None:
+        if addr not in self.live:
+            self.unknown_frees += 1
+            self.existing(addr, size, stream)
+        self.body.append(("f", self.live.pop(addr)))
+
+    def events(self) -> list[tuple[Any, ...]]:
+        first = len(self.initial)
+
+        def ident(key: int) -> int:
+            return -key - 1 if key < 0 else first + key
+
+        out: list[tuple[Any, ...]] = [("a", i, size, stream) for i, (size, stream) in enumerate(self.initial)]
+        for e in self.body:
+            out.append(("a", ident(e[1]), e[2], e[3]) if e[0] == "a" else ("f", ident(e[1])))
+        return out
+
+    def stats(self) -> dict[str, int]:
+        return {"initial_allocations": len(self.initial), "unknown_frees": self.unknown_frees,
+                "missed_frees": self.missed_frees}
+
+
+def snapshot_to_events(snapshot: dict[str, Any], device: int = 0) -> tuple[list[tuple[Any, ...]], dict[str, Any]]:
+    """Trace events from a ``torch.cuda.memory._snapshot()`` taken after the recorded steps.
+
+    ``device_traces[device]`` entries in order: ``alloc`` allocates ``size`` bytes at ``addr``,
+    ``free_completed`` frees it (the block is reusable from then on; ``free_requested`` is when the
+    tensor died, possibly earlier under record_stream); other actions (segment_alloc, segment_free,
+    free_requested, oom, snapshot) are ignored. Stream handles become 0 (the default stream, handle
+    0) and 1, 2, ... in order of first use. The allocations that existed before the recording are
+    the freed addresses never allocated in it, and the blocks of the snapshot's segments still
+    allocated at the end at an address the trace does not hold live. Returns (events, stats).
+    """
+    streams: dict[int, int] = {0: 0}
+
+    def stream_of(handle: int) -> int:
+        return streams.setdefault(handle, len(streams))
+
+    pairing = Pairing()
+    ignored = 0
+    for e in snapshot["device_traces"][device]:
+        if e["action"] == "alloc":
+            pairing.alloc(e["addr"], e["size"], stream_of(e["stream"]))
+        elif e["action"] == "free_completed":
+            pairing.free(e["addr"], e["size"], stream_of(e["stream"]))
+        else:
+            ignored += 1
+    for seg in snapshot["segments"]:
+        if seg.get("device", device) != device:
+            continue
+        for block in seg["blocks"]:
+            if block["state"] in ("active_allocated", "active_awaiting_free") and block["address"] not in pairing.live:
+                size = block.get("requested_size") or block["size"]
+                pairing.existing(block["address"], size, stream_of(seg["stream"]))
+    return pairing.events(), {**pairing.stats(), "ignored_entries": ignored,
+                              "streams": {str(h): s for h, s in streams.items()}}
+
+
+# -- the training step and the two recorders -------------------------------------------------
+
+def make_optimizer(model: torch.nn.Module) -> torch.optim.Optimizer:
+    return torch.optim.AdamW(model.parameters(), lr=LR, foreach=True)
+
+
+OPTIMIZER = {"class": "torch.optim.AdamW", "lr": LR, "foreach": True,
+             "zero_grad": "set_to_none=True"}
+
+
+def train_step(model: torch.nn.Module, opt: torch.optim.Optimizer, batch: Batch, loss_fn: LossFn) -> None:
+    loss = loss_fn(model, batch)
+    loss.backward()
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+
+
+def _live_storages(model: torch.nn.Module, opt: torch.optim.Optimizer) -> dict[int, int]:
+    """Address -> bytes of every storage the model and optimizer hold (parameters, gradients,
+    buffers, optimizer state), once per storage."""
+    tensors = [*model.parameters(), *model.buffers()]
+    tensors += [p.grad for p in model.parameters() if p.grad is not None]
+    tensors += [t for state in opt.state.values() for t in state.values() if isinstance(t, torch.Tensor)]
+    out: dict[int, int] = {}
+    for t in tensors:
+        s = t.untyped_storage()
+        if s.nbytes() > 0:
+            out[s.data_ptr()] = s.nbytes()
+    return out
+
+
+def _cpu_memory_events(prof: torch.profiler.profile) -> tuple[list[tuple[int, int]], dict[str, int]]:
+    """(address, signed bytes) of every host-allocator event the profiler recorded, in time order,
+    and checks: events of other devices dropped, and events whose allocator running total
+    (``total_allocated``, kept under the allocator's lock) does not follow from the one before, which
+    would mean the order is wrong or an event is missing."""
+    from torch._C._profiler import _EventType
+    from torch.profiler import _utils
+
+    tree = prof.profiler.kineto_results.experimental_event_tree()
+    found = [(e.start_time_ns, i, e.typed[1]) for i, e in enumerate(_utils.traverse_dfs(tree))
+             if e.typed[0] == _EventType.Allocation]
+    found.sort(key=lambda x: (x[0], x[1]))
+    cpu = [f for _, _, f in found if f.device.type == "cpu"]
+    out_of_step = sum(1 for a, b in zip(cpu, cpu[1:]) if b.total_allocated != a.total_allocated + b.alloc_size)
+    return [(f.ptr, f.alloc_size) for f in cpu], {"other_device_events_dropped": len(found) - len(cpu),
+                                                   "running_total_mismatches": out_of_step}
+
+
+def record_steps_cpu(model: torch.nn.Module, make_batch: MakeBatch, loss_fn: LossFn,
+                     steps: int = DEFAULT_STEPS) -> tuple[list[tuple[Any, ...]], dict[str, Any]]:
+    """One warm-up step, then ``steps`` recorded training steps of ``model`` (on CPU) under the
+    memory profiler. Returns the trace events and the recording's stats."""
+    from torch.profiler import ProfilerActivity, profile
+
+    opt = make_optimizer(model)
+    model.train()
+    t0 = time.perf_counter()
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True):  # only so sizes are known
+        train_step(model, opt, make_batch(0), loss_fn)
+    warm = time.perf_counter() - t0
+    gc.collect()
+    pairing = Pairing()
+    for addr, size in _live_storages(model, opt).items():
+        pairing.existing(addr, size)
+    t0 = time.perf_counter()
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        for step in range(1, steps + 1):
+            train_step(model, opt, make_batch(step), loss_fn)
+    steps_s = time.perf_counter() - t0
+    events, checks = _cpu_memory_events(prof)
+    for addr, size in events:
+        if size > 0:
+            pairing.alloc(addr, size)
+        else:
+            pairing.free(addr, -size)
+    return pairing.events(), {**pairing.stats(), **checks, "warmup_seconds": round(warm, 2),
+                              "recorded_steps_seconds": round(steps_s, 2)}
+
+
+def record_steps_cuda(model: torch.nn.Module, make_batch: MakeBatch, loss_fn: LossFn, steps: int = DEFAULT_STEPS,
+                      max_entries: int = DEFAULT_MAX_ENTRIES) -> tuple[list[tuple[Any, ...]], dict[str, Any]]:
+    """The same on CUDA, watched through the caching allocator's memory history."""
+    opt = make_optimizer(model)
+    model.train()
+    t0 = time.perf_counter()
+    train_step(model, opt, make_batch(0), loss_fn)
+    torch.cuda.synchronize()
+    warm = time.perf_counter() - t0
+    gc.collect()
+    device = torch.cuda.current_device()
+    t0 = time.perf_counter()
+    torch.cuda.memory._record_memory_history("all", context=None, max_entries=max_entries, clear_history=True)
+    try:
+        for step in range(1, steps + 1):
+            train_step(model, opt, make_batch(step), loss_fn)
+        torch.cuda.synchronize()
+        snapshot = torch.cuda.memory._snapshot()
+    finally:
+        torch.cuda.memory._record_memory_history(None)
+    steps_s = time.perf_counter() - t0
+    if len(snapshot["device_traces"][device]) >= max_entries:
+        raise RuntimeError(f"the memory history filled its {max_entries} entries and lost the oldest: "
+                           "raise --max-entries or lower --steps")
+    events, stats = snapshot_to_events(snapshot, device)
+    return events, {**stats, "warmup_seconds": round(warm, 2), "recorded_steps_seconds": round(steps_s, 2)}
+
+
+# -- the models ------------------------------------------------------------------------------
+
+class MissingDependency(RuntimeError):
+    """transformers is not installed (only the model builders need it)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelSpec:
+    name: str
+    about: str
+    task: str  # "image-classification", "causal-lm", "masked-lm" or "seq2seq"
+    config_class: str  # in transformers
+    model_class: str
+    overrides: dict[str, Any]  # passed to config_class(...): the architecture, spelled out
+    batch: int
+    size: int  # image side (pixels) for image classification, else the sequence length
+
+    @property
+    def vision(self) -> bool:
+        return self.task == "image-classification"
+
+
+_VISION_HEAD = {"num_labels": 1000}
+MODELS = {m.name: m for m in (
+    ModelSpec("resnet50", "ResNet-50", "image-classification", "ResNetConfig", "ResNetForImageClassification",
+              {"embedding_size": 64, "hidden_sizes": [256, 512, 1024, 2048], "depths": [3, 4, 6, 3],
+               "layer_type": "bottleneck", "hidden_act": "relu", **_VISION_HEAD}, 16, 224),
+    ModelSpec("vit", "ViT-Base/16", "image-classification", "ViTConfig", "ViTForImageClassification",
+              {"hidden_size": 768, "num_hidden_layers": 12, "num_attention_heads": 12, "intermediate_size": 3072,
+               "image_size": 224, "patch_size": 16, **_VISION_HEAD}, 8, 224),
+    ModelSpec("swin", "Swin-T", "image-classification", "SwinConfig", "SwinForImageClassification",
+              {"image_size": 224, "patch_size": 4, "embed_dim": 96, "depths": [2, 2, 6, 2],
+               "num_heads": [3, 6, 12, 24], "window_size": 7, **_VISION_HEAD}, 16, 224),
+    ModelSpec("convnext", "ConvNeXt-T", "image-classification", "ConvNextConfig", "ConvNextForImageClassification",
+              {"hidden_sizes": [96, 192, 384, 768], "depths": [3, 3, 9, 3], "image_size": 224, **_VISION_HEAD},
+              16, 224),
+    ModelSpec("llama", "a small Llama-style decoder (8 layers, hidden 1024)", "causal-lm", "LlamaConfig",
+              "LlamaForCausalLM",
+              {"hidden_size": 1024, "num_hidden_layers": 8, "num_attention_heads": 16, "num_key_value_heads": 16,
+               "intermediate_size": 2816, "vocab_size": 32000, "max_position_embeddings": 2048,
+               "tie_word_embeddings": False}, 2, 256),
+    ModelSpec("t5", "T5-small (encoder-decoder; targets a quarter of the input length)", "seq2seq", "T5Config",
+              "T5ForConditionalGeneration",
+              {"d_model": 512, "d_ff": 2048, "d_kv": 64, "num_layers": 6, "num_decoder_layers": 6, "num_heads": 8,
+               "vocab_size": 32128, "pad_token_id": 0, "eos_token_id": 1, "decoder_start_token_id": 0}, 8, 256),
+    ModelSpec("bert", "BERT-base's layers, 6 of them; masked LM (15% of positions)", "masked-lm", "BertConfig",
+              "BertForMaskedLM",
+              {"hidden_size": 768, "num_hidden_layers": 6, "num_attention_heads": 12, "intermediate_size": 3072,
+               "vocab_size": 30522, "max_position_embeddings": 512}, 8, 128),
+    ModelSpec("gpt2", "GPT-2 small", "causal-lm", "GPT2Config", "GPT2LMHeadModel",
+              {"n_embd": 768, "n_layer": 12, "n_head": 12, "vocab_size": 50257, "n_positions": 1024}, 2, 256),
+    ModelSpec("tiny_gpt2", "a 2-layer GPT-2 (hidden 256, vocab 8192): small enough to replay in CI",
+              "causal-lm", "GPT2Config", "GPT2LMHeadModel",
+              {"n_embd": 256, "n_layer": 2, "n_head": 4, "vocab_size": 8192, "n_positions": 256,
+               "bos_token_id": 8191, "eos_token_id": 8191}, 4, 128),
+)}
+
+
+@dataclasses.dataclass
+class Workload:
+    model: torch.nn.Module
+    make_batch: MakeBatch
+    loss_fn: LossFn
+    model_info: dict[str, Any]
+    workload_info: dict[str, Any]
+
+
+def _transformers() -> Any:
+    os.environ["HF_HUB_OFFLINE"] = "1"  # models are built from configs: nothing may be fetched
+    os.environ["TRANSFORMERS_OFFLINE"] = "1"
+    try:
+        import transformers
+    except ImportError:
+        raise MissingDependency("the models come from transformers: pip install transformers") from None
+    return transformers
+
+
+def _hf_loss(model: torch.nn.Module, batch: Batch) -> torch.Tensor:
+    return model(**batch).loss
+
+
+def build(spec: ModelSpec, batch: int, size: int, device: str) -> Workload:
+    """The model (random weights, fp32, on ``device``), its batches and its loss."""
+    tf = _transformers()
+    torch.manual_seed(0)
+    config = getattr(tf, spec.config_class)(**spec.overrides)
+    model = getattr(tf, spec.model_class)(config).to(device=device, dtype=torch.float32)
+    dev = torch.device(device)
+
+    def make_batch(step: int) -> Batch:
+        g = torch.Generator(dev).manual_seed(step)
+        if spec.vision:
+            return {"pixel_values": torch.randn(batch, 3, size, size, generator=g, device=dev),
+                    "labels": torch.randint(0, config.num_labels, (batch,), generator=g, device=dev)}
+        ids = torch.randint(0, config.vocab_size, (batch, size), generator=g, device=dev)
+        if spec.task == "causal-lm":
+            return {"input_ids": ids, "labels": ids}
+        if spec.task == "masked-lm":
+            masked = torch.rand(batch, size, generator=g, device=dev) < 0.15
+            return {"input_ids": ids, "labels": ids.masked_fill(~masked, -100)}
+        targets = torch.randint(0, config.vocab_size, (batch, max(1, size // 4)), generator=g, device=dev)
+        return {"input_ids": ids, "labels": targets}
+
+    shapes = {k: list(v.shape) for k, v in make_batch(0).items()}
+    params = sum(p.numel() for p in model.parameters())
+    model_info = {"name": spec.name, "about": spec.about, "class": f"transformers.{spec.model_class}",
+                  "config_class": f"transformers.{spec.config_class}", "config_overrides": spec.overrides,
+                  "parameters": params, "parameter_bytes": sum(p.nbytes for p in model.parameters()),
+                  "attn_implementation": getattr(config, "_attn_implementation", None), "weights": "random (seed 0)"}
+    workload_info = {"task": spec.task, "batch": batch, "inputs": shapes, "dtype": "float32", "device": dev.type,
+                     "optimizer": OPTIMIZER, "loss": "the model's own (labels passed in)"}
+    return Workload(model, make_batch, _hf_loss, model_info, workload_info)
+
+
+# -- figures and the CLI ---------------------------------------------------------------------
+
+def page_rounded(size: int) -> int:
+    """Sizes over 1 MiB rounded up to 2 MiB pages, others to 512 B blocks."""
+    unit = 2 * MiB if size > MiB else 512
+    return -(-size // unit) * unit
+
+
+def figures(trace: trace_format.Trace) -> dict[str, int]:
+    live = rounded_peak = 0
+    rounded: dict[int, int] = {}
+    bands = {"<=1MiB": 0, "1-32MiB": 0, ">32MiB": 0}
+    for e in trace.events:
+        if e[0] == "a":
+            rounded[e[1]] = page_rounded(e[2])
+            live += rounded[e[1]]
+            rounded_peak = max(rounded_peak, live)
+            bands["<=1MiB" if e[2] <= MiB else "1-32MiB" if e[2] <= 32 * MiB else ">32MiB"] += 1
+        else:
+            live -= rounded.pop(e[1])
+    return {"events": len(trace.events), "allocations": trace.num_allocs, "peak_live_bytes": trace.peak_live_bytes(),
+            "peak_page_rounded_bytes": rounded_peak, **{f"allocs {k}": v for k, v in bands.items()}}
+
+
+def record(spec: ModelSpec, args: argparse.Namespace) -> trace_format.Trace:
+    """Build ``spec``'s model and record ``args.steps`` training steps of it on ``args.device``."""
+    started = {"date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"), "machine": machine_info()}
+    batch = args.batch or spec.batch
+    size = (args.image_size if spec.vision else args.seq_len) or spec.size
+    w = build(spec, batch, size, args.device)
+    if args.device == "cuda":
+        events, stats = record_steps_cuda(w.model, w.make_batch, w.loss_fn, args.steps, args.max_entries)
+        source = "cuda-memory-history"
+        started["machine"].update(gpu=torch.cuda.get_device_name(), cuda=torch.version.cuda)
+    else:
+        events, stats = record_steps_cpu(w.model, w.make_batch, w.loss_fn, args.steps)
+        source = "cpu-profiler"
+    recorded = {**started, "torch": torch.__version__, "transformers": _transformers().__version__,
+                "torch_threads": torch.get_num_threads(), "git": git_info(),
+                "command": shlex.join(["python", *sys.argv]), **stats}
+    return trace_format.Trace(name=spec.name, source=source, model=w.model_info,
+                              workload={**w.workload_info, "iterations": args.steps, "warmup_iterations": 1},
+                              recorded=recorded, events=trace_format.validate_events(events))
+
+
+def _models(names: list[str]) -> list[ModelSpec]:
+    if "all" in names:
+        return list(MODELS.values())
+    unknown = [n for n in names if n not in MODELS]
+    if unknown:
+        raise ValueError(f"unknown model {', '.join(unknown)}; known: {', '.join(MODELS)} (or all)")
+    return [MODELS[n] for n in dict.fromkeys(names)]
+
+
+def main(argv: list[str] | None = None) -> int:
+    known = "\n".join(f"  {m.name:<10} {m.about}; batch {m.batch}, "
+                      f"{'image' if m.vision else 'sequence'} {m.size}" for m in MODELS.values())
+    p = argparse.ArgumentParser(description="Record the allocation trace (vtalloc-trace/1) of training steps of "
+                                "real models with random weights, into OUT/<model>.json.gz.",
+                                epilog=f"models (defaults):\n{known}",
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", action="append", required=True, metavar="NAME",
+                   help=f"a model to record (repeatable), or all: {', '.join(MODELS)}")
+    p.add_argument("--batch", type=int, help="batch size for every model chosen (default: the model's own)")
+    p.add_argument("--seq-len", type=int, help="sequence length of the language models (default: the model's own; "
+                   "t5's targets are a quarter of it)")
+    p.add_argument("--image-size", type=int, help="image side in pixels of the vision models (default: 224)")
+    p.add_argument("--steps", type=int, default=DEFAULT_STEPS,
+                   help=f"training steps recorded, after 1 unrecorded warm-up step (default {DEFAULT_STEPS})")
+    p.add_argument("--out", type=Path, default=trace_format.TRACES_DIR,
+                   help="directory of the trace files (default: benchmarks/traces/)")
+    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                   help="cpu: the host allocator, through the CPU profiler's memory events (default); "
+                   "cuda: the caching allocator's memory history")
+    p.add_argument("--max-entries", type=int, default=DEFAULT_MAX_ENTRIES,
+                   help=f"cuda only: entries the memory history keeps (default {DEFAULT_MAX_ENTRIES})")
+    args = p.parse_args(argv)
+    try:
+        specs = _models(args.model)
+    except ValueError as e:
+        p.error(str(e))
+    if min(args.steps, args.batch or 1, args.seq_len or 1, args.image_size or 1) < 1:
+        p.error("--steps, --batch, --seq-len and --image-size must be at least 1")
+    if args.device == "cuda" and not torch.cuda.is_available():
+        print("record_trace: --device cuda, but torch sees no CUDA device here", file=sys.stderr)
+        return 2
+    for spec in specs:
+        t0 = time.perf_counter()
+        try:
+            trace = record(spec, args)
+        except MissingDependency as e:
+            print(f"record_trace: {e}", file=sys.stderr)
+            return 2
+        path = trace_format.save(trace, args.out / f"{spec.name}.json.gz")
+        f = figures(trace)
+        print(f"{spec.name}: {f['events']} events, {f['allocations']} allocations, "
+              f"peak live {f['peak_live_bytes'] / MiB:.1f} MiB, "
+              f"page-rounded {f['peak_page_rounded_bytes'] / MiB:.1f} MiB, allocations <=1 MiB {f['allocs <=1MiB']}, "
+              f"1-32 MiB {f['allocs 1-32MiB']}, >32 MiB {f['allocs >32MiB']}, "
+              f"{path.stat().st_size / 1024:.0f} KiB, {time.perf_counter() - t0:.1f} s -> {path}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
