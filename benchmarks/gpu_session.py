@@ -11,7 +11,7 @@ started; the summary is written after every step, so a stage killed from outside
 what it finished; nothing here measures anything itself: the figures are the steps' own JSON.
 
     python benchmarks/gpu_session.py --list                      # the stages and their steps
-    python benchmarks/gpu_session.py --stage check --out "$OUT"   # then paging, then training
+    python benchmarks/gpu_session.py --stage check --out "$OUT"   # then paging, training, memory
     python benchmarks/gpu_session.py --stage check --dry-run      # the commands, not run
 """
 
@@ -83,6 +83,15 @@ STAGES: dict[str, tuple[Step, ...]] = {
                                         "--batch", "transformer=16", "--multiples", "4",
                                         "--out", "{out}/offload_transformer.json",
                                         "--chart", "{out}/offload_transformer.png"), 240, 300),
+    ),
+    # Memory: the stored allocation traces of real models (benchmarks/traces/) replayed through
+    # torch under the native allocator, expandable segments and vtalloc: peaks first, then the
+    # smallest capacity with no OOM, one process per try, searches cut at --max-seconds (each
+    # keeps its bracket; the JSON says which are exact). No GPU run yet: the estimate is a guess.
+    "memory": (
+        BUILD,
+        Step("bench_trace_torch", _py("benchmarks/bench_trace.py", "--torch", "--max-seconds", "390",
+                                      "--timeout", "60", "--out", "{out}/trace_torch.json"), 450, 500),
     ),
 }
 
