@@ -137,6 +137,7 @@ _PROTOTYPES = {
     "vta_allocations": (i32, [ctypes.c_void_p, _P(VtaAllocInfo), u64, _P(u64)]),
     "vta_set_evictable": (i32, [ctypes.c_void_p, u64, i32]),
     "vta_offload": (i32, [ctypes.c_void_p, u64]),
+    "vta_offload_bytes": (i32, [ctypes.c_void_p, u64, _P(u64)]),
     "vta_prefetch": (i32, [ctypes.c_void_p, u64, u64, i32]),
     "vta_ensure_resident": (i32, [ctypes.c_void_p, u64, u64, i32]),
     "vta_residency": (i32, [ctypes.c_void_p, u64, _P(i32)]),

@@ -162,7 +162,8 @@ class AddressSpace(TestHooks, NativeHandle):
 
     # -- allocation -----------------------------------------------------------------------
     def malloc(self, nbytes: int, stream: int = 0, *, evict: bool = True) -> int:
-        """Allocate ``nbytes`` and return the address. 512-byte aligned; page-aligned from a page up.
+        """Allocate ``nbytes`` and return the address: 512-byte aligned, its size rounded up to
+        512 bytes, on pages it may share with its neighbours (docs/design.md, "Blocks share pages").
 
         Under memory pressure, evictable pages are evicted (least recently used first) before
         an OutOfMemoryError; ``evict=False`` fails instead.
@@ -312,12 +313,18 @@ class AddressSpace(TestHooks, NativeHandle):
         if self._source is not None:
             self._source.after_set_evictable(self, address, flag)
 
-    def offload(self, address: int) -> None:
-        """Start evicting the allocation's pages to host memory now (asynchronous).
+    def offload(self, address: int) -> int:
+        """Start evicting the allocation's pages to host memory now (asynchronous); returns the
+        bytes of the allocation now on pages that are away.
 
+        Pages are shared between neighbouring allocations and move whole, so a page the
+        allocation shares with an allocation not marked evictable stays resident (and its bytes
+        are not counted); :class:`InvalidArgumentError` when that keeps every page of it.
         Do not write the allocation until :meth:`ensure_resident` returns.
         """
-        _native.check(self._lib.vta_offload(self._h(), _as_u64(address, "address")))
+        moved = ctypes.c_uint64()
+        _native.check(self._lib.vta_offload_bytes(self._h(), _as_u64(address, "address"), ctypes.byref(moved)))
+        return moved.value
 
     def prefetch(self, address: int, stream: int | None = None) -> None:
         """Start restoring the allocation (asynchronous); ``stream`` (default: the

@@ -115,7 +115,7 @@ class Config:
     device: int = 0                       # CUDA device ordinal
     capacity: int | None = None           # most bytes of physical pages held (cuda: free memory less a margin; host: 1 GiB)
     page_size: int | None = None          # bytes per physical page (default: the backend's granularity, 2 MiB on H100)
-    small_threshold: int | None = None    # allocations up to this are packed into shared pages (default 1 MiB)
+    small_threshold: int | None = None    # PyTorch's small pool in the statistics: allocations up to this (default 1 MiB)
     host_granularity: int | None = None   # host backend only: simulated driver granularity (default 2 MiB)
     host_capacity: int | None = None      # pinned host bytes for evicted pages (eviction engine)
     reservation_size: int | None = None   # virtual bytes per reservation (default 2 x capacity)

@@ -27,8 +27,9 @@ def fragmentation(active_bytes: int, mapped_bytes: int, evicted_bytes: int = 0) 
     An evicted allocation stays live (in ``active_bytes``) but its bytes are in host memory,
     not under the mapped pages, so its pages (``evicted_bytes``) are taken out of the live
     bytes; a device page an evicted page still holds mapped counts as mapped and unused. Exact
-    when the evicted pages hold large allocations (whole pages); for an evicted page of small
-    blocks it counts the page's free blocks as evicted too (an upper bound then). The result
+    when the evicted pages are full of live data; for an evicted page that also holds free
+    bytes (pages are shared between blocks) it counts those as evicted too (an upper bound
+    then). The result
     is bounded to [0, 1]: pages in flight (restoring, not yet mapped) may make the live bytes
     on the device exceed the mapped ones for a moment.
     """
@@ -42,9 +43,9 @@ def fragmentation(active_bytes: int, mapped_bytes: int, evicted_bytes: int = 0) 
 class Stats:
     capacity_bytes: int          # most bytes of physical pages this space may hold
     page_bytes: int              # bytes per physical page
-    small_threshold_bytes: int   # allocations up to this size are packed into shared pages
+    small_threshold_bytes: int   # allocations up to this size are PyTorch's small pool in the statistics
     allocated_bytes: int         # live allocations, as requested
-    active_bytes: int            # live allocations, rounded (512 B blocks or whole pages)
+    active_bytes: int            # live allocations, rounded up to whole 512 B blocks
     mapped_bytes: int            # physical pages mapped into the virtual space
     cached_bytes: int            # mapped bytes under no live allocation (free for fast reuse)
     peak_allocated_bytes: int

@@ -261,7 +261,7 @@ def memory_stats(device: Any = None) -> dict[str, int]:
     """Statistics under torch.cuda.memory_stats() key names where the meaning is the same.
 
     - ``allocated_bytes.all.{current,peak}``: live allocations as the allocator rounded them
-      (512 B blocks, or whole pages from ``small_threshold`` up): vtalloc's active bytes;
+      (whole 512 B blocks): vtalloc's active bytes;
     - ``requested_bytes.all.{current,peak}``: live allocations as requested;
     - ``active_bytes.all.current``: allocated plus freed memory still waiting for its stream;
     - ``reserved_bytes.all.{current,peak}``: physical pages held (mapped or not);

@@ -1,8 +1,8 @@
 """saved_activation_sizes: which backing vtalloc gives each saved activation, and what moving them costs (issue 10).
 
 Owns: recording the tensors autograd saves in one forward of bench_offload_training.py's models
-(fake tensors: no activation memory), the Python copy of the core's placement rule (slab / 2 MiB
-pages / extents, csrc/alloc/alloc_policy.cpp), a replay of paged_activations' eviction rule, and
+(fake tensors: no activation memory), the Python copy of the core's placement rule for a fresh
+allocation (a block sharing one page / one-page handles / extents, csrc/alloc/alloc_policy.cpp), a replay of paged_activations' eviction rule, and
 the per-step driver calls and their modeled H100 cost for each placement. Prints a table, writes
 JSON (--out).
 Invariants: every figure here is computed on CPU; the only GPU figures are the H100 per-call
@@ -43,7 +43,7 @@ from typing import Any
 MiB = 1 << 20
 PAGE_MIN_BYTES = 1024  # paged_activations' DEFAULT_MIN_BYTES: smaller saved tensors are left alone
 EXTENT_MIN_BYTES = 32 * MiB  # kExtentMinBytes (csrc/alloc/alloc_policy.hpp)
-BLOCK = 512  # kMinAlignment: slab blocks
+BLOCK = 512  # kMinAlignment: every allocation is whole 512-byte blocks
 
 # H100 (80GB HBM3), 2026-11-22, docs/cost-model.md "The figures and their source": µs per call.
 MEASURED_CALL_US = {  # handle bytes -> (create, map, set_access, unmap, release)
@@ -98,32 +98,41 @@ PLACEMENTS = {
 
 @dataclasses.dataclass(frozen=True)
 class Backing:
-    kind: str                 # "slab" | "pages" | "extents"
-    rounded: int              # bytes the allocation takes (512-byte blocks, or whole pages)
-    handles: tuple[int, ...]  # physical handle bytes in address order (empty for a slab block)
+    kind: str                 # "shared" (under one page: packed with its neighbours) | "pages" | "extents"
+    rounded: int              # bytes the allocation takes (whole 512-byte blocks)
+    handles: tuple[int, ...]  # physical handle bytes in address order (empty for a shared block)
 
 
 def backing(nbytes: int, p: Placement = Placement()) -> Backing:
-    """The core's rule (AllocPolicy::request and handle_plan) for a fresh allocation of nbytes."""
+    """The core's rule (AllocPolicy::request and handle_plan) for a fresh allocation of nbytes: the
+    first one of an empty space, at a page boundary with nothing mapped under it. It takes whole
+    512-byte blocks; the pages it covers whole are one-page handles, or extents when there are at
+    least min(32 MiB, extent_size) (and two pages) of them; a page it covers only in part is a
+    one-page handle that its neighbours may share. Under one page it is a block packed with its
+    neighbours (handles empty: the pages they share move whole)."""
     if nbytes <= 0:
         raise ValueError("allocation size must be positive")
     page = p.page_bytes
-    if nbytes <= p.threshold:
-        return Backing("slab", -(-nbytes // BLOCK) * BLOCK, ())
-    npages = -(-nbytes // page)
+    rounded = -(-nbytes // BLOCK) * BLOCK
+    if rounded < page:
+        return Backing("shared", rounded, ())
+    whole, tail = divmod(rounded, page)
     max_pages = p.extent_bytes // page
     max_pages = max_pages if max_pages >= 2 else 0
     min_pages = max(2, -(-min(EXTENT_MIN_BYTES, max_pages * page) // page))
-    if not max_pages or npages < min_pages:
-        return Backing("pages", npages * page, (page,) * npages)
-    plan, left, c = [], npages, max_pages
-    while c >= 2:  # size classes max, max/2, ... down to two pages, largest first; one page for the rest
-        while left >= c:
-            plan.append(c * page)
-            left -= c
-        c //= 2
-    plan += [page] * left
-    return Backing("extents", npages * page, tuple(plan))
+    plan: list[int] = []
+    if not max_pages or whole < min_pages:
+        plan = [page] * whole
+    else:
+        left, c = whole, max_pages
+        while c >= 2:  # size classes max, max/2, ... down to two pages, largest first; one page for the rest
+            while left >= c:
+                plan.append(c * page)
+                left -= c
+            c //= 2
+        plan += [page] * left
+    plan += [page] * (1 if tail else 0)
+    return Backing("extents" if max(plan) > page else "pages", rounded, tuple(plan))
 
 
 # -- the H100 cost of moving handles (docs/cost-model.md's interpolation) ---------------------------
@@ -255,7 +264,7 @@ def summarize(packs: list[dict[str, Any]], budgets: list[int]) -> dict[str, Any]
         by_kind = {kind: {"bytes": sum(storages[k] for k, b in backs.items() if b.kind == kind),
                           "count": sum(1 for b in backs.values() if b.kind == kind),
                           "mapped_bytes": sum(b.rounded for b in backs.values() if b.kind == kind)}
-                   for kind in ("extents", "pages", "slab")}
+                   for kind in ("extents", "pages", "shared")}
         for v in by_kind.values():
             v["share_of_bytes"] = v["bytes"] / total if total else 0.0
             v["share_of_tensors"] = v["count"] / len(storages) if storages else 0.0
@@ -267,8 +276,8 @@ def summarize(packs: list[dict[str, Any]], budgets: list[int]) -> dict[str, Any]
         for budget in budgets:
             moved = pager_evictions(packs, budget)
             handles = [h for k in moved for h in backs[k].handles]
-            slab = sum(backs[k].rounded for k in moved if backs[k].kind == "slab")
-            handles += [pl.page_bytes] * -(-slab // pl.page_bytes)  # packed slab pages, moved whole
+            shared = sum(backs[k].rounded for k in moved if backs[k].kind == "shared")
+            handles += [pl.page_bytes] * -(-shared // pl.page_bytes)  # the pages they pack into, moved whole
             driver = sum(cycle_driver_us(h) for h in handles)
             copy = sum(cycle_copy_us(h) for h in handles)
             calls = {c: n * len(handles) for c, n in MAPPED_CYCLE_CALLS.items()}
@@ -330,7 +339,7 @@ def predict(model: str, batch: int, summary: dict[str, Any], ref: dict[str, Any]
 
 def table(results: list[dict[str, Any]], budget: int) -> str:
     rows = ["| model | batch | saved GiB | tensors | on extents: bytes / tensors | 2 MiB pages: bytes / tensors | "
-            "slab: bytes / tensors | handles/step default / 32 MiB / 64 MiB / 2 MiB | driver ms/step default / 32 / 64 / 2 | "
+            "shared: bytes / tensors | handles/step default / 32 MiB / 64 MiB / 2 MiB | driver ms/step default / 32 / 64 / 2 | "
             "copy ms/step default / 32 / 64 |",
             "|---|---:|---:|---:|---|---|---|---|---|---|"]
     for r in results:
@@ -340,7 +349,7 @@ def table(results: list[dict[str, Any]], budget: int) -> str:
         share = lambda d: f"{100 * d['share_of_bytes']:.1f}% / {100 * d['share_of_tensors']:.1f}%"  # noqa: E731
         rows.append(
             f"| {r['model']} | {r['batch']} | {s['saved_bytes'] / (1 << 30):.2f} | {s['saved_storages']} | "
-            f"{share(k['extents'])} | {share(k['pages'])} | {share(k['slab'])} | "
+            f"{share(k['extents'])} | {share(k['pages'])} | {share(k['shared'])} | "
             + " / ".join(str(pb[n]["handles_per_step"]) for n in ("default", "page32", "page64", "page2")) + " | "
             + " / ".join(f"{1e3 * pb[n]['modeled_driver_s']:.0f}" for n in ("default", "page32", "page64", "page2")) + " | "
             + " / ".join(f"{1e3 * pb[n]['modeled_copy_s']:.0f}" for n in ("default", "page32", "page64")) + " |")

@@ -1,7 +1,7 @@
 """benchmarks/saved_activation_sizes.py: its Python copy of the core's placement rule and its
 per-handle call counts agree with a real host-backend AddressSpace, and its report adds up.
 
-Owns: the checks of backing() (slab / one-page handles / extents, with their sizes) against
+Owns: the checks of backing() (shared block / one-page handles / extents, with their sizes) against
 pages() and the driver-call counters for a sweep of sizes at default settings and at 32 and 64
 MiB pages; of MAPPED_CYCLE_CALLS against a steady-state mapped-mode evict + restore; and a run
 of the script on the tiny smoke models.
@@ -11,30 +11,18 @@ and pinned bytes return to zero).
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
-from pathlib import Path
 
 import pytest
 
+from helpers.benchmarks import load_script
 from helpers.sizes import MiB
 from vtalloc.allocator import AddressSpace
 
-BENCH = Path(__file__).resolve().parent.parent / "benchmarks"
-
-
-def load():
-    spec = importlib.util.spec_from_file_location("saved_activation_sizes", BENCH / "saved_activation_sizes.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod  # its dataclasses look their module up
-    spec.loader.exec_module(mod)
-    return mod
-
-
-sas = load()
+sas = load_script("saved_activation_sizes")
 SWEEP = {  # placement -> sizes (1 GiB at default settings only: the host backend really maps it)
-    "default": [4096, MiB, MiB + 1, 3 * MiB, 30 * MiB, 31 * MiB, 32 * MiB, 100 * MiB, 300 * MiB, 1024 * MiB],
+    "default": [4096, MiB, MiB + 1, 3 * MiB, 30 * MiB, 31 * MiB, 32 * MiB, 32 * MiB + 1, 100 * MiB, 300 * MiB,
+                1024 * MiB],
     "page2": [3 * MiB, 100 * MiB],
     "page32": [4096, 3 * MiB, 31 * MiB, 32 * MiB, 100 * MiB, 300 * MiB],
     "page64": [3 * MiB, 100 * MiB, 300 * MiB],
@@ -55,7 +43,7 @@ def test_backing_rule_matches_a_host_backend_space(name, size):
         a = space.malloc(size)
         created = space.stats().driver_calls()["create_page"] - before["create_page"]
         rows = sorted((r for r in space.pages() if r.state == "allocated" and a in r.allocations), key=lambda r: r.address)
-        if want.kind == "slab":
+        if want.kind == "shared":
             assert len(rows) == 1 and created == 1, rows
             assert space.stats().mapped_bytes == p.page_bytes
         else:
@@ -67,7 +55,7 @@ def test_backing_rule_matches_a_host_backend_space(name, size):
                 handles[-1] += p.page_bytes
             assert tuple(handles) == want.handles, (handles, want)
             assert created == len(want.handles)
-            assert space.stats().mapped_bytes == want.rounded
+            assert space.stats().mapped_bytes == sum(want.handles)
             assert want.kind == ("extents" if max(want.handles) > p.page_bytes else "pages")
         space.free(a)
 
@@ -75,9 +63,10 @@ def test_backing_rule_matches_a_host_backend_space(name, size):
 def test_the_sweep_covers_every_kind_and_the_documented_plans():
     assert sas.backing(300 * MiB).handles == (256 * MiB, 32 * MiB, 8 * MiB, 4 * MiB)
     assert sas.backing(1024 * MiB).handles == (256 * MiB,) * 4
-    # the threshold counts whole pages: 31 MiB rounds to 16 pages and gets one 32 MiB extent
-    assert sas.backing(30 * MiB).kind == "pages" and sas.backing(30 * MiB + 1).handles == (32 * MiB,)
-    assert sas.backing(MiB).kind == "slab" and sas.backing(MiB + 1).kind == "pages"
+    # the threshold counts the pages it covers whole: 31 MiB covers 15 (and part of a 16th)
+    assert sas.backing(31 * MiB).kind == "pages" and sas.backing(32 * MiB).handles == (32 * MiB,)
+    assert sas.backing(32 * MiB + 1).handles == (32 * MiB, 2 * MiB)  # the page it shares stays a page
+    assert sas.backing(MiB + 1).kind == "shared" and sas.backing(2 * MiB).kind == "pages"
     assert sas.backing(100 * MiB, sas.PLACEMENTS["page32"]).handles == (32 * MiB,) * 4
     with pytest.raises(ValueError):
         sas.backing(0)

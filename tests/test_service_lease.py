@@ -40,9 +40,9 @@ def test_a_service_space_is_an_address_space_that_leases_on_demand_and_gives_bac
         assert isinstance(space, ServiceAddressSpace) and isinstance(space, AddressSpace)
         assert space.backend == "host" and space.page_bytes == PAGE and space.leased
         assert space.stats().pages_total == 0  # nothing leased before it is needed
-        big = space.malloc(5 * MiB)            # 3 pages: leased on demand
-        small = space.malloc(1000)
-        space.write(big, pattern(1, 5 * MiB))
+        big = space.malloc(7 * MiB)            # 4 pages: leased on demand
+        small = space.malloc(1000)             # on big's last page, which they share
+        space.write(big, pattern(1, 7 * MiB))
         space.write(small, pattern(2, 1000))
         held = space.stats().pages_total
         assert held >= 4

@@ -1,12 +1,17 @@
 """Property test: random malloc / free / write / read / trim against a model.
 
 After every step: every live allocation reads back exactly what was last written to it,
-allocations never overlap, mapped bytes never exceed capacity, the stats agree with the
-model, and an OOM happens only when live rounded bytes plus the request exceed capacity
-(invariant 1: no fragmentation OOM).
+allocations never overlap, every page they touch is mapped, mapped bytes never exceed
+capacity, the stats agree with the model, and an OOM happens only when the pages of the
+handles that live allocations touch (an extent counts whole) plus the pages the request needs
+exceed capacity (invariant 1: no fragmentation OOM; pages are shared between neighbouring
+allocations, so "the pages they touch" is the model's count, not their rounded sizes). A third
+machine uses extents of up to 16 MiB in a 32 MiB space, so that blocks share extents' pages.
 """
 
 from __future__ import annotations
+
+from collections import defaultdict
 
 import hypothesis.strategies as st
 from hypothesis import HealthCheck, settings
@@ -27,16 +32,21 @@ SIZES = st.one_of(
 
 
 def rounded(n: int) -> int:
-    return -(-n // 512) * 512 if n <= SMALL else -(-n // PAGE) * PAGE
+    return -(-n // 512) * 512
+
+
+def pages_of(a: int, n: int) -> range:
+    return range(a // PAGE, (a + rounded(n) - 1) // PAGE + 1)
 
 
 class SpaceMachine(RuleBasedStateMachine):
     allocations = Bundle("allocations")
     extent_size: str | None = None
+    capacity = CAPACITY
 
     def __init__(self) -> None:
         super().__init__()
-        self.space = host_space(CAPACITY, extent_size=self.extent_size)
+        self.space = host_space(self.capacity, extent_size=self.extent_size)
         self.live: dict[int, tuple[int, int]] = {}  # address -> (size, tag)
         self.tag = 0
 
@@ -45,21 +55,32 @@ class SpaceMachine(RuleBasedStateMachine):
             self.space.free(a)
         self.space.close()
 
-    def pages_needed_by_live(self) -> int:
-        # Small allocations share pages: count the distinct pages they touch.
-        large = sum(rounded(n) for n, _ in self.live.values() if n > SMALL)
-        small_pages = {a - a % PAGE for a, (n, _) in self.live.items() if n <= SMALL}
-        return large + len(small_pages) * PAGE
+    def touched_pages(self) -> set[int]:
+        return {p for a, (n, _) in self.live.items() for p in pages_of(a, n)}
+
+    def handles(self) -> dict[int, list[int]]:
+        """The space's mapped handles: handle id -> the page numbers it is mapped at."""
+        out: dict[int, list[int]] = defaultdict(list)
+        for r in self.space.pages():
+            if r.page_id is not None and r.address is not None:
+                out[r.page_id].append(r.address // PAGE)
+        return out
+
+    def pinned_pages(self) -> int:
+        """Pages of the handles live allocations touch: an extent counts whole."""
+        touched = self.touched_pages()
+        return sum(len(ps) for ps in self.handles().values() if touched.intersection(ps))
 
     @rule(target=allocations, n=SIZES)
     def malloc(self, n):
         try:
             a = self.space.malloc(n)
         except OutOfMemoryError:
-            # Allowed only if live pages plus this request exceed capacity.
-            need = PAGE if n <= SMALL else rounded(n)
-            assert self.pages_needed_by_live() + need > CAPACITY, "fragmentation OOM"
+            # Allowed only if the pages live allocations hold plus a fresh placement exceed capacity.
+            need = -(-n // PAGE)
+            assert self.pinned_pages() + need > self.capacity // PAGE, "fragmentation OOM"
             return None
+        assert a % 512 == 0
         self.tag += 1
         self.write_tagged(a, n, self.tag)
         self.live[a] = (n, self.tag)
@@ -112,6 +133,8 @@ class SpaceMachine(RuleBasedStateMachine):
         spans = sorted((a, a + rounded(n)) for a, (n, _) in self.live.items())
         for (_, end), (start, _) in zip(spans, spans[1:]):
             assert end <= start, "allocations overlap"
+        states = {r.address // PAGE: r.state for r in self.space.pages() if r.address is not None}
+        assert all(states.get(p) == "allocated" for p in self.touched_pages()), "a page under live data is not mapped"
 
 
 TestSpaceMachine = SpaceMachine.TestCase
@@ -129,3 +152,16 @@ class ExtentSpaceMachine(SpaceMachine):
 
 TestExtentSpaceMachine = ExtentSpaceMachine.TestCase
 TestExtentSpaceMachine.settings = TestSpaceMachine.settings
+
+
+class LargeExtentSpaceMachine(SpaceMachine):
+    """Extents of up to 16 MiB in a 32 MiB space: a block may reuse part of a cached extent, and
+    smaller ones then fill the rest of it; still no OOM while the handles under live data leave
+    room."""
+
+    extent_size = "16MiB"
+    capacity = 32 * MiB
+
+
+TestLargeExtentSpaceMachine = LargeExtentSpaceMachine.TestCase
+TestLargeExtentSpaceMachine.settings = TestSpaceMachine.settings

@@ -1,6 +1,6 @@
 // AllocPolicy implementation.
 //
-// Owns: the placement of a request, the obtain-page order and where freed memory goes.
+// Owns: the placement of a request, the obtain-handle order and where freed memory goes.
 // Invariants: the policy and its invariants are in alloc_policy.hpp.
 #include "alloc/alloc_policy.hpp"
 
@@ -41,14 +41,14 @@ AllocPolicy::AllocPolicy(const vta_config_t& config, PageTable& pages, EventPool
       page_bytes_(pages.page_bytes()),
       small_threshold_(config.small_threshold_bytes ? config.small_threshold_bytes
                                                     : std::min<uint64_t>(1ull << 20, page_bytes_)),
-      live_(pages),
-      pending_(events, page_bytes_, backend_kind),
-      uses_(events, page_bytes_, backend_kind),
-      slabs_(page_bytes_),
       extent_max_pages_(extent_max_pages(config, page_bytes_)),
       extent_min_pages_(std::max<uint64_t>(
           2, (std::min<uint64_t>(kExtentMinBytes, extent_max_pages_ * page_bytes_) + page_bytes_ - 1) / page_bytes_)),
-      ranges_(pages, reservation_bytes(config, capacity, page_bytes_)) {
+      live_(pages),
+      pending_(events, page_bytes_, backend_kind),
+      uses_(events, page_bytes_, backend_kind),
+      free_(pages, reservation_bytes(config, capacity, page_bytes_)),
+      cached_(pages) {
   if (small_threshold_ > page_bytes_)
     fail(VTA_ERR_INVALID_ARGUMENT, "small_threshold must not exceed the page size");
 }
@@ -57,109 +57,233 @@ AllocPolicy::Request AllocPolicy::request(uint64_t nbytes) {
   if (nbytes == 0) fail(VTA_ERR_INVALID_ARGUMENT, "allocation size must be positive");
   if (nbytes > kMaxAllocationBytes)
     fail(VTA_ERR_INVALID_ARGUMENT, "allocation of " + std::to_string(nbytes) + " bytes is larger than any address space can reserve");
-  bool small = nbytes <= small_threshold_;
-  uint64_t rounded = small ? round_up(nbytes, kMinAlignment) : round_up(nbytes, page_bytes_);
-  if (rounded > capacity_) throw_oom(nbytes);
-  return Request{nbytes, rounded, small};
+  uint64_t rounded = round_up(nbytes, kMinAlignment);
+  if (round_up(rounded, page_bytes_) > capacity_) throw_oom(nbytes);  // no placement fits in fewer pages
+  return Request{nbytes, rounded, nbytes <= small_threshold_};
 }
 
 uintptr_t AllocPolicy::allocate(const Request& r, StreamHandle stream, bool may_evict) {
   uintptr_t address = 0;
   if (!uses_.empty()) poll_uses(false);
   retried_ = false;
-  bool ok = take_same_stream(r, stream, &address);  // no driver call
+  // Neither needs an event nor a driver call: a block this stream freed, or free memory that is
+  // mapped already.
+  bool ok = take_same_stream(r, stream, &address) || take_mapped(r.rounded, &address);
   if (!ok) {
     // The memory other streams freed (and what this one freed that this request does not fit)
     // needs their events now: one record per stream with open frees, then a poll.
     settle();
     uint64_t released = pending_.released();
-    ok = try_allocate(r.rounded, r.small, may_evict, &address);
+    ok = try_allocate(r.rounded, may_evict, &address);
     if (!ok && (pending_.count() || uses_.freed_count() || pending_.released() != released)) {
       // Frees that waited for their streams (recorded ones too) may have left a block this
       // request fits in.
       retried_ = true;
       poll_uses(true);
       drain_pending(true);
-      ok = try_allocate(r.rounded, r.small, may_evict, &address);
+      ok = try_allocate(r.rounded, may_evict, &address);
     }
   }
   if (retried_) num_alloc_retries_++;
   if (!ok) throw_oom(r.requested);
   live_.add(address, Allocation{r.rounded, r.requested, stream, r.small});
-  if (r.small) port_->forget_lru(page_of(address));  // now shared with a pinned block
+  // Only its first and last pages can hold other allocations, whose pages the LRU may list.
+  if (live_.evictable_bytes()) {
+    port_->touch_range(address, 1);
+    port_->touch_range(address + r.rounded - 1, 1);
+  }
   return address;
 }
 
 bool AllocPolicy::take_same_stream(const Request& r, StreamHandle stream, uintptr_t* out) {
-  // A block on a page that is away is not reused here: it returns through the eviction engine.
-  auto usable = [&](uintptr_t address, uint64_t bytes) {
-    if (!r.small && !pages_.handle_boundary(address + bytes)) return false;  // would split an extent
-    if (!port_->any_away()) return true;
-    for (uintptr_t va = page_of(address); va < address + bytes; va += page_bytes_)
-      if (port_->is_away(va)) return false;
-    return true;
-  };
-  return pending_.take(stream, r.rounded, r.small, usable, out);
+  // A good fit only: pending frees are not merged with their neighbours until they are released,
+  // so cutting a small request out of a large one would scatter blocks (and the pages they hold)
+  // that the free space would have packed. Not over a page that is away (it returns through the
+  // eviction engine), nor on too little of an extent: the rules of a placement in the free space.
+  auto usable = [&](uintptr_t address, uint64_t bytes) { return blocked_until(address, bytes, Fit::any) == 0; };
+  return pending_.take(stream, r.rounded, r.rounded + good_fit_slack(r.rounded), usable, out);
 }
 
-bool AllocPolicy::try_allocate(uint64_t rounded, bool small, bool may_evict, uintptr_t* out) {
-  if (!small) {
-    if (ranges_.take_cached(rounded, out)) return true;  // cached: no driver call
-    return map_range(rounded / page_bytes_, may_evict, out);
-  }
-  uintptr_t block = 0;
-  if (!slabs_.take_block(rounded, &block)) {
-    uintptr_t slab = 0;
-    if (!ranges_.take_cached(page_bytes_, &slab) && !map_range(1, may_evict, &slab)) return false;
-    block = slabs_.take_block_in_new_slab(slab, rounded);
-  }
-  slabs_.count_taken(block, rounded);
-  *out = block;
+bool AllocPolicy::take_mapped(uint64_t rounded, uintptr_t* out) {
+  uintptr_t a = take_free(rounded, Fit::mapped);
+  if (!a) return false;
+  *out = a;
   return true;
 }
 
-std::vector<uint32_t> AllocPolicy::handle_plan(size_t npages) const {
-  if (!extent_max_pages_ || npages < extent_min_pages_) return std::vector<uint32_t>(npages, 1);
-  // Size classes extent_max_pages_, half of it, a quarter ... down to two pages, largest first,
-  // and one page for what is left: few handles, and of a few sizes only, so a freed extent fits
-  // the next large allocation of any size that contains its class (docs/eviction.md).
-  std::vector<uint32_t> plan;
-  size_t left = npages;
-  for (uint64_t c = extent_max_pages_; c >= 2; c /= 2)
-    while (left >= c) {
-      plan.push_back(static_cast<uint32_t>(c));
-      left -= c;
+bool AllocPolicy::try_allocate(uint64_t rounded, bool may_evict, uintptr_t* out) {
+  for (Fit fit : {Fit::any, Fit::fresh}) {
+    uintptr_t a = take_free(rounded, fit);
+    bool mapped = false;
+    try {
+      mapped = map_under(a, rounded, may_evict);
+    } catch (...) {
+      give_free(a, rounded);
+      throw;
     }
-  plan.insert(plan.end(), left, 1);
+    if (mapped) {
+      *out = a;
+      return true;
+    }
+    give_free(a, rounded);
+    // The best fit needed more pages than could be had; a block in fresh virtual space needs
+    // ceil(rounded / page) pages, and every cached handle can go to it.
+  }
+  return false;
+}
+
+uintptr_t AllocPolicy::take_free(uint64_t bytes, Fit fit) {
+  auto placement = [&](uintptr_t start, size_t size) { return place(start, size, bytes, fit); };
+  uintptr_t a = 0;
+  if (fit == Fit::mapped) {
+    // A good fit only: any other placement waits for the frees still pending to join the free
+    // space (settle), so that the best fit is chosen among all of it.
+    if (!free_.take(bytes, placement, &a, bytes + good_fit_slack(bytes))) return 0;
+  } else if (!free_.take(bytes, placement, &a)) {
+    free_.grow(bytes + (fit == Fit::fresh ? page_bytes_ : 0));
+    bool taken = free_.take(bytes, placement, &a);  // the new reservation is free and unmapped
+    VTA_INVARIANT(taken);
+  }
+  refresh_cached(a, a + bytes);  // the handles under it are no longer cached
+  return a;
+}
+
+void AllocPolicy::give_free(uintptr_t a, uint64_t bytes) {
+  free_.give(a, bytes);
+  refresh_cached(a, a + bytes);
+}
+
+uintptr_t AllocPolicy::place(uintptr_t start, uint64_t size, uint64_t bytes, Fit fit) const {
+  uintptr_t at = fit == Fit::fresh ? round_up(start, page_bytes_) : start;
+  while (at + bytes <= start + size) {
+    uintptr_t next = blocked_until(at, bytes, fit);
+    if (!next) return at;
+    at = fit == Fit::fresh ? round_up(next, page_bytes_) : next;
+  }
+  return 0;
+}
+
+uintptr_t AllocPolicy::blocked_until(uintptr_t at, uint64_t bytes, Fit fit) const {
+  uintptr_t end = at + bytes;
+  if (port_->any_away())
+    for (uintptr_t va = page_of(at); va < end; va += page_bytes_) {
+      uintptr_t first = 0;
+      uint64_t span = 0;
+      if (port_->away_span(va, &first, &span)) return first + span;
+    }
+  if (fit != Fit::any) {  // fresh: nothing mapped under it; mapped: every page mapped
+    for (uintptr_t va = page_of(at); va < end;) {
+      int32_t id = pages_.page_at(va);
+      if (fit == Fit::fresh && id >= 0) return pages_.address_of(id) + pages_.bytes_of(id);
+      if (fit == Fit::mapped && id < 0) return va + page_bytes_;
+      va = id >= 0 ? pages_.address_of(id) + pages_.bytes_of(id) : va + page_bytes_;
+    }
+    if (fit == Fit::fresh) return 0;
+  }
+  // A cached extent under it (mapped, no block on it): the block must cover at least half of its
+  // pages (a page it touches counts), or it would keep the rest mapped for nothing.
+  uintptr_t next = 0;
+  pages_.for_each_mapped_extent_in(at, end, [&](int32_t id, uintptr_t h) {
+    uint64_t hb = pages_.bytes_of(id);
+    if (next || !free_.is_free(h, hb)) return;
+    uintptr_t lo = std::max(at, h), hi = std::min(end, h + hb);
+    uint64_t covered = (round_up(hi, page_bytes_) - page_of(lo)) / page_bytes_;
+    if (2 * covered < pages_.pages_of(id)) next = h + hb;
+  });
+  return next;
+}
+
+std::vector<uint32_t> AllocPolicy::handle_plan(size_t npages, bool partial_first, bool partial_last) const {
+  // A page shared with a neighbour is a one-page handle: the extents lie under this block only.
+  size_t head = partial_first ? 1 : 0, tail = partial_last && npages > head ? 1 : 0;
+  size_t whole = npages - head - tail;
+  std::vector<uint32_t> plan(head, 1);
+  if (!extent_max_pages_ || whole < extent_min_pages_) {
+    plan.insert(plan.end(), whole, 1);
+  } else {
+    // Size classes extent_max_pages_, half of it, a quarter ... down to two pages, largest
+    // first, and one page for what is left: few handles, and of a few sizes only, so a freed
+    // extent fits the next block of a size that covers most of it (docs/eviction.md).
+    size_t left = whole;
+    for (uint64_t c = extent_max_pages_; c >= 2; c /= 2)
+      while (left >= c) {
+        plan.push_back(static_cast<uint32_t>(c));
+        left -= c;
+      }
+    plan.insert(plan.end(), left, 1);
+  }
+  plan.insert(plan.end(), tail, 1);
   return plan;
 }
 
-bool AllocPolicy::map_range(size_t npages, bool may_evict, uintptr_t* out) {
-  bool driver_oom = false;
-  auto obtain = [&](uint32_t n, int32_t* id) { return obtain_handle(n, id, may_evict, &driver_oom); };
-  // A cached range grown in place keeps its pages where they are: only the rest is mapped
-  // (reusing freed memory elsewhere would unmap and map each of its handles again).
-  uintptr_t start = 0;
-  size_t cached = 0, bytes = npages * page_bytes_;
-  if (npages > 1 && ranges_.take_growable(bytes, &start, &cached)) {
-    if (ranges_.map_growth(start, cached, bytes, handle_plan((bytes - cached) / page_bytes_), obtain)) {
-      *out = start;
-      return true;
+bool AllocPolicy::map_under(uintptr_t address, uint64_t bytes, bool may_evict) {
+  uintptr_t end = address + bytes;
+  // The runs of unmapped pages under the block, in address order.
+  std::vector<std::pair<uintptr_t, size_t>> runs;
+  for (uintptr_t va = page_of(address); va < end;) {
+    int32_t id = pages_.page_at(va);
+    if (id >= 0) {
+      va = pages_.address_of(id) + pages_.bytes_of(id);
+      continue;
     }
-    if (!driver_oom) return false;  // the whole range would need as much memory again
-    driver_oom = false;
+    if (!runs.empty() && runs.back().first + runs.back().second * page_bytes_ == va)
+      runs.back().second++;
+    else
+      runs.emplace_back(va, 1);
+    va += page_bytes_;
   }
-  std::vector<uint32_t> plan = handle_plan(npages);
-  if (ranges_.map_range(plan, obtain, out)) return true;
-  if (!driver_oom) return false;
-  // The driver refused an extent's size although capacity was there: one-page handles.
-  return ranges_.map_range(std::vector<uint32_t>(npages, 1), obtain, out);
+  if (runs.empty()) return true;  // every page is mapped already: no driver call
+  port_->pin(page_of(address), end);  // the eviction engine takes nothing from under the block
+  size_t done = 0;
+  try {
+    for (; done < runs.size(); ++done) {
+      auto [va, n] = runs[done];
+      bool partial_first = va < address, partial_last = va + n * page_bytes_ > end;
+      bool driver_oom = false;
+      if (map_handles(va, handle_plan(n, partial_first, partial_last), may_evict, &driver_oom)) continue;
+      // The driver refused an extent's size although capacity was there: one-page handles.
+      if (!driver_oom || !map_handles(va, std::vector<uint32_t>(n, 1), may_evict, &driver_oom)) break;
+    }
+  } catch (...) {
+    for (size_t i = 0; i < done; ++i) pages_.unmap_range(runs[i].first, runs[i].second * page_bytes_);
+    port_->unpin();
+    throw;
+  }
+  port_->unpin();
+  if (done == runs.size()) return true;
+  for (size_t i = 0; i < done; ++i) pages_.unmap_range(runs[i].first, runs[i].second * page_bytes_);
+  return false;
+}
+
+bool AllocPolicy::map_handles(uintptr_t va, const std::vector<uint32_t>& handles, bool may_evict, bool* driver_oom) {
+  std::vector<int32_t> ids;
+  ids.reserve(handles.size());
+  auto give_back = [&] {
+    for (int32_t id : ids) pages_.return_page(id);
+  };
+  try {
+    for (uint32_t n : handles) {
+      int32_t id = -1;
+      if (!obtain_handle(n, &id, may_evict, driver_oom)) {
+        give_back();
+        return false;
+      }
+      ids.push_back(id);
+    }
+    pages_.map_pages(va, ids);
+  } catch (...) {
+    give_back();
+    throw;
+  }
+  return true;
 }
 
 bool AllocPolicy::obtain_handle(uint32_t npages, int32_t* id, bool may_evict, bool* driver_oom) {
-  // Cheapest first: a free handle of this size (or a new one under capacity), room made by
-  // releasing free handles of other sizes, a cached handle, memory freed but waiting for its
-  // stream, and only then what the eviction engine can free (ResidencyPort::free_device_page).
+  // Cheapest first: a free handle of this size (or a new one under capacity), a cached extent of
+  // this size, room made by releasing free handles of other sizes, a cached handle, memory freed
+  // but waiting for its stream, and only then what the eviction engine can free
+  // (ResidencyPort::free_device_page).
+  auto cached = [&](int32_t h) { return is_cached(h); };
   for (;;) {
     bool refused = false;
     if (npages == 1 ? pages_.acquire_page(id) : pages_.acquire_extent(npages, id, &refused)) return true;
@@ -169,46 +293,57 @@ bool AllocPolicy::obtain_handle(uint32_t npages, int32_t* id, bool may_evict, bo
     }
     // A cached extent of this very size: unmapped, it is the free extent taken above (no
     // release, no create).
-    if (npages > 1 && reclaim_cached_extent(npages)) continue;
+    int32_t victim = -1;
+    if (npages > 1 && cached_.take_oldest(npages, cached, &victim)) {
+      pages_.unmap_range(pages_.address_of(victim), pages_.bytes_of(victim));
+      num_page_reclaims_++;
+      continue;
+    }
     if (pages_.release_free_for(npages, /*pages_first=*/npages > 1)) continue;
     retried_ = true;
-    if (reclaim_one_page()) continue;
+    if (reclaim_one_handle()) continue;
     if (uses_.freed_count() && poll_uses(true)) continue;  // now pending frees: drained next
     if (pending_.count() && drain_pending(true)) continue;  // none: streams capturing a graph
     if (!port_->free_device_page(may_evict)) return false;
   }
 }
 
-bool AllocPolicy::reclaim_one_page() {
-  // Cached handles under free ranges first (smallest range: the least useful for reuse),
-  // then the spare empty slab. Pages here were freed and their events completed.
-  uintptr_t victim = 0;
-  size_t bytes = page_bytes_;
-  if (!ranges_.take_cached_page(&victim, &bytes) && !slabs_.take_spare(&victim)) return false;
-  ranges_.unmap(victim, bytes);
-  num_page_reclaims_++;
-  return true;
+bool AllocPolicy::is_cached(int32_t id) const {
+  uintptr_t va = pages_.address_of(id);
+  return va != 0 && free_.is_free(va, pages_.bytes_of(id)) && !(port_->any_away() && port_->is_away(va));
 }
 
-bool AllocPolicy::reclaim_cached_extent(uint32_t npages) {
-  uintptr_t va = 0;
-  if (!ranges_.take_cached_extent(npages, &va)) return false;
-  ranges_.unmap(va, uint64_t{npages} * page_bytes_);
+void AllocPolicy::refresh_cached(uintptr_t lo, uintptr_t hi) {
+  cached_.refresh(lo, hi, [&](int32_t id) { return is_cached(id); });
+}
+
+bool AllocPolicy::reclaim_one_handle() {
+  // The handle cached longest: the least likely to be reused soon. Its bytes were freed and
+  // their events completed, so nothing can still touch it.
+  int32_t id = -1;
+  if (!cached_.take_oldest(0, [&](int32_t h) { return is_cached(h); }, &id)) return false;
+  pages_.unmap_range(pages_.address_of(id), pages_.bytes_of(id));
   num_page_reclaims_++;
   return true;
 }
 
 void AllocPolicy::unmap_cached() {
-  uintptr_t spare = 0;
-  if (slabs_.take_spare(&spare)) ranges_.add_cached(spare, page_bytes_);
-  ranges_.unmap_cached();
+  int32_t id = -1;
+  while (cached_.take_oldest(0, [&](int32_t h) { return is_cached(h); }, &id))
+    pages_.unmap_range(pages_.address_of(id), pages_.bytes_of(id));
 }
 
 void AllocPolicy::free(uintptr_t address) {
   auto it = live_.find_live(address);
   const Allocation a = live_.erase(it);
-  // Its pages may have become (un)evictable; with no evictable allocation left, none can be.
-  if (a.evictable || live_.evictable_bytes()) port_->touch_range(address, a.size);
+  // Its pages may have become (un)evictable: all of them if it was evictable, else only the
+  // pages it shared with others.
+  if (a.evictable) {
+    port_->touch_range(address, a.size);
+  } else if (live_.evictable_bytes()) {
+    port_->touch_range(address, 1);
+    port_->touch_range(address + a.size - 1, 1);
+  }
   retire(address, a, false);
   if (!uses_.empty()) poll_uses(false);
   drain_pending(false);  // earlier batches whose events completed (no call while all are open)
@@ -216,7 +351,7 @@ void AllocPolicy::free(uintptr_t address) {
 
 void AllocPolicy::retire(uintptr_t address, const Allocation& a, bool kept) {
   std::vector<StreamHandle> streams = uses_.take(address);
-  PendingFree f{address, a.size, a.small};
+  PendingFree f{address, a.size};
   if (!streams.empty())
     uses_.await(f, a.stream, streams, kept);  // no reuse, not even on its stream, before their events
   else if (!kept)
@@ -228,11 +363,25 @@ void AllocPolicy::record_stream(uintptr_t address, StreamHandle stream) {
   uses_.record(address, it->second.stream, stream);
 }
 
-void AllocPolicy::add_page_streams(uintptr_t va, std::vector<StreamHandle>* streams) const {
-  live_.for_each_on_page(va, [&](uintptr_t address, const Allocation& a) {
+void AllocPolicy::add_live_streams(uintptr_t va, uint64_t bytes, std::vector<StreamHandle>* streams) const {
+  live_.for_each_in(va, bytes, [&](uintptr_t address, const Allocation& a) {
     add_stream(streams, a.stream);
     uses_.add_recorded(address, streams);
   });
+}
+
+void AllocPolicy::add_freed_streams(const std::vector<uintptr_t>& vas, std::vector<StreamHandle>* streams) const {
+  pending_.add_streams_over(vas, streams);
+  uses_.add_streams_over(vas, streams);  // and a block freed after record_stream
+}
+
+bool AllocPolicy::evictable(uintptr_t va, uint64_t bytes, uintptr_t except) const {
+  bool any = false, all = true;
+  live_.for_each_in(va, bytes, [&](uintptr_t address, const Allocation& a) {
+    any = true;
+    if (address != except && (a.kept || !a.evictable)) all = false;
+  });
+  return any && all;
 }
 
 void AllocPolicy::keep(uintptr_t address) {
@@ -257,7 +406,7 @@ void AllocPolicy::release_kept(uintptr_t address) {
     uses_.mark_freed(address);  // goes on to the pending frees once its streams are done
     return;
   }
-  pending_.push(a.stream, PendingFree{address, a.size, a.small});
+  pending_.push(a.stream, PendingFree{address, a.size});
 }
 
 uint64_t AllocPolicy::poll_uses(bool wait) {
@@ -274,8 +423,7 @@ void AllocPolicy::set_limit(uint64_t limit_bytes) {
 uint64_t AllocPolicy::drain_pending(bool wait) {
   if (wait && pending_.count()) num_sync_all_streams_++;
   if (wait) pending_.seal_all();
-  return pending_.drain(wait, skip_free_wait_,
-                        [&](uintptr_t address, uint64_t size, bool small) { release_block(address, size, small); });
+  return pending_.drain(wait, skip_free_wait_, [&](uintptr_t address, uint64_t size) { release_block(address, size); });
 }
 
 void AllocPolicy::settle() {
@@ -287,55 +435,23 @@ void AllocPolicy::settle_stream(StreamHandle stream) {
   pending_.seal_stream(stream);
 }
 
-void AllocPolicy::release_block(uintptr_t address, uint64_t size, bool small) {
-  if (small)
-    release_small_block(address, size);
-  else
-    release_large_range(address, size);
-}
-
-void AllocPolicy::release_large_range(uintptr_t address, uint64_t size) {
-  if (!port_->any_away()) {  // every page is resident: the whole range stays mapped (cached)
-    ranges_.add_cached(address, size);
-    return;
-  }
-  // Resident pages stay mapped (cached); evicted ones lose their copy and become unmapped VA.
-  uintptr_t run = address;
-  bool run_mapped = true;
-  auto flush = [&](uintptr_t end) {
-    if (end == run) return;
-    ranges_.add(run, end - run, run_mapped);
-    run = end;
-  };
-  for (uintptr_t va = address; va < address + size; va += page_bytes_) {
-    if (port_->is_away(va)) port_->drop_away_page(va);  // may complete a restore: then resident
-    bool mapped = pages_.page_at(va) >= 0;
-    if (mapped != run_mapped) {
-      flush(va);
-      run_mapped = mapped;
+void AllocPolicy::release_block(uintptr_t address, uint64_t size) {
+  free_.give(address, size);
+  if (port_->any_away()) {
+    // An away page no block touches any more loses its copy: unmapped again, or (a device page
+    // still held there) cached like any freed page.
+    for (uintptr_t va = page_of(address); va < address + size;) {
+      uintptr_t first = 0;
+      uint64_t span = 0;
+      if (!port_->away_span(va, &first, &span)) {
+        va += page_bytes_;
+        continue;
+      }
+      if (free_.is_free(first, span)) port_->drop_away_page(first);  // may complete a restore: then resident
+      va = first + span;
     }
   }
-  flush(address + size);
-}
-
-void AllocPolicy::release_small_block(uintptr_t address, uint64_t size) {
-  uintptr_t slab = page_of(address);
-  uint64_t used = slabs_.count_released(slab, size);
-  if (port_->is_away(slab)) {
-    // The slab page is evicted: its free blocks wait in the stash until it is restored.
-    if (used != 0) {
-      slabs_.stash_block(slab, address, size);
-      return;
-    }
-    port_->drop_away_page(slab);
-    slabs_.forget(slab);
-    ranges_.add(slab, page_bytes_, pages_.page_at(slab) >= 0);  // mapped if a restore completed while dropping
-    return;
-  }
-  slabs_.add_free_block(address, size);
-  if (used != 0 || slabs_.keep_as_spare(slab)) return;
-  slabs_.remove_empty(slab);
-  ranges_.add_cached(slab, page_bytes_);
+  refresh_cached(address, address + size);
 }
 
 [[noreturn]] void AllocPolicy::throw_oom(uint64_t requested, const char* why) {
@@ -367,8 +483,8 @@ void AllocPolicy::clear() {
   pending_.clear();
   uses_.clear();
   live_.clear();
-  ranges_.clear();
-  slabs_.clear();
+  free_.clear();
+  cached_.clear();
 }
 
 }  // namespace vta

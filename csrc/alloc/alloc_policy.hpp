@@ -1,58 +1,68 @@
 // AllocPolicy: where an allocation goes, and where its memory goes when it is freed.
 //
-// Owns: the live allocations, the pending frees (stream-ordered reuse), the slabs and the free virtual ranges of one
-// address space, the order in which a device page is obtained, and the counters of OOMs and
-// page reclaims. It knows nothing of eviction beyond the ResidencyPort it is given.
+// Owns: the live allocations, the pending frees (stream-ordered reuse), the free virtual space
+// and the cached handles of one address space, the order in which a device handle is obtained,
+// and the counters of OOMs and page reclaims. It knows nothing of eviction beyond the
+// ResidencyPort it is given, and answers the engine's questions as PageUsers (read-only).
 //
-// Allocation, in order, for n pages (large, > small_threshold):
-//   1. best-fit among cached free ranges that still have pages mapped (no driver call);
-//   2. grow a cached range in place: the largest cached range that free address space of its
-//      reservation follows, the rest mapped there (its pages are not unmapped and mapped again);
-//   3. best-fit among unmapped free ranges (reserving more VA if none fits), backed by
-//      free (unmapped) pages of the page table, pages created under capacity, reclaimed from cached
-//      free ranges, freed by waiting for frees still pending on their streams, or freed by
-//      the eviction engine: releasing the device pages evicted pages still hold, finishing
-//      eviction copies still running, evicting the least-recently-used evictable page,
-//      giving back a prefetched restore's device page (obtain_handle, in that order);
-//   4. if pending frees completed meanwhile, retry once (a small request may now fit a
-//      freed block); then OutOfMemory.
-// Before all of these, stream-ordered reuse: a block freed on the request's own stream and
-// still pending is taken at once, best fit, with no event and no driver call (0.); only when
-// none fits are the open frees of every stream sealed (one event each) and polled.
+// Every allocation is one block: 512-byte aligned, its size rounded up to 512 bytes, anywhere
+// in the free virtual space. Pages are mapped under blocks, and a page is held by every block
+// that touches it, so blocks of every size share pages: a 3 MiB tensor takes 3 MiB of pages
+// (plus the parts of at most two pages its neighbours may fill), not two whole pages.
+//
+// Allocation, in order, for a block of n bytes:
+//   0. stream-ordered reuse: a block freed on the request's own stream and still pending is
+//      taken at once, best fit (cut if larger), with no event and no driver call; only when none
+//      fits are the open frees of every stream sealed (one event each) and polled;
+//   1. best fit in the free virtual space, whatever is mapped under it: the smallest free range
+//      that has room, at its lowest usable address (not over a page that is away, and not on a
+//      cached extent it would cover less than half of: see "Extents" below); the pages under it
+//      that are not mapped yet are mapped, from free handles, handles created under capacity,
+//      cached handles reclaimed (unmapped, oldest first), frees pending on their streams waited
+//      for, or device pages the eviction engine frees (obtain_handle, in that order);
+//   2. if that found no page, the same block in fresh virtual space (page-aligned, nothing
+//      mapped under it: it needs ceil(n / page) pages, and every cached handle may go to it);
+//   3. if pending frees completed meanwhile, retry once (the request may now fit a freed block);
+//      then OutOfMemory.
+// So an allocation fails only when the pages of the handles that blocks touch, plus the pages
+// the request needs, exceed the capacity: no free memory is ever stuck between blocks.
 // A block on which record_stream named other streams skips all of this at its free: it waits
 // in StreamUses for an event on each of them, then becomes a pending free of its own stream;
-// an allocation that would otherwise fail waits for those events (steps 3 and 4) first.
+// an allocation that would otherwise fail waits for those events (steps 2 and 3) first.
 // A kept block (keep(): a graph pool's freed block) stays out of every free set until
 // release_kept(); unkeep() hands it back to its owner once its recorded streams are done.
-// Small allocations (<= small_threshold) are 512-byte blocks packed into one-page slabs.
-// Large allocations of at least min(kExtentMinBytes, extent_bytes) (and two pages) get extents when steps 2-3 map
-// them: physical handles of several pages each, in size classes extent_bytes, half of it, ...
-// down to two pages, largest first, then one page for the rest (docs/eviction.md, "Extents");
-// smaller ones get one-page handles. An extent wanted is found, in order: free of its size,
-// created under capacity, a cached one of its size unmapped, room made by releasing free
-// handles of other sizes, then as for pages. A cached range or a pending
-// free is only ever cut at a handle boundary, so an extent always lies under one allocation
-// or one free range. When memory is short, free handles of the other kind are released to
-// make room under capacity (an extent's bytes can back pages again, and the reverse); if the
-// driver refuses an extent's size, the allocation falls back to one-page handles.
 //
-// Invariants: every address is 512-byte aligned; allocations of a page or more are
-// page-aligned; a freed allocation's memory is reused on its own stream at once, and by
-// anything else (another stream, a remap, the eviction engine) only after an event recorded
-// on its stream after the free completed; a virtual page that is away is never reused, mapped or unmapped here (it is
-// dropped through the port first); mapped pages never exceed capacity (the page table's
-// limit); a failure at any step leaves every page where it was and reports a typed error.
+// Extents: a run of at least min(kExtentMinBytes, extent_bytes) (and two pages) of pages a new
+// block covers whole is mapped with extents (physical handles of several pages each) of size
+// classes extent_bytes, half of it, ... down to two pages, largest first, then one-page handles;
+// a page a block covers only in part is always a one-page handle, so neighbours share one-page
+// handles only. A later block may use part of a cached extent (free, mapped) only if it covers
+// at least half of its pages: reuse of freed memory by a block of a similar size, with no driver
+// call, while an extent a block keeps mapped never holds more than as many pages again unused.
+// An extent wanted is found, in order: free of its size, created under capacity, a cached one of
+// its size unmapped, room made by releasing free handles of other sizes, then as for pages; if
+// the driver refuses an extent's size, the allocation falls back to one-page handles.
+//
+// Invariants: every address is 512-byte aligned; a freed allocation's memory is reused on its
+// own stream at once, and by anything else (another stream, a remap, the eviction engine) only
+// after an event recorded on its stream after the free completed; a virtual page that is away is
+// never given to a new block, mapped or unmapped here (it is dropped through the port once no
+// block touches it); a handle is unmapped here only when it is cached (no block touches it);
+// mapped pages never exceed capacity (the page table's limit); a failure at any step leaves
+// every page where it was and reports a typed error.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <vector>
 
+#include "alloc/cached_handles.hpp"
+#include "alloc/free_space.hpp"
 #include "alloc/live_allocations.hpp"
+#include "alloc/page_users.hpp"
 #include "alloc/pending_frees.hpp"
 #include "alloc/residency_port.hpp"
-#include "alloc/slabs.hpp"
 #include "alloc/stream_uses.hpp"
-#include "alloc/virtual_ranges.hpp"
 #include "vmm/event_pool.hpp"
 #include "vmm/page_geometry.hpp"
 #include "vmm/page_table.hpp"
@@ -63,16 +73,16 @@ namespace vta {
 constexpr uint64_t kMinAlignment = 512;
 // Larger requests are refused as invalid: no device has this much memory to back them.
 constexpr uint64_t kMaxAllocationBytes = kMaxSpaceBytes;
-// Allocations from this size up are backed by extents (when extents are on).
+// Runs of pages from this size up are backed by extents (when extents are on).
 constexpr uint64_t kExtentMinBytes = 32ull << 20;
 constexpr uint64_t kDefaultExtentBytes = 256ull << 20;
 
-class AllocPolicy {
+class AllocPolicy final : public PageUsers {
  public:
   struct Request {
     uint64_t requested;
-    uint64_t rounded;  // 512-byte blocks, or whole pages
-    bool small;
+    uint64_t rounded;  // whole 512-byte blocks
+    bool small;        // at or under small_threshold: PyTorch's small pool in the statistics
   };
 
   // Validates small_threshold; throws InvalidArgument. backend_kind: for the capture check
@@ -97,9 +107,6 @@ class AllocPolicy {
   void free(uintptr_t address);
   // record_stream: the live block at `address` is also used on `stream` (stream_uses.hpp).
   void record_stream(uintptr_t address, StreamHandle stream);
-  // Add every stream that may touch the live allocations on virtual page `va`: each one's own
-  // stream and the streams recorded on it. What an eviction copy and a mapping change wait for.
-  void add_page_streams(uintptr_t va, std::vector<StreamHandle>* streams) const;
   // Graph pools: free the live block at `address` into a kept block; make a kept block live
   // again for `requested` bytes (false, nothing changed, while it waits for recorded
   // streams); free a kept block for good (its memory to the pending frees, as free() does).
@@ -116,28 +123,32 @@ class AllocPolicy {
   void settle_stream(StreamHandle stream);
   // A device handle of `npages` pages (a page, or an extent when more than one) for the caller
   // to map, cheapest source first; false when none can be had. *driver_oom (if given) is set
-  // when the driver refused an extent's size while capacity was there.
+  // when the driver refused an extent's size while capacity was there. What the eviction engine
+  // restores into: the space asks here, then hands the handle to the engine.
   bool obtain_handle(uint32_t npages, int32_t* id, bool may_evict, bool* driver_oom = nullptr);
   // No extents from now on (a leased space's pages are the service's one-page pages).
   void disable_extents() { extent_max_pages_ = 0; }
-  // Unmap one cached page (or the spare slab's); false when there is none.
-  bool reclaim_one_page();
-  // Unmap one cached extent of exactly npages; false when there is none.
-  bool reclaim_cached_extent(uint32_t npages);
-  // Unmap every cached page, the spare slab's too (trim).
+  // Unmap the cached handle that has been cached longest; false when there is none.
+  bool reclaim_one_handle();
+  // Unmap every cached handle (trim).
   void unmap_cached();
   [[noreturn]] void throw_oom(uint64_t requested, const char* why = nullptr);
+
+  // PageUsers (for the eviction engine; read-only).
+  void add_live_streams(uintptr_t va, uint64_t bytes, std::vector<StreamHandle>* streams) const override;
+  void add_freed_streams(const std::vector<uintptr_t>& vas, std::vector<StreamHandle>* streams) const override;
+  bool evictable(uintptr_t va, uint64_t bytes, uintptr_t except = 0) const override;
 
   LiveAllocations& live() { return live_; }
   const LiveAllocations& live() const { return live_; }
   const PendingFrees& pending() const { return pending_; }
   const StreamUses& uses() const { return uses_; }
-  Slabs& slabs() { return slabs_; }
-  const Slabs& slabs() const { return slabs_; }
+  // Some block (live, kept, pending or waiting) touches the virtual page at `va`.
+  bool page_in_use(uintptr_t va) const { return !free_.is_free(va, page_bytes_); }
   size_t page_bytes() const { return page_bytes_; }
   uint64_t capacity() const { return capacity_; }
-  // Bytes mapped under no live allocation: cached ranges and the spare slab.
-  uint64_t cached_bytes() const { return ranges_.cached_bytes() + (slabs_.has_spare() ? page_bytes_ : 0); }
+  // Bytes of the cached handles: mapped, and no block touches them.
+  uint64_t cached_bytes() const { return cached_.pages() * page_bytes_; }
   void fill_stats(vta_stats_t* s) const;
   void reset_peak() { live_.reset_peak(); }
   // Forget everything (close(); the page table releases the pages).
@@ -149,13 +160,36 @@ class AllocPolicy {
   uint64_t poll_uses(bool wait);
   // Where a freed block goes: the pending frees of its stream, or StreamUses first.
   void retire(uintptr_t address, const Allocation& a, bool kept);
-  bool try_allocate(uint64_t rounded, bool small, bool may_evict, uintptr_t* out);
-  bool map_range(size_t npages, bool may_evict, uintptr_t* out);
-  // The handle sizes (in pages) that back a new range of npages.
-  std::vector<uint32_t> handle_plan(size_t npages) const;
-  void release_block(uintptr_t address, uint64_t size, bool small);
-  void release_large_range(uintptr_t address, uint64_t size);
-  void release_small_block(uintptr_t address, uint64_t size);
+  // Where a block may go in the free space: anywhere the rules allow (any), only over pages
+  // mapped already (mapped: no driver call), or page-aligned over unmapped pages only (fresh: it
+  // needs ceil(bytes / page) pages and leaves every cached handle to be reclaimed).
+  enum class Fit { any, mapped, fresh };
+  // A good fit, taken before any event is recorded: a pending free or a free range at most this
+  // much larger than the request.
+  static uint64_t good_fit_slack(uint64_t bytes) { return std::max<uint64_t>(bytes / 8, 4096); }
+  bool take_mapped(uint64_t rounded, uintptr_t* out);
+  bool try_allocate(uint64_t rounded, bool may_evict, uintptr_t* out);
+  // Take a free range for `bytes` (best fit), reserving more virtual space when none has room
+  // (any, fresh); 0 when a mapped fit finds none.
+  uintptr_t take_free(uint64_t bytes, Fit fit);
+  void give_free(uintptr_t a, uint64_t bytes);
+  // Where a block of `bytes` may start inside the free range [start, start + size): the lowest
+  // usable address, or 0 when there is none.
+  uintptr_t place(uintptr_t start, uint64_t size, uint64_t bytes, Fit fit) const;
+  // 0 if a block may lie at [at, at + bytes); else the next address worth trying (past the
+  // away page, the extent or the unmapped or mapped page in the way).
+  uintptr_t blocked_until(uintptr_t at, uint64_t bytes, Fit fit) const;
+  // Map what is not mapped yet under the new block [address, address + bytes); all or nothing.
+  bool map_under(uintptr_t address, uint64_t bytes, bool may_evict);
+  // The handle sizes (in pages) for a run of npages unmapped pages; `partial_first` and
+  // `partial_last`: the block covers the run's first / last page only in part.
+  std::vector<uint32_t> handle_plan(size_t npages, bool partial_first, bool partial_last) const;
+  // Map handles of these sizes back to back at va (unmapped); all or nothing.
+  bool map_handles(uintptr_t va, const std::vector<uint32_t>& handles, bool may_evict, bool* driver_oom);
+  void release_block(uintptr_t address, uint64_t size);
+  // List or unlist the handles over [lo, hi) as cached.
+  void refresh_cached(uintptr_t lo, uintptr_t hi);
+  bool is_cached(int32_t id) const;
   uintptr_t page_of(uintptr_t a) const { return a - a % page_bytes_; }
 
   PageTable& pages_;
@@ -164,12 +198,12 @@ class AllocPolicy {
   size_t page_bytes_;
   uint64_t small_threshold_;
   uint64_t extent_max_pages_;  // the largest extent; 0 when extents are off
-  uint64_t extent_min_pages_;  // ranges of at least this many pages get extents
+  uint64_t extent_min_pages_;  // runs of at least this many pages get extents
   LiveAllocations live_;
   PendingFrees pending_;
   StreamUses uses_;
-  Slabs slabs_;
-  VirtualRanges ranges_;
+  FreeSpace free_;
+  CachedHandles cached_;
   bool skip_free_wait_ = false;
   uint64_t num_ooms_ = 0;
   uint64_t num_page_reclaims_ = 0;

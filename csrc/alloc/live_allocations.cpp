@@ -118,15 +118,6 @@ const Allocation& LiveAllocations::find_range(uintptr_t address, uint64_t offset
   return a;
 }
 
-bool LiveAllocations::page_evictable(uintptr_t va) const {
-  bool any = false, all = true;
-  for_each_on_page(va, [&](uintptr_t, const Allocation& a) {
-    any = true;
-    all = all && a.evictable;
-  });
-  return any && all;
-}
-
 bool LiveAllocations::any_on_stream(StreamHandle stream) const {  // kept ones too: the stream still matters
   for (const auto& [address, a] : map_)
     if (a.stream == stream) return true;

@@ -2,8 +2,8 @@
 //
 // Owns: one Allocation record per live address, the bytes marked evictable, and the
 // allocation counters of the stats (allocated/active bytes and their peaks, allocs, frees).
-// Invariants: records never overlap; a small allocation is 512-byte aligned inside one slab,
-// a large one is page-aligned and a whole number of pages; evictable_bytes() is the sum of
+// Invariants: records never overlap; every record is 512-byte aligned and its size a whole
+// number of 512-byte blocks (pages are shared between records); evictable_bytes() is the sum of
 // the rounded sizes of the records marked evictable; an address that is not the start of a
 // record is refused with a message that says what it is (interior pointer, freed, foreign).
 #pragma once
@@ -20,10 +20,10 @@
 namespace vta {
 
 struct Allocation {
-  uint64_t size;       // rounded: 512-byte blocks, or whole pages
+  uint64_t size;       // rounded: whole 512-byte blocks
   uint64_t requested;
   StreamHandle stream;
-  bool small;
+  bool small;          // at or under small_threshold: PyTorch's small pool in the statistics
   bool evictable = false;
   bool kept = false;  // freed by its owner but kept out of reuse (a graph pool's: keep())
 };
@@ -51,11 +51,14 @@ class LiveAllocations {
   void set_evictable(Map::iterator it, bool evictable);
   [[noreturn]] void throw_not_live(uintptr_t address) const;
 
-  // Calls f(address, allocation) for each live allocation overlapping [va, va + page).
+  // Calls f(address, allocation) for each record (kept ones too) overlapping [va, va + bytes).
   template <typename F>
-  void for_each_on_page(uintptr_t va, F&& f) const;
-  // Some allocation lies on the page and every one there is marked evictable.
-  bool page_evictable(uintptr_t va) const;
+  void for_each_in(uintptr_t va, uint64_t bytes, F&& f) const;
+  // The same over the virtual page at `va`.
+  template <typename F>
+  void for_each_on_page(uintptr_t va, F&& f) const {
+    for_each_in(va, page_bytes_, f);
+  }
   bool any_on_stream(StreamHandle stream) const;
 
   const Map& all() const { return map_; }  // kept records included
@@ -82,13 +85,13 @@ class LiveAllocations {
 };
 
 template <typename F>
-void LiveAllocations::for_each_on_page(uintptr_t va, F&& f) const {
+void LiveAllocations::for_each_in(uintptr_t va, uint64_t bytes, F&& f) const {
   auto it = map_.lower_bound(va);
   if (it != map_.begin()) {
     auto prev = std::prev(it);
     if (prev->first + prev->second.size > va) f(prev->first, prev->second);
   }
-  for (; it != map_.end() && it->first < va + page_bytes_; ++it) f(it->first, it->second);
+  for (; it != map_.end() && it->first < va + bytes; ++it) f(it->first, it->second);
 }
 
 }  // namespace vta

@@ -12,7 +12,7 @@ void PendingFrees::push(StreamHandle stream, const PendingFree& f) {
   Batch& open = q.batches.back();
   uint64_t seq = q.next_seq++;
   open.frees.push_back(Entry{f, seq});
-  q.by_size.emplace(Key{f.small, f.size, seq}, std::make_pair(&open, std::prev(open.frees.end())));
+  q.by_size.emplace(Key{f.size, seq}, std::make_pair(&open, std::prev(open.frees.end())));
   ++count_;
   bytes_ += f.size;
 }
@@ -32,7 +32,7 @@ uintptr_t PendingFrees::take_from(Queue& q, std::map<Key, std::pair<Batch*, std:
     f.address += bytes;
     f.size -= bytes;
     ++count_;
-    q.by_size.emplace(Key{f.small, f.size, entry->seq}, std::make_pair(batch, entry));
+    q.by_size.emplace(Key{f.size, entry->seq}, std::make_pair(batch, entry));
   }
   return address;
 }

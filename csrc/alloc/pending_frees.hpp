@@ -9,7 +9,7 @@
 // may be given to the next allocation on S at once (take()), with no event: anything the new
 // owner queues on S runs after the freed block's last use on S (what PyTorch's caching
 // allocator and cudaMallocAsync rely on). An event is needed only when the memory is to go
-// anywhere else (another stream, a cached range to be remapped, the eviction engine): then
+// anywhere else (another stream, a cached handle to be remapped, the eviction engine): then
 // seal() records one on S, covering every open free of S at once; an event recorded later on
 // S still completes after the freed blocks' last use on S.
 //
@@ -26,7 +26,7 @@
 #include <cstdint>
 #include <list>
 #include <map>
-#include <tuple>
+#include <utility>
 #include <unordered_map>
 #include <vector>
 
@@ -38,7 +38,6 @@ namespace vta {
 struct PendingFree {
   uintptr_t address;
   uint64_t size;
-  bool small;
 };
 
 class PendingFrees {
@@ -50,16 +49,16 @@ class PendingFrees {
 
   // A free on `stream` joins its open batch (no driver call).
   void push(StreamHandle stream, const PendingFree& f);
-  // Stream-ordered reuse: the smallest pending free of `stream` with at least `bytes` (and the
-  // same `small`) for which usable(address, bytes) holds, split if larger (the rest stays
-  // pending in its batch); false when none. No driver call.
+  // Stream-ordered reuse: the smallest pending free of `stream` with at least `bytes` and at most
+  // `most` for which usable(address, bytes) holds, split if larger (the rest stays pending in
+  // its batch); false when none. No driver call.
   template <typename Usable>
-  bool take(StreamHandle stream, uint64_t bytes, bool small, Usable&& usable, uintptr_t* out);
+  bool take(StreamHandle stream, uint64_t bytes, uint64_t most, Usable&& usable, uintptr_t* out);
   // Record one event on every stream with open frees (one, for seal_stream), closing its batch.
   void seal_all();
   void seal_stream(StreamHandle stream);
   // Release every free whose batch's event completed (waiting for each if `wait`; not at all,
-  // open batches included, if `skip_wait`): release(address, size, small), in each stream's
+  // open batches included, if `skip_wait`): release(address, size), in each stream's
   // order; returns how many. Seal first for a wait to cover the open frees.
   template <typename F>
   uint64_t drain(bool wait, bool skip_wait, F&& release);
@@ -83,7 +82,7 @@ class PendingFrees {
     EventHandle event = 0;  // recorded on the stream after its frees; 0: the open batch
     std::list<Entry> frees;
   };
-  using Key = std::tuple<bool, uint64_t, uint64_t>;  // (small, size, seq)
+  using Key = std::pair<uint64_t, uint64_t>;  // (size, seq)
   struct Queue {
     std::list<Batch> batches;  // oldest first; only the last may be open
     std::map<Key, std::pair<Batch*, std::list<Entry>::iterator>> by_size;
@@ -108,14 +107,15 @@ class PendingFrees {
 };
 
 template <typename Usable>
-bool PendingFrees::take(StreamHandle stream, uint64_t bytes, bool small, Usable&& usable, uintptr_t* out) {
+bool PendingFrees::take(StreamHandle stream, uint64_t bytes, uint64_t most, Usable&& usable, uintptr_t* out) {
   auto qit = queues_.find(stream);
   if (qit == queues_.end() || qit->second.by_size.empty()) return false;
   Queue& q = qit->second;
-  // A few candidates at most: one is unusable only when a page under it is away (rare).
+  // A few candidates at most: one is unusable only when a page under it is away, or when the
+  // request would use too little of an extent under it (rare).
   int tries = 4;
-  for (auto it = q.by_size.lower_bound(Key{small, bytes, 0}); it != q.by_size.end() && tries-- > 0; ++it) {
-    if (std::get<0>(it->first) != small) break;
+  for (auto it = q.by_size.lower_bound(Key{bytes, 0}); it != q.by_size.end() && tries-- > 0; ++it) {
+    if (it->first.first > most) break;
     if (!usable(it->second.second->f.address, bytes)) continue;
     *out = take_from(q, it, bytes);
     return true;
@@ -134,13 +134,13 @@ uint64_t PendingFrees::drain(bool wait, bool skip_wait, F&& release) {
       if (!skip_wait && (b.event == 0 || !events_.done(b.event, wait))) break;  // later batches come after it
       while (!b.frees.empty()) {  // one at a time: a release that throws leaves the rest pending
         PendingFree f = b.frees.front().f;
-        q.by_size.erase(Key{f.small, f.size, b.frees.front().seq});
+        q.by_size.erase(Key{f.size, b.frees.front().seq});
         b.frees.pop_front();
         --count_;
         ++released_;
         ++n;
         bytes_ -= f.size;
-        release(f.address, f.size, f.small);
+        release(f.address, f.size);
       }
       if (b.event) events_.give(b.event);
       q.batches.pop_front();

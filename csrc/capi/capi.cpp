@@ -202,6 +202,13 @@ vta_status_t vta_offload(vta_space_t* space, uint64_t address) {
   return guarded([&] { open_space(space).offload(address); });
 }
 
+vta_status_t vta_offload_bytes(vta_space_t* space, uint64_t address, uint64_t* moved) {
+  return guarded([&] {
+    need(moved, "output");
+    *moved = open_space(space).offload(address);
+  });
+}
+
 vta_status_t vta_prefetch(vta_space_t* space, uint64_t address, uint64_t stream, int32_t use_stream) {
   return guarded([&] { open_space(space).prefetch(address, use_stream ? &stream : nullptr); });
 }

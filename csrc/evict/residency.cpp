@@ -29,13 +29,13 @@ uint64_t default_host_capacity(uint64_t device_capacity) {
 }  // namespace
 
 Residency::Residency(const vta_config_t& config, Backend& backend, PageTable& pages, EventPool& events,
-                     AllocPolicy& policy)
+                     const PageUsers& users, uint64_t capacity)
     : backend_(backend),
       pages_(pages),
       events_(events),
-      policy_(policy),
+      users_(users),
       page_bytes_(pages.page_bytes()),
-      capacity_(policy.capacity()) {
+      capacity_(capacity) {
   if (config.evict_mode > VTA_EVICT_MAPPED) fail(VTA_ERR_INVALID_ARGUMENT, "unknown evict_mode");
   bool can_map_host = backend_.supports_host_pages();
   if (config.evict_mode == VTA_EVICT_MAPPED && !can_map_host)
@@ -80,6 +80,14 @@ const Residency::AwayPage* Residency::away_at(uintptr_t va, uintptr_t* first) co
   return &away_.at(f);
 }
 
+bool Residency::away_span(uintptr_t va, uintptr_t* first, uint64_t* bytes) const {
+  uintptr_t f = away_first(va);
+  if (!f) return false;
+  *first = f;
+  *bytes = bytes_of(away_.at(f));
+  return true;
+}
+
 uintptr_t Residency::away_first(uintptr_t va) const {
   uintptr_t page = page_of(va);
   if (away_.count(page)) return page;
@@ -114,8 +122,7 @@ bool Residency::evict_page(uintptr_t page, bool wait) {
     // Order the copy after the last use: an event on every stream of the handle's allocations
     // (their own and those recorded on them with record_stream).
     std::vector<StreamHandle> streams;
-    if (!broken(VTA_DEBUG_BREAK_COPY_ORDER))
-      for (uint32_t k = 0; k < npages; ++k) policy_.add_page_streams(va + k * page_bytes_, &streams);
+    if (!broken(VTA_DEBUG_BREAK_COPY_ORDER)) users_.add_live_streams(va, bytes, &streams);
     for (StreamHandle s : streams) events_.record_then_wait(s, cs);
     copy_slots(va, slots, /*to_host=*/true, cs);
     // The copy is queued; if no event records its end, wait for it so the slot is not reused under it.
@@ -133,7 +140,6 @@ bool Residency::evict_page(uintptr_t page, bool wait) {
   add_away(va, p);
   in_flight_ += npages;
   for (uint32_t k = 0; k < npages; ++k) lru_.remove(va + k * page_bytes_);
-  if (policy_.slabs().is_slab(va)) policy_.slabs().stash(va);  // no new small block may land on it
   if (wait) finish_inflight(va, true);
   return true;
 }
@@ -160,16 +166,13 @@ void Residency::quiesce_pages(const std::vector<uintptr_t>& vas) {
   for (uintptr_t va : vas) {
     auto it = away_.find(va);
     uint32_t npages = it != away_.end() ? it->second.npages : 1;
-    for (uint32_t k = 0; k < npages; ++k) {
-      pages.push_back(va + k * page_bytes_);
-      policy_.add_page_streams(pages.back(), &streams);
-    }
+    for (uint32_t k = 0; k < npages; ++k) pages.push_back(va + k * page_bytes_);
+    users_.add_live_streams(va, uint64_t{npages} * page_bytes_, &streams);
     if (it != away_.end())
       for (StreamHandle s : it->second.consumers) add_stream(&streams, s);
   }
-  // A freed block's work may still run until its free completes.
-  policy_.pending().add_streams_over(pages, &streams);
-  policy_.uses().add_streams_over(pages, &streams);  // and a block freed after record_stream
+  // A freed block's work may still run until its free completes (pending, or after record_stream).
+  users_.add_freed_streams(pages, &streams);
   for (StreamHandle s : streams) events_.record_then_sync(s);
 }
 
@@ -206,7 +209,6 @@ bool Residency::finish_evictions() {
 void Residency::finish_resident(uintptr_t va) {
   uint32_t npages = away_.at(va).npages;
   erase_away(va);
-  if (policy_.slabs().is_slab(va)) policy_.slabs().unstash(va);
   for (uint32_t k = 0; k < npages; ++k) touch_page(va + k * page_bytes_);
 }
 
@@ -218,28 +220,63 @@ void Residency::unevict_held(uintptr_t va) {
   finish_resident(va);
 }
 
-void Residency::restore_page(uintptr_t page, StreamHandle consumer) {
-  uintptr_t va = away_first(page);
-  VTA_INVARIANT(va != 0);
-  if (away_.at(va).state == State::evicting) finish_inflight(va, true);
-  AwayPage& q = away_.at(va);
-  if (q.state == State::restoring || q.state == State::restored) {
-    if (std::find(q.consumers.begin(), q.consumers.end(), consumer) == q.consumers.end()) {
-      if (q.state == State::restoring && consumer != copy_stream_) check(backend_.stream_wait_event(consumer, q.event));
-      q.consumers.push_back(consumer);
+void Residency::begin_restore(uintptr_t start, uint64_t bytes) {
+  pin(start, start + bytes);
+  // Pages whose device page was never released come back first, for free: restoring the
+  // others may need memory, and must not release these to get it.
+  for (uintptr_t va = page_of(start); va < start + bytes;) {
+    uintptr_t first = 0;
+    const AwayPage* p = away_at(va, &first);
+    if (!p) {
+      va += page_bytes_;
+      continue;
     }
-    return;
+    uintptr_t next = first + bytes_of(*p);
+    if (p->state == State::evicted && p->device_held) unevict_held(first);  // p is gone after this
+    va = next;
   }
-  if (q.device_held) {
-    unevict_held(va);
-    return;
+}
+
+bool Residency::next_to_restore(uintptr_t* cursor, uintptr_t end, StreamHandle consumer, uintptr_t* first,
+                                uint32_t* npages) {
+  for (uintptr_t page = page_of(*cursor); page < end;) {
+    uintptr_t va = away_first(page);
+    if (!va) {
+      page += page_bytes_;
+      continue;
+    }
+    if (away_.at(va).state == State::evicting) finish_inflight(va, true);
+    AwayPage& q = away_.at(va);
+    uintptr_t next = va + bytes_of(q);
+    if (q.state == State::restoring || q.state == State::restored) {
+      if (std::find(q.consumers.begin(), q.consumers.end(), consumer) == q.consumers.end()) {
+        if (q.state == State::restoring && consumer != copy_stream_) check(backend_.stream_wait_event(consumer, q.event));
+        q.consumers.push_back(consumer);
+      }
+      page = next;
+      continue;
+    }
+    if (q.device_held) {  // evicted while this restore obtained memory for another page
+      unevict_held(va);
+      page = next;
+      continue;
+    }
+    *cursor = next;
+    *first = va;
+    *npages = q.npages;
+    return true;
   }
-  uint32_t npages = q.npages;
-  uint64_t bytes = bytes_of(q);
-  int32_t id = -1;
-  if (!policy_.obtain_handle(npages, &id, true))
-    policy_.throw_oom(bytes, "no device memory to restore an evicted page into");
-  AwayPage& r = away_.at(va);  // obtain may have evicted others: re-find
+  *cursor = end;
+  return false;
+}
+
+void Residency::restore_page(uintptr_t va, int32_t id, StreamHandle consumer) {
+  auto it = away_.find(va);
+  VTA_INVARIANT(it != away_.end() && it->second.state == State::evicted && !it->second.device_held &&
+                pages_.pages_of(id) == it->second.npages);
+  AwayPage& r = it->second;
+  uint32_t npages = r.npages;
+  uint64_t bytes = bytes_of(r);
   StreamHandle cs = 0;
   uintptr_t dst = va;
   bool mapped_at_va = false, mapped_at_window = false, window_taken = false;
@@ -269,7 +306,7 @@ void Residency::restore_page(uintptr_t page, StreamHandle consumer) {
     // Undo: the bytes are still in the host slot; the handle goes back to the free handles.
     if (mapped_at_va) {
       (void)backend_.stream_synchronize(cs);
-      pages_.unmap_range(va, bytes);
+      pages_.unmap_range(va, bytes);  // the handle is a free handle again
     } else {
       if (mapped_at_window) {
         (void)backend_.stream_synchronize(cs);
@@ -373,9 +410,8 @@ void Residency::drain_inflight(bool wait) {
   for (uintptr_t va : vas) finish_inflight(va, wait);
 }
 
-// The pages no longer hold live data (their frees completed): forget the evicted copy of the
-// away page over `page` (see ResidencyPort::drop_away_page). An extent lies under one
-// allocation, so all of its pages are free together.
+// No block touches the away page any more (their frees completed): forget its evicted copy
+// (see ResidencyPort::drop_away_page).
 void Residency::drop_away_page(uintptr_t page) {
   finish_inflight(page, true);
   uintptr_t va = away_first(page);
@@ -406,7 +442,7 @@ void Residency::close() {
   away_.clear();
   away_first_.clear();
   in_flight_ = 0;
-  lru_.clear();  // the slabs' stash goes with the policy's state (AllocPolicy::clear)
+  lru_.clear();
   if (window_) keep(backend_.free_va(window_, window_bytes_));
   window_ = 0;
   free_window_ = RangeSet();

@@ -5,8 +5,14 @@
 // virtual pages of one handle (a page, or an extent of several: docs/eviction.md), which
 // move together with one copy and one mapping change each, the LRU of evictable resident pages, the host pool and
 // the copy stream, the mapped-mode window, and the eviction counters of the stats. It
-// implements the policy's ResidencyPort and reaches the policy's live allocations, pending
-// frees and slabs through AllocPolicy. Every call is made under the address space's lock.
+// implements the policy's ResidencyPort; what it needs to know of the blocks over a page (their
+// streams, whether they may be evicted) it asks through PageUsers, which only answers, and the
+// device handles it restores into are given to it (the space obtains them from the policy):
+// calls go one way, into the engine. Every call is made under the address space's lock.
+//
+// A handle may lie under several blocks (pages are shared between neighbouring allocations):
+// it moves whole, so it is evicted only when every allocation on it may be (marked evictable,
+// or the one being offloaded), and it comes back whole when any of them is made resident.
 //
 // Page residency (per virtual page under live data):
 //   resident -> evicting -> evicted -> restoring [-> restored] -> resident
@@ -39,7 +45,7 @@
 #include <unordered_map>
 #include <vector>
 
-#include "alloc/alloc_policy.hpp"
+#include "alloc/page_users.hpp"
 #include "alloc/residency_port.hpp"
 #include "backend/backend.hpp"
 #include "evict/host_pool.hpp"
@@ -73,17 +79,23 @@ class Residency final : public ResidencyPort {
   };
 
   // Validates evict_mode and sets up the host pool; throws Error.
-  Residency(const vta_config_t& config, Backend& backend, PageTable& pages, EventPool& events, AllocPolicy& policy);
+  Residency(const vta_config_t& config, Backend& backend, PageTable& pages, EventPool& events, const PageUsers& users,
+            uint64_t capacity);
   Residency(const Residency&) = delete;
   Residency& operator=(const Residency&) = delete;
 
   // ResidencyPort.
   bool free_device_page(bool may_evict) override;
+  void pin(uintptr_t lo, uintptr_t hi) override {
+    pin_lo_ = page_of(lo);
+    pin_hi_ = hi;
+  }
+  void unpin() override { pin_lo_ = pin_hi_ = 0; }
   bool any_away() const override { return !away_.empty(); }
   bool is_away(uintptr_t va) const override { return away_at(va) != nullptr; }
-  void drop_away_page(uintptr_t va) override;
+  bool away_span(uintptr_t va, uintptr_t* first, uint64_t* bytes) const override;
+  void drop_away_page(uintptr_t first) override;
   void touch_range(uintptr_t start, uint64_t bytes) override;
-  void forget_lru(uintptr_t va) override { lru_.remove(va); }
   uint64_t host_pool_used_bytes() const override { return host_pool_ ? host_pool_->used_bytes() : 0; }
   uint64_t host_pool_capacity_bytes() const override { return host_capacity_; }
 
@@ -97,10 +109,25 @@ class Residency final : public ResidencyPort {
   // Work over the pages of one live allocation [start, start + bytes) (residency_ops.cpp).
   // Copy between [va, va + n) and host memory wherever the bytes are, restoring nothing.
   void copy_bytes(uintptr_t va, uintptr_t host, uint64_t n, StreamHandle stream, bool to_va);
-  void offload(uintptr_t start, uint64_t bytes);
-  void prefetch(uintptr_t start, uint64_t bytes, StreamHandle consumer);
-  void ensure_resident(uintptr_t start, uint64_t bytes, StreamHandle consumer);
+  // Evict every handle under the allocation that no allocation not marked evictable shares
+  // (the others stay resident); the bytes of the allocation now away. InvalidArgument when
+  // sharing keeps every one of its handles resident; HostPoolExhausted when the pool is full.
+  uint64_t offload(uintptr_t start, uint64_t bytes);
+  // Restoring, in steps the space drives (the engine obtains no memory itself):
+  // begin_restore() pins the allocation (free_device_page takes nothing from it) and makes
+  // resident at once every page of it whose device handle was never released;
+  // next_to_restore() walks its away pages from *cursor: it orders `consumer` after those in
+  // flight, and stops at the next one that needs a device handle (its first page and pages);
+  // restore_page() fills handle `id` (of those pages, from the caller) with its bytes, and owns
+  // the handle from then on; end_restore() unpins. finish_restore() then waits for the copies
+  // and swaps the restored pages in (ensure_resident).
+  void begin_restore(uintptr_t start, uint64_t bytes);
+  bool next_to_restore(uintptr_t* cursor, uintptr_t end, StreamHandle consumer, uintptr_t* first, uint32_t* npages);
+  void restore_page(uintptr_t first, int32_t id, StreamHandle consumer);
+  void end_restore() { unpin(); }
+  void finish_restore(uintptr_t start, uint64_t bytes);
   int residency_of(uintptr_t start, uint64_t bytes) const;  // VTA_RESIDENT / VTA_EVICTED / VTA_IN_FLIGHT
+  uint64_t away_bytes(uintptr_t start, uint64_t bytes) const;  // bytes of [start, start + bytes) on away pages
 
   const std::unordered_map<uintptr_t, AwayPage>& away() const { return away_; }  // by first page
   // The away page over virtual page `va` (any of its pages), its first page in *first; or null.
@@ -138,7 +165,6 @@ class Residency final : public ResidencyPort {
   // Evict one resident page; false (nothing changed) when the host pool is full.
   bool evict_page(uintptr_t va, bool wait);
   void complete_evict(uintptr_t va, AwayPage& p);
-  void restore_page(uintptr_t va, StreamHandle consumer);
   void complete_restore(uintptr_t va, AwayPage& p);
   void finish_inflight(uintptr_t va, bool wait);
   // Wait on the host until no work queued so far may touch these pages (see Ordering above).
@@ -155,7 +181,7 @@ class Residency final : public ResidencyPort {
   void unevict_held(uintptr_t va);
   // A restored page goes back to evicted: its device page (at the window) returns to the free pages.
   void unrestore(AwayPage& p);
-  // The page is resident again: forget it as away, give its slab its free blocks back, LRU.
+  // The page is resident again: forget it as away, LRU.
   void finish_resident(uintptr_t va);
 
   // LRU (residency_ops.cpp).
@@ -167,7 +193,7 @@ class Residency final : public ResidencyPort {
   Backend& backend_;
   PageTable& pages_;
   EventPool& events_;
-  AllocPolicy& policy_;
+  const PageUsers& users_;
   size_t page_bytes_;
   uint64_t capacity_;
   bool mapped_mode_ = false;
@@ -178,7 +204,7 @@ class Residency final : public ResidencyPort {
   std::unordered_map<uintptr_t, AwayPage> away_;
   uint64_t in_flight_ = 0;  // pages of away pages being evicted or restored
   LruList lru_;
-  uintptr_t pin_lo_ = 0, pin_hi_ = 0;  // pages of the allocation being made resident
+  uintptr_t pin_lo_ = 0, pin_hi_ = 0;  // pages of the allocation being made resident, or of the block being placed
   std::unordered_map<uintptr_t, uintptr_t> away_first_;  // other pages of multi-page away pages
   uintptr_t window_ = 0;               // mapped mode: device handles' window reservation
   size_t window_bytes_ = 0;

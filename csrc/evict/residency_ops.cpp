@@ -5,8 +5,9 @@
 // are), the LRU of evictable resident pages and the choice of a victim under pressure, and
 // the eviction fields of the stats.
 // Invariants: those of residency.hpp; a page is in the LRU only while it is resident, mapped
-// and every allocation on it is marked evictable; pages of the allocation being made
-// resident (pin_lo_, pin_hi_) are never chosen as victims.
+// and every allocation on it is marked evictable; a victim is a whole handle, every allocation
+// on which is marked evictable; pages of the pinned range (pin_lo_, pin_hi_: the allocation
+// being made resident, or the block being placed) are never chosen as victims.
 #include <algorithm>
 #include <string>
 
@@ -17,7 +18,7 @@ namespace vta {
 // Put a resident, evictable page at the most-recently-used end; drop anything else.
 void Residency::touch_page(uintptr_t va) {
   lru_.remove(va);
-  if (away_first(va) || pages_.page_at(va) < 0 || !policy_.live().page_evictable(va)) return;
+  if (away_first(va) || pages_.page_at(va) < 0 || !users_.evictable(va, page_bytes_)) return;
   lru_.push_back(va);
 }
 
@@ -55,7 +56,10 @@ bool Residency::give_back_prefetched() {
 bool Residency::evict_lru() {
   for (auto it = lru_.begin(); it != lru_.end(); ++it) {
     int32_t id = pages_.page_at(*it);  // the whole handle is the victim
-    if (pinned(pages_.address_of(id), pages_.bytes_of(id))) continue;  // part of the allocation being made resident
+    uintptr_t h = pages_.address_of(id);
+    uint64_t hb = pages_.bytes_of(id);
+    if (pinned(h, hb)) continue;  // under the allocation being made resident, or the block being placed
+    if (hb > page_bytes_ && !users_.evictable(h, hb)) continue;  // another page of it holds data that must stay
     uint32_t npages = pages_.pages_of(id);
     if (!evict_page(*it, true)) return false;  // host pool full
     counters_.pressure_evictions += npages;  // counted in pages, as evictions are
@@ -64,28 +68,7 @@ bool Residency::evict_lru() {
   return false;
 }
 
-void Residency::prefetch(uintptr_t start, uint64_t bytes, StreamHandle consumer) {
-  pin_lo_ = page_of(start);
-  pin_hi_ = start + bytes;
-  try {
-    // Pages whose device page was never released come back first, for free: restoring the
-    // others may need memory, and must not release these to get it.
-    for (uintptr_t va = page_of(start); va < start + bytes; va += page_bytes_) {
-      uintptr_t first = 0;
-      const AwayPage* p = away_at(va, &first);
-      if (p && p->state == State::evicted && p->device_held) unevict_held(first);
-    }
-    for (uintptr_t va = page_of(start); va < start + bytes; va += page_bytes_)
-      if (away_first(va)) restore_page(va, consumer);
-  } catch (...) {
-    pin_lo_ = pin_hi_ = 0;
-    throw;
-  }
-  pin_lo_ = pin_hi_ = 0;
-}
-
-void Residency::ensure_resident(uintptr_t start, uint64_t bytes, StreamHandle consumer) {
-  prefetch(start, bytes, consumer);
+void Residency::finish_restore(uintptr_t start, uint64_t bytes) {
   auto t0 = Clock::now();
   bool waited = false, swap = false;
   for (uintptr_t va = page_of(start); va < start + bytes; va += page_bytes_) {
@@ -100,29 +83,55 @@ void Residency::ensure_resident(uintptr_t start, uint64_t bytes, StreamHandle co
   touch_range(start, bytes);
 }
 
-void Residency::offload(uintptr_t start, uint64_t bytes) {
-  // All or nothing on sharing: a page shared with an allocation not marked evictable stays.
-  for (uintptr_t va = page_of(start); va < start + bytes; va += page_bytes_) {
-    bool shared_pinned = false;
-    policy_.live().for_each_on_page(va, [&](uintptr_t at, const Allocation& other) {
-      if (at != start && !other.evictable) shared_pinned = true;
-    });
-    if (shared_pinned)
-      fail(VTA_ERR_INVALID_ARGUMENT, "cannot offload: a page of this allocation is shared with an allocation "
-                                     "not marked evictable (mark both with set_evictable)");
-  }
-  for (uintptr_t va = page_of(start); va < start + bytes; va += page_bytes_) {
-    if (away_first(va)) {
-      finish_inflight(va, true);  // a restore still running completes first
-      uintptr_t first = away_first(va);
-      if (first && away_.at(first).state == State::restored) unrestore(away_.at(first));
-      if (away_first(va)) continue;  // evicting or evicted
+uint64_t Residency::offload(uintptr_t start, uint64_t bytes) {
+  // Handle by handle: one shared with an allocation not marked evictable stays resident.
+  uint64_t end = start + bytes;
+  bool kept_back = false;
+  for (uintptr_t va = page_of(start); va < end;) {
+    uintptr_t first = 0;
+    uint64_t span = 0;
+    if (away_span(va, &first, &span)) {
+      finish_inflight(first, true);  // a restore still running completes first
+      auto it = away_.find(first);
+      if (it != away_.end() && it->second.state == State::restored) unrestore(it->second);
+      if (away_.count(first)) {  // evicting or evicted
+        va = first + span;
+        continue;
+      }
     }
-    if (!evict_page(va, false))
-      fail(VTA_ERR_HOST_POOL_EXHAUSTED, "host pool exhausted: " + std::to_string(host_pool_->used_bytes()) +
-                                            " of " + std::to_string(host_pool_->capacity_bytes()) +
+    int32_t id = pages_.page_at(va);
+    VTA_INVARIANT(id >= 0);
+    uintptr_t h = pages_.address_of(id);
+    uint64_t hb = pages_.bytes_of(id);
+    if (!users_.evictable(h, hb, start)) {
+      kept_back = true;
+    } else if (!evict_page(h, false)) {
+      fail(VTA_ERR_HOST_POOL_EXHAUSTED, "host pool exhausted: " + std::to_string(host_pool_->used_bytes()) + " of " +
+                                            std::to_string(host_pool_->capacity_bytes()) +
                                             " bytes hold evicted pages (raise host_capacity)");
+    }
+    va = h + hb;
   }
+  uint64_t moved = away_bytes(start, bytes);
+  if (moved == 0 && kept_back)
+    fail(VTA_ERR_INVALID_ARGUMENT, "cannot offload: every page of this allocation is shared with an allocation "
+                                   "not marked evictable (mark both with set_evictable)");
+  return moved;
+}
+
+uint64_t Residency::away_bytes(uintptr_t start, uint64_t bytes) const {
+  uint64_t n = 0, end = start + bytes;
+  for (uintptr_t va = page_of(start); va < end;) {
+    uintptr_t first = 0;
+    uint64_t span = 0;
+    if (!away_span(va, &first, &span)) {
+      va += page_bytes_;
+      continue;
+    }
+    n += std::min<uint64_t>(end, first + span) - std::max<uint64_t>(start, first);
+    va = first + span;
+  }
+  return n;
 }
 
 int Residency::residency_of(uintptr_t start, uint64_t bytes) const {

@@ -30,7 +30,7 @@ AddressSpace::AddressSpace(std::unique_ptr<Backend> backend, const vta_config_t&
       pages_(*backend_, page_bytes, capacity),
       events_(*backend_),
       policy_(config, pages_, events_, capacity, backend_kind_),  // validates small_threshold first
-      residency_(config, *backend_, pages_, events_, policy_) {
+      residency_(config, *backend_, pages_, events_, policy_, capacity) {
   policy_.set_port(&residency_);
   if (config.flags & VTA_CONFIG_LEASED) {
     leased_ = true;
@@ -120,7 +120,7 @@ std::vector<uint64_t> AddressSpace::return_pages(uint64_t max_pages) {
   policy_.settle();  // frees of every stream go to their events: the pages may leave this space
   residency_.drain_inflight(false);
   if (pages_.pages_unmapped() < max_pages) residency_.release_evicted();
-  while (pages_.pages_unmapped() < max_pages && policy_.reclaim_one_page()) {
+  while (pages_.pages_unmapped() < max_pages && policy_.reclaim_one_handle()) {
   }
   return pages_.give_back_pages(max_pages);
 }

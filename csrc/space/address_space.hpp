@@ -2,15 +2,15 @@
 // the eviction engine.
 //
 // Owns: the backend (wrapped in a CallCountingBackend, then a FaultInjectingBackend), the PageTable and the EventPool of
-// one space; the allocation policy (csrc/alloc: live allocations, pending frees, slabs, free
-// virtual ranges) and the eviction engine (csrc/evict: away pages, LRU, host pool, copy
+// one space; the allocation policy (csrc/alloc: live allocations, pending frees, the free
+// virtual space and the cached handles) and the eviction engine (csrc/evict: away pages, LRU, host pool, copy
 // stream); the streams the test hooks created; and the one mutex that guards all of it. Every
 // public method takes the mutex, so no part below is ever entered by two threads; no call
 // ever enters Python. The policy's order is in alloc/alloc_policy.hpp, the residency states
 // and the ordering rule (invariant 4) in evict/residency.hpp.
 //
-// Invariants: every address is 512-byte aligned; allocations of a page or more are
-// page-aligned; addresses never change (eviction included); a device page is unmapped only
+// Invariants: every address is 512-byte aligned (pages are shared between allocations);
+// addresses never change (eviction included); a device page is unmapped only
 // once the events after its last use completed; mapped pages never exceed capacity; a
 // failure at any step leaves the page where its bytes were and reports a typed error; after
 // close() every call but close() fails with VTA_ERR_CLOSED and nothing is held.
@@ -55,7 +55,8 @@ class AddressSpace {
 
   // Eviction (csrc/space/address_space_residency.cpp; the engine is csrc/evict/).
   void set_evictable(uintptr_t address, bool evictable);
-  void offload(uintptr_t address);
+  // The bytes of the allocation now away (pages shared with allocations not marked evictable stay).
+  uint64_t offload(uintptr_t address);
   void prefetch(uintptr_t address, const StreamHandle* stream);
   void ensure_resident(uintptr_t address, const StreamHandle* stream);
   int residency(uintptr_t address);
@@ -92,7 +93,7 @@ class AddressSpace {
   // The live allocation containing `address` (any address inside it): its start and record.
   bool containing(uintptr_t address, uintptr_t* base, Allocation* out);
   // The cap on pages held (0: capacity) and the cap in force; the largest allocation that
-  // fits under it now without evicting: the cap less the pages in use (live, kept, slabs).
+  // fits under it now without evicting: the cap less the pages blocks use (live, kept, pending).
   void set_limit(uint64_t bytes);
   uint64_t limit();
   uint64_t largest_allocatable();
@@ -117,6 +118,10 @@ class AddressSpace {
   void fill_call_counts(vta_stats_t* s) const;
   // Check open, complete the copies that finished, and find the live allocation at `address`.
   LiveAllocations::Map::iterator settled_live_locked(uintptr_t address);
+  // Restore the away pages of [start, start + bytes) for `consumer`: device handles come from the
+  // policy, the copies from the engine (prefetch); ensure_resident_locked() also waits for them.
+  void restore_locked(uintptr_t start, uint64_t bytes, StreamHandle consumer);
+  void ensure_resident_locked(uintptr_t start, uint64_t bytes, StreamHandle consumer);
 
   mutable std::mutex mu_;
   bool closed_ = false;

@@ -16,33 +16,56 @@ LiveAllocations::Map::iterator AddressSpace::settled_live_locked(uintptr_t addre
   return policy_.live().find_live(address);
 }
 
+void AddressSpace::restore_locked(uintptr_t start, uint64_t bytes, StreamHandle consumer) {
+  residency_.begin_restore(start, bytes);
+  try {
+    uintptr_t cursor = start, first = 0;
+    uint32_t npages = 0;
+    while (residency_.next_to_restore(&cursor, start + bytes, consumer, &first, &npages)) {
+      int32_t id = -1;
+      if (!policy_.obtain_handle(npages, &id, true))
+        policy_.throw_oom(uint64_t{npages} * page_bytes_, "no device memory to restore an evicted page into");
+      residency_.restore_page(first, id, consumer);
+    }
+  } catch (...) {
+    residency_.end_restore();
+    throw;
+  }
+  residency_.end_restore();
+}
+
+void AddressSpace::ensure_resident_locked(uintptr_t start, uint64_t bytes, StreamHandle consumer) {
+  restore_locked(start, bytes, consumer);
+  residency_.finish_restore(start, bytes);
+}
+
 void AddressSpace::set_evictable(uintptr_t address, bool evictable) {
   std::lock_guard<std::mutex> lk(mu_);
   auto it = settled_live_locked(address);
   const Allocation& a = it->second;
-  if (!evictable) residency_.ensure_resident(it->first, a.size, a.stream);
+  if (!evictable) ensure_resident_locked(it->first, a.size, a.stream);
   policy_.live().set_evictable(it, evictable);
   residency_.touch_range(it->first, a.size);
 }
 
-void AddressSpace::offload(uintptr_t address) {
+uint64_t AddressSpace::offload(uintptr_t address) {
   std::lock_guard<std::mutex> lk(mu_);
   auto it = settled_live_locked(address);
-  residency_.offload(it->first, it->second.size);
+  return residency_.offload(it->first, it->second.size);
 }
 
 void AddressSpace::prefetch(uintptr_t address, const StreamHandle* stream) {
   std::lock_guard<std::mutex> lk(mu_);
   auto it = settled_live_locked(address);
   if (stream) check(backend_->check_stream(*stream));
-  residency_.prefetch(it->first, it->second.size, stream ? *stream : it->second.stream);
+  restore_locked(it->first, it->second.size, stream ? *stream : it->second.stream);
 }
 
 void AddressSpace::ensure_resident(uintptr_t address, const StreamHandle* stream) {
   std::lock_guard<std::mutex> lk(mu_);
   auto it = settled_live_locked(address);
   if (stream) check(backend_->check_stream(*stream));
-  residency_.ensure_resident(it->first, it->second.size, stream ? *stream : it->second.stream);
+  ensure_resident_locked(it->first, it->second.size, stream ? *stream : it->second.stream);
 }
 
 int AddressSpace::residency(uintptr_t address) {

@@ -98,9 +98,7 @@ std::vector<vta_page_info_t> AddressSpace::pages() {
       info.num_allocs = count_allocs(va);
     } else {
       info.num_allocs = count_allocs(va);
-      bool pending = policy_.pending().over_page(va) || policy_.uses().over_page(va);
-      bool live_slab = policy_.slabs().has_live_blocks(va);
-      info.state = (info.num_allocs > 0 || pending || live_slab) ? VTA_PAGE_ALLOCATED : VTA_PAGE_CACHED;
+      info.state = policy_.page_in_use(va) ? VTA_PAGE_ALLOCATED : VTA_PAGE_CACHED;  // some block touches it
     }
     out.push_back(info);
   });

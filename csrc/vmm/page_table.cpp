@@ -181,6 +181,7 @@ void PageTable::map_pages(uintptr_t va, const std::vector<int32_t>& ids) {
   for (int32_t id : ids) {
     pages_[id].va = at;
     for (uint32_t k = 0; k < pages_[id].npages; ++k) mapped_[at + k * page_bytes_] = id;
+    if (pages_[id].npages > 1) mapped_extents_.emplace(at, id);
     pages_mapped_ += pages_[id].npages;
     at += bytes_of(id);
   }
@@ -200,6 +201,7 @@ void PageTable::unmap_range(uintptr_t va, size_t bytes) {
     uint64_t n = bytes_of(id);
     check(backend_.unmap(at, n));  // one handle per call, as cuMemUnmap requires
     for (uint64_t off = 0; off < n; off += page_bytes_) mapped_.erase(at + off);
+    if (pages_[id].npages > 1) mapped_extents_.erase(at);
     pages_[id].va = 0;
     pages_mapped_ -= pages_[id].npages;
     push_free(id);

@@ -23,6 +23,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <iterator>
 #include <map>
 #include <unordered_map>
 #include <vector>
@@ -103,8 +104,17 @@ class PageTable {
   // Visit every mapped extent: (id, its first virtual page).
   template <typename F>
   void for_each_mapped_extent(F&& f) const {
-    for (int32_t id : extent_ids_)
-      if (pages_[id].va) f(id, pages_[id].va);
+    for (auto& [va, id] : mapped_extents_) f(id, va);
+  }
+  // Visit the mapped extents that overlap [lo, hi), in address order: (id, its first virtual page).
+  template <typename F>
+  void for_each_mapped_extent_in(uintptr_t lo, uintptr_t hi, F&& f) const {
+    auto it = mapped_extents_.lower_bound(lo);
+    if (it != mapped_extents_.begin()) {
+      auto prev = std::prev(it);
+      if (prev->first + bytes_of(prev->second) > lo) it = prev;
+    }
+    for (; it != mapped_extents_.end() && it->first < hi; ++it) f(it->second, it->first);
   }
 
   // Visit every page of every held handle: (id, the page's index k in its handle, the page's
@@ -141,6 +151,7 @@ class PageTable {
   std::vector<int32_t> extent_ids_;    // every held extent
   uint64_t free_page_count_ = 0;       // pages in free_pages_ and free_extents_
   std::unordered_map<uintptr_t, int32_t> mapped_;  // every mapped virtual page -> its handle
+  std::map<uintptr_t, int32_t> mapped_extents_;     // every mapped extent, by its first virtual page
   std::map<uintptr_t, size_t> reservations_;
   uint64_t reserved_bytes_ = 0;
   uint64_t pages_held_ = 0;

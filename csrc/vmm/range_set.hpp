@@ -1,10 +1,10 @@
 // RangeSet: a set of disjoint free address ranges with best-fit lookup and coalescing.
 //
-// Owns: nothing but bookkeeping (no driver calls). Used for free virtual ranges (page
-// granular) and for free blocks inside small-object slabs (512-byte granular).
+// Owns: nothing but bookkeeping (no driver calls). Used for the free virtual space (512-byte
+// granular), the host pool's free pieces and the restore windows.
 // Invariants: ranges are disjoint and non-empty; two ranges that touch are merged unless a
-// fence separates them: a multiple of `boundary` (slabs) or a registered fence address
-// (reservation edges), so no range ever crosses a slab or a reservation.
+// fence separates them: a multiple of `boundary` (when one is given) or a registered fence address
+// (reservation edges), so no range ever crosses a reservation.
 #pragma once
 
 #include <cstddef>
@@ -43,22 +43,27 @@ class RangeSet {
 
   // Take `bytes` from the start of the smallest range that holds them.
   bool take_best_fit(size_t bytes, uintptr_t* out) {
-    return take_best_fit_if(bytes, [](uintptr_t, size_t) { return true; }, out);
+    return take_best_fit_placed(bytes, [](uintptr_t start, size_t) { return start; }, out);
   }
 
-  // The same among the ranges for which may_cut(start, bytes) holds: whether the range
-  // starting at `start` may give up its first `bytes` (the page table's handles are cut whole).
-  template <typename MayCut>
-  bool take_best_fit_if(size_t bytes, MayCut&& may_cut, uintptr_t* out) {
-    auto it = by_size_.lower_bound({bytes, 0});
-    while (it != by_size_.end() && !may_cut(it->second, bytes)) ++it;
-    if (it == by_size_.end()) return false;
-    uintptr_t start = it->second;
-    size_t have = it->first;
-    erase_it(by_addr_.find(start));
-    if (have > bytes) put(start + bytes, have - bytes);
-    *out = start;
-    return true;
+  // Best fit with a placement: the smallest range of at most `most` bytes in which
+  // place(start, size) names a position `at` (start <= at, at + bytes <= start + size; 0: none
+  // in this range) for `bytes`; [at, at + bytes) is taken out and what is left on either side
+  // stays.
+  template <typename Place>
+  bool take_best_fit_placed(size_t bytes, Place&& place, uintptr_t* out, size_t most = SIZE_MAX) {
+    for (auto it = by_size_.lower_bound({bytes, 0}); it != by_size_.end() && it->first <= most; ++it) {
+      uintptr_t at = place(it->second, it->first);
+      if (!at) continue;
+      uintptr_t start = it->second;
+      size_t have = it->first;
+      erase_it(by_addr_.find(start));
+      if (at > start) put(start, at - start);
+      if (at + bytes < start + have) put(at + bytes, start + have - (at + bytes));
+      *out = at;
+      return true;
+    }
+    return false;
   }
 
   // Remove exactly [start, start+bytes), which must lie inside one range.
@@ -87,6 +92,17 @@ class RangeSet {
     if (by_size_.empty()) return false;
     *bytes = by_size_.rbegin()->first;
     *start = by_size_.rbegin()->second;
+    return true;
+  }
+
+  // The range that holds [start, start + bytes) whole: its start and size; false if none.
+  bool find(uintptr_t start, size_t bytes, uintptr_t* range_start, size_t* range_bytes) const {
+    auto it = by_addr_.upper_bound(start);
+    if (it == by_addr_.begin()) return false;
+    --it;
+    if (start < it->first || start + bytes > it->first + it->second) return false;
+    *range_start = it->first;
+    *range_bytes = it->second;
     return true;
   }
 

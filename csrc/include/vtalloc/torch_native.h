@@ -93,8 +93,8 @@ typedef struct vta_torch_stat {
 /* A device's statistics in PyTorch's terms (torch.cuda.memory_stats()); what each means for
  * vtalloc is in docs/torch.md, "Statistics". Peaks restart at vta_torch_reset_peak_stats,
  * allocated/freed and the num_* counters at vta_torch_reset_accumulated. All zero when the
- * device has no space. Small/large: blocks under the space's small_threshold (packed in slabs)
- * and the rest (whole pages). */
+ * device has no space. Small/large: blocks at or under the space's small_threshold, and the
+ * rest (PyTorch's two pools; every block is whole 512-byte units on pages blocks share). */
 typedef struct vta_torch_device_stats {
   uint32_t struct_size;
   uint32_t reserved0;
@@ -148,7 +148,7 @@ typedef struct vta_torch_block {
   uint64_t stream;    /* the stream it was allocated for */
   vta_torch_pool_id_t pool; /* {0, 0}: not in a pool */
   uint32_t state;     /* VTA_TORCH_BLOCK_* */
-  uint32_t small;     /* 1: under small_threshold (in a slab) */
+  uint32_t small;     /* 1: at or under small_threshold (PyTorch's small pool) */
 } vta_torch_block_t;
 
 /* The blocks of `device` (pool NULL: every block; else only that pool's, live and cached), in

@@ -47,7 +47,7 @@ typedef struct vta_config {
   uint32_t flags;                /* VTA_CONFIG_* */
   uint64_t capacity_bytes;       /* most device bytes of physical pages held; 0 = backend default */
   uint64_t page_bytes;           /* physical page size; 0 = backend granularity */
-  uint64_t small_threshold_bytes;/* allocations at or below this are packed; 0 = min(1 MiB, page) */
+  uint64_t small_threshold_bytes;/* statistics: allocations at or below this are the small pool; 0 = min(1 MiB, page) */
   uint64_t host_granularity_bytes; /* host backend only: simulated granularity; 0 = 2 MiB */
   uint64_t host_capacity_bytes;  /* pinned host pool for evicted pages; 0 = default */
   uint64_t reservation_bytes;    /* VA reserved per reservation; 0 = max(2 x capacity, 64 pages) */
@@ -94,7 +94,7 @@ typedef struct vta_stats {
   uint64_t num_allocs;
   uint64_t num_frees;
   uint64_t num_ooms;
-  uint64_t num_page_reclaims;     /* pages unmapped from cached ranges to serve a new allocation */
+  uint64_t num_page_reclaims;     /* cached handles unmapped to serve a new allocation */
   uint64_t num_map_calls;         /* every driver map call of this space (cuMemMap) */
   uint64_t num_unmap_calls;       /* every driver unmap call (cuMemUnmap) */
   uint64_t pending_free_bytes;    /* freed, reusable on their own stream only until it passes them */
@@ -223,8 +223,12 @@ enum { VTA_RESIDENT = 0, VTA_EVICTED = 1, VTA_IN_FLIGHT = 2 };
 /* Mark an allocation evictable (memory pressure may evict its pages) or not (it is made
  * resident first). A page shared by several allocations is evictable only if all are. */
 VTA_API vta_status_t vta_set_evictable(vta_space_t* space, uint64_t address, int32_t evictable);
-/* Start evicting every page of the allocation now (asynchronous on the copy stream). */
+/* Start evicting the allocation's pages now (asynchronous on the copy stream): every page it
+ * does not share with an allocation that is not marked evictable (those stay resident).
+ * VTA_ERR_INVALID_ARGUMENT when sharing keeps all of them. */
 VTA_API vta_status_t vta_offload(vta_space_t* space, uint64_t address);
+/* The same; *moved: the bytes of the allocation now on pages that are away (being evicted, or evicted). */
+VTA_API vta_status_t vta_offload_bytes(vta_space_t* space, uint64_t address, uint64_t* moved);
 /* Start restoring the allocation's pages; `stream` (0 = the allocation's) waits for the copies. */
 VTA_API vta_status_t vta_prefetch(vta_space_t* space, uint64_t address, uint64_t stream, int32_t use_stream);
 /* Block until every page of the allocation is resident and mapped at its address. */
