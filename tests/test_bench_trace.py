@@ -13,28 +13,16 @@ used here (their bound test is another file's).
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from helpers.benchmarks import load_script
 from helpers.sizes import MiB, PAGE
 
-BENCH = Path(__file__).resolve().parent.parent / "benchmarks"
-
-
-def load():
-    spec = importlib.util.spec_from_file_location("bench_trace", BENCH / "bench_trace.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod  # its dataclasses look their module up
-    spec.loader.exec_module(mod)
-    return mod
-
-
-bt = load()
+bt = load_script("bench_trace")
 tf = bt.trace_format
 
 

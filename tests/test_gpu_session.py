@@ -8,7 +8,6 @@ Invariants: nothing here needs a GPU; the runner is exercised with a stage of ha
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import re
 import subprocess
@@ -17,18 +16,12 @@ from pathlib import Path
 
 import pytest
 
+from helpers.benchmarks import load_script
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def load_session():
-    spec = importlib.util.spec_from_file_location("gpu_session", ROOT / "benchmarks" / "gpu_session.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod  # its dataclasses look their module up
-    spec.loader.exec_module(mod)
-    return mod
-
-
-session = load_session()
+session = load_script("gpu_session")
 
 
 @pytest.mark.parametrize("name", sorted(session.STAGES))
