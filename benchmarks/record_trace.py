@@ -1,9 +1,10 @@
 """record_trace: record the allocation trace of real models' training steps (benchmarks/traces/).
 
-Owns: the models a trace is recorded from (MODELS: transformers configs with random weights), the
-training step (forward, loss, backward, AdamW step, zero_grad(set_to_none=True)), the two ways of
-watching an allocator (the CPU profiler's memory events; on CUDA, the caching allocator's memory
-history), their conversion into vtalloc-trace/1 events (trace_format.py), and the CLI.
+Owns: building the models a trace is recorded from (transformers configs with random weights; their
+table, MODELS, is trace_models.py's), their batches and losses; the training step (forward, loss,
+backward, AdamW step, zero_grad(set_to_none=True)), the two ways of watching an allocator (the CPU
+profiler's memory events; on CUDA, the caching allocator's memory history), their conversion into
+vtalloc-trace/1 events (trace_format.py), and the CLI.
 Invariants: nothing is downloaded (configs only, HF_HUB_OFFLINE=1); transformers is imported only
 inside the model builders, so everything else here, record_steps_cpu() and snapshot_to_events()
 included, works with torch alone; a trace holds one warm-up step's aftermath, never the warm-up
@@ -28,6 +29,8 @@ outputs allocated.
 
     python benchmarks/record_trace.py --model resnet50 --model bert
     python benchmarks/record_trace.py --model all --out /tmp/traces
+    python benchmarks/record_trace.py --model extra --out /tmp/traces
+    python benchmarks/record_trace.py --model resnet50 --batch 32 --name resnet50_b32 --out /tmp/traces
     python benchmarks/record_trace.py --model llama --device cuda --batch 8 --seq-len 1024
 """
 
@@ -48,6 +51,7 @@ import torch
 
 import trace_format
 from provenance import git_info, machine_info
+from trace_models import EXTRA, MODELS, STORED, ModelSpec
 
 MiB = 1 << 20
 Batch = dict[str, torch.Tensor]
@@ -261,58 +265,6 @@ class MissingDependency(RuntimeError):
     """transformers is not installed (only the model builders need it)."""
 
 
-@dataclasses.dataclass(frozen=True)
-class ModelSpec:
-    name: str
-    about: str
-    task: str  # "image-classification", "causal-lm", "masked-lm" or "seq2seq"
-    config_class: str  # in transformers
-    model_class: str
-    overrides: dict[str, Any]  # passed to config_class(...): the architecture, spelled out
-    batch: int
-    size: int  # image side (pixels) for image classification, else the sequence length
-
-    @property
-    def vision(self) -> bool:
-        return self.task == "image-classification"
-
-
-_VISION_HEAD = {"num_labels": 1000}
-MODELS = {m.name: m for m in (
-    ModelSpec("resnet50", "ResNet-50", "image-classification", "ResNetConfig", "ResNetForImageClassification",
-              {"embedding_size": 64, "hidden_sizes": [256, 512, 1024, 2048], "depths": [3, 4, 6, 3],
-               "layer_type": "bottleneck", "hidden_act": "relu", **_VISION_HEAD}, 16, 224),
-    ModelSpec("vit", "ViT-Base/16", "image-classification", "ViTConfig", "ViTForImageClassification",
-              {"hidden_size": 768, "num_hidden_layers": 12, "num_attention_heads": 12, "intermediate_size": 3072,
-               "image_size": 224, "patch_size": 16, **_VISION_HEAD}, 8, 224),
-    ModelSpec("swin", "Swin-T", "image-classification", "SwinConfig", "SwinForImageClassification",
-              {"image_size": 224, "patch_size": 4, "embed_dim": 96, "depths": [2, 2, 6, 2],
-               "num_heads": [3, 6, 12, 24], "window_size": 7, **_VISION_HEAD}, 16, 224),
-    ModelSpec("convnext", "ConvNeXt-T", "image-classification", "ConvNextConfig", "ConvNextForImageClassification",
-              {"hidden_sizes": [96, 192, 384, 768], "depths": [3, 3, 9, 3], "image_size": 224, **_VISION_HEAD},
-              16, 224),
-    ModelSpec("llama", "a small Llama-style decoder (8 layers, hidden 1024)", "causal-lm", "LlamaConfig",
-              "LlamaForCausalLM",
-              {"hidden_size": 1024, "num_hidden_layers": 8, "num_attention_heads": 16, "num_key_value_heads": 16,
-               "intermediate_size": 2816, "vocab_size": 32000, "max_position_embeddings": 2048,
-               "tie_word_embeddings": False}, 2, 256),
-    ModelSpec("t5", "T5-small (encoder-decoder; targets a quarter of the input length)", "seq2seq", "T5Config",
-              "T5ForConditionalGeneration",
-              {"d_model": 512, "d_ff": 2048, "d_kv": 64, "num_layers": 6, "num_decoder_layers": 6, "num_heads": 8,
-               "vocab_size": 32128, "pad_token_id": 0, "eos_token_id": 1, "decoder_start_token_id": 0}, 8, 256),
-    ModelSpec("bert", "BERT-base's layers, 6 of them; masked LM (15% of positions)", "masked-lm", "BertConfig",
-              "BertForMaskedLM",
-              {"hidden_size": 768, "num_hidden_layers": 6, "num_attention_heads": 12, "intermediate_size": 3072,
-               "vocab_size": 30522, "max_position_embeddings": 512}, 8, 128),
-    ModelSpec("gpt2", "GPT-2 small", "causal-lm", "GPT2Config", "GPT2LMHeadModel",
-              {"n_embd": 768, "n_layer": 12, "n_head": 12, "vocab_size": 50257, "n_positions": 1024}, 2, 256),
-    ModelSpec("tiny_gpt2", "a 2-layer GPT-2 (hidden 256, vocab 8192): small enough to replay in CI",
-              "causal-lm", "GPT2Config", "GPT2LMHeadModel",
-              {"n_embd": 256, "n_layer": 2, "n_head": 4, "vocab_size": 8192, "n_positions": 256,
-               "bos_token_id": 8191, "eos_token_id": 8191}, 4, 128),
-)}
-
-
 @dataclasses.dataclass
 class Workload:
     model: torch.nn.Module
@@ -340,7 +292,13 @@ def build(spec: ModelSpec, batch: int, size: int, device: str) -> Workload:
     """The model (random weights, fp32, on ``device``), its batches and its loss."""
     tf = _transformers()
     torch.manual_seed(0)
-    config = getattr(tf, spec.config_class)(**spec.overrides)
+    overrides = spec.overrides
+    if spec.vision and overrides.get("image_size", size) != size:  # ViT, DeiT, Swin: sized for their images
+        overrides = {**overrides, "image_size": size}
+    if spec.task == "speech-seq2seq":  # the encoder takes exactly 2 * max_source_positions frames
+        size += size % 2
+        overrides = {**overrides, "max_source_positions": size // 2}
+    config = getattr(tf, spec.config_class)(**overrides)
     model = getattr(tf, spec.model_class)(config).to(device=device, dtype=torch.float32)
     dev = torch.device(device)
 
@@ -349,6 +307,10 @@ def build(spec: ModelSpec, batch: int, size: int, device: str) -> Workload:
         if spec.vision:
             return {"pixel_values": torch.randn(batch, 3, size, size, generator=g, device=dev),
                     "labels": torch.randint(0, config.num_labels, (batch,), generator=g, device=dev)}
+        if spec.task == "speech-seq2seq":
+            targets = min(max(1, size // 16), config.max_target_positions)
+            return {"input_features": torch.randn(batch, config.num_mel_bins, size, generator=g, device=dev),
+                    "labels": torch.randint(0, config.vocab_size, (batch, targets), generator=g, device=dev)}
         ids = torch.randint(0, config.vocab_size, (batch, size), generator=g, device=dev)
         if spec.task == "causal-lm":
             return {"input_ids": ids, "labels": ids}
@@ -361,7 +323,7 @@ def build(spec: ModelSpec, batch: int, size: int, device: str) -> Workload:
     shapes = {k: list(v.shape) for k, v in make_batch(0).items()}
     params = sum(p.numel() for p in model.parameters())
     model_info = {"name": spec.name, "about": spec.about, "class": f"transformers.{spec.model_class}",
-                  "config_class": f"transformers.{spec.config_class}", "config_overrides": spec.overrides,
+                  "config_class": f"transformers.{spec.config_class}", "config_overrides": overrides,
                   "parameters": params, "parameter_bytes": sum(p.nbytes for p in model.parameters()),
                   "attn_implementation": getattr(config, "_attn_implementation", None), "weights": "random (seed 0)"}
     workload_info = {"task": spec.task, "batch": batch, "inputs": shapes, "dtype": "float32", "device": dev.type,
@@ -409,37 +371,40 @@ def record(spec: ModelSpec, args: argparse.Namespace) -> trace_format.Trace:
     recorded = {**started, "torch": torch.__version__, "transformers": _transformers().__version__,
                 "torch_threads": torch.get_num_threads(), "git": git_info(),
                 "command": shlex.join(["python", *sys.argv]), **stats}
-    return trace_format.Trace(name=spec.name, source=source, model=w.model_info,
+    return trace_format.Trace(name=args.name or spec.name, source=source, model=w.model_info,
                               workload={**w.workload_info, "iterations": args.steps, "warmup_iterations": 1},
                               recorded=recorded, events=trace_format.validate_events(events))
 
 
+GROUPS = {"all": STORED, "extra": EXTRA}  # all: the models of the stored traces, as their commands say
+
+
 def _models(names: list[str]) -> list[ModelSpec]:
-    if "all" in names:
-        return list(MODELS.values())
-    unknown = [n for n in names if n not in MODELS]
+    unknown = [n for n in names if n not in MODELS and n not in GROUPS]
     if unknown:
-        raise ValueError(f"unknown model {', '.join(unknown)}; known: {', '.join(MODELS)} (or all)")
-    return [MODELS[n] for n in dict.fromkeys(names)]
+        raise ValueError(f"unknown model {', '.join(unknown)}; known: {', '.join(MODELS)} (or all, extra)")
+    return [MODELS[n] for n in dict.fromkeys(m for n in names for m in GROUPS.get(n, (n,)))]
 
 
 def main(argv: list[str] | None = None) -> int:
-    known = "\n".join(f"  {m.name:<10} {m.about}; batch {m.batch}, "
-                      f"{'image' if m.vision else 'sequence'} {m.size}" for m in MODELS.values())
+    known = "\n".join(f"  {m.name:<12} {m.about}; batch {m.batch}, {m.size_name} {m.size}" for m in MODELS.values())
     p = argparse.ArgumentParser(description="Record the allocation trace (vtalloc-trace/1) of training steps of "
-                                "real models with random weights, into OUT/<model>.json.gz.",
+                                "real models with random weights, into OUT/<model>.json.gz (or OUT/<name>.json.gz).",
                                 epilog=f"models (defaults):\n{known}",
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", action="append", required=True, metavar="NAME",
-                   help=f"a model to record (repeatable), or all: {', '.join(MODELS)}")
+                   help=f"a model to record (repeatable): {', '.join(MODELS)}; or all (those whose traces "
+                   f"are stored: {', '.join(STORED)}), or extra (the others)")
     p.add_argument("--batch", type=int, help="batch size for every model chosen (default: the model's own)")
-    p.add_argument("--seq-len", type=int, help="sequence length of the language models (default: the model's own; "
-                   "t5's targets are a quarter of it)")
+    p.add_argument("--seq-len", type=int, help="sequence length of the language models, mel frames of the speech "
+                   "models (default: the model's own; t5's and bart's targets are a quarter of it, whisper's 1/16)")
     p.add_argument("--image-size", type=int, help="image side in pixels of the vision models (default: 224)")
     p.add_argument("--steps", type=int, default=DEFAULT_STEPS,
                    help=f"training steps recorded, after 1 unrecorded warm-up step (default {DEFAULT_STEPS})")
     p.add_argument("--out", type=Path, default=trace_format.TRACES_DIR,
                    help="directory of the trace files (default: benchmarks/traces/)")
+    p.add_argument("--name", help="the trace's name and file stem, for a variant (default: the model's name; "
+                   "one model only)")
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
                    help="cpu: the host allocator, through the CPU profiler's memory events (default); "
                    "cuda: the caching allocator's memory history")
@@ -450,6 +415,8 @@ def main(argv: list[str] | None = None) -> int:
         specs = _models(args.model)
     except ValueError as e:
         p.error(str(e))
+    if args.name is not None and (len(specs) != 1 or not args.name or Path(args.name).name != args.name):
+        p.error("--name takes a plain file name, and one model")
     if min(args.steps, args.batch or 1, args.seq_len or 1, args.image_size or 1) < 1:
         p.error("--steps, --batch, --seq-len and --image-size must be at least 1")
     if args.device == "cuda" and not torch.cuda.is_available():
@@ -462,9 +429,9 @@ def main(argv: list[str] | None = None) -> int:
         except MissingDependency as e:
             print(f"record_trace: {e}", file=sys.stderr)
             return 2
-        path = trace_format.save(trace, args.out / f"{spec.name}.json.gz")
+        path = trace_format.save(trace, args.out / f"{trace.name}.json.gz")
         f = figures(trace)
-        print(f"{spec.name}: {f['events']} events, {f['allocations']} allocations, "
+        print(f"{trace.name}: {f['events']} events, {f['allocations']} allocations, "
               f"peak live {f['peak_live_bytes'] / MiB:.1f} MiB, "
               f"page-rounded {f['peak_page_rounded_bytes'] / MiB:.1f} MiB, allocations <=1 MiB {f['allocs <=1MiB']}, "
               f"1-32 MiB {f['allocs 1-32MiB']}, >32 MiB {f['allocs >32MiB']}, "

@@ -3,7 +3,8 @@ model, its CUDA snapshot conversion on a synthetic snapshot, its CLI errors, and
 
 Owns: the checks that a recorded training step is a valid trace whose frees pair with its
 allocations (everything a step allocates it frees again), that snapshot_to_events() maps streams,
-finds the blocks that existed before the recording and frees at free_completed, and that every
+finds the blocks that existed before the recording and frees at free_completed, that
+``--model all`` still means the models of the stored traces (trace_models.STORED), and that every
 file in benchmarks/traces/ loads, says how it was made, and has its row in
 benchmarks/traces/README.md with its event count and peak live bytes.
 Invariants: needs torch only (transformers is imported only by the model builders; the one test
@@ -24,6 +25,7 @@ if str(BENCH) not in sys.path:
 
 import record_trace as rt  # noqa: E402
 import trace_format  # noqa: E402
+import trace_models  # noqa: E402
 
 MiB = 1 << 20
 
@@ -162,7 +164,19 @@ STORED = trace_format.stored()
 
 
 def test_the_traces_are_stored():
-    assert {p.name.removesuffix(".json.gz") for p in STORED} >= set(rt.MODELS)
+    assert {p.name.removesuffix(".json.gz") for p in STORED} >= set(trace_models.STORED)
+
+
+def test_model_groups_and_names(capsys):
+    tm = trace_models
+    assert [m.name for m in rt._models(["all"])] == list(tm.STORED)  # what the stored traces' command records
+    assert set(tm.STORED).isdisjoint(tm.EXTRA) and set(tm.STORED) | set(tm.EXTRA) == set(tm.MODELS)
+    assert [m.name for m in rt._models(["bert", "extra", "bert"])] == ["bert", *tm.EXTRA]
+    assert all(m.task in tm.TASKS and m.batch >= 1 and m.size >= 1 for m in rt.MODELS.values())
+    for argv in (["--model", "bert", "--model", "gpt2", "--name", "x"], ["--model", "bert", "--name", "a/b"]):
+        with pytest.raises(SystemExit) as e:
+            rt.main(argv)
+        assert e.value.code == 2 and "--name takes a plain file name, and one model" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("path", STORED, ids=[p.name for p in STORED])
