@@ -112,8 +112,8 @@ bool AllocPolicy::take_mapped(uint64_t rounded, uintptr_t* out) {
 }
 
 bool AllocPolicy::try_allocate(uint64_t rounded, bool may_evict, uintptr_t* out) {
-  for (Fit fit : {Fit::any, Fit::fresh}) {
-    uintptr_t a = take_free(rounded, fit);
+  for (bool fewest : {false, true}) {
+    uintptr_t a = fewest ? take_fewest(rounded) : take_free(rounded, Fit::any);
     bool mapped = false;
     try {
       mapped = map_under(a, rounded, may_evict);
@@ -126,10 +126,47 @@ bool AllocPolicy::try_allocate(uint64_t rounded, bool may_evict, uintptr_t* out)
       return true;
     }
     give_free(a, rounded);
-    // The best fit needed more pages than could be had; a block in fresh virtual space needs
-    // ceil(rounded / page) pages, and every cached handle can go to it.
+    // The best fit needed more pages than could be had: the place that needs the fewest.
   }
   return false;
+}
+
+uintptr_t AllocPolicy::take_fewest(uint64_t bytes) {
+  uint64_t fresh_cost = (bytes + page_bytes_ - 1) / page_bytes_;
+  uintptr_t best = 0;
+  uint64_t best_cost = UINT64_MAX;
+  size_t looked = 0;
+  free_.for_each_fitting(bytes, [&](uintptr_t start, uint64_t size) {
+    // Against its left neighbour, against its right one, or on a page boundary.
+    for (uintptr_t at : {start, start + size - bytes, round_up(start, page_bytes_)}) {
+      if (at + bytes > start + size || blocked_until(at, bytes, Fit::any)) continue;
+      uint64_t cost = pages_taken(at, bytes);
+      if (cost < best_cost) {
+        best = at;
+        best_cost = cost;
+      }
+    }
+    return ++looked < kFewestLooks && best_cost + 2 > fresh_cost;  // sharing saves two pages at most
+  });
+  if (!best || best_cost > fresh_cost) return take_free(bytes, Fit::fresh);
+  free_.take_exact(best, bytes);
+  refresh_cached(best, best + bytes);
+  return best;
+}
+
+uint64_t AllocPolicy::pages_taken(uintptr_t at, uint64_t bytes) const {
+  uint64_t n = 0;
+  for (uintptr_t va = page_of(at); va < at + bytes;) {
+    int32_t id = pages_.page_at(va);
+    if (id < 0) {
+      n++;
+      va += page_bytes_;
+      continue;
+    }
+    if (is_cached(id)) n += pages_.pages_of(id);
+    va = pages_.address_of(id) + pages_.bytes_of(id);
+  }
+  return n;
 }
 
 uintptr_t AllocPolicy::take_free(uint64_t bytes, Fit fit) {

@@ -11,17 +11,21 @@
 // (plus the parts of at most two pages its neighbours may fill), not two whole pages.
 //
 // Allocation, in order, for a block of n bytes:
-//   0. stream-ordered reuse: a block freed on the request's own stream and still pending is
-//      taken at once, best fit (cut if larger), with no event and no driver call; only when none
-//      fits are the open frees of every stream sealed (one event each) and polled;
+//   0. stream-ordered reuse: a block freed on the request's own stream and still pending that
+//      fits well (at most an eighth or 4 KiB larger) is taken at once, cut if larger, with no
+//      event and no driver call; then a free range over mapped pages that fits as well; only
+//      when neither is there are the open frees of every stream sealed (one event each) and
+//      polled;
 //   1. best fit in the free virtual space, whatever is mapped under it: the smallest free range
 //      that has room, at its lowest usable address (not over a page that is away, and not on a
 //      cached extent it would cover less than half of: see "Extents" below); the pages under it
 //      that are not mapped yet are mapped, from free handles, handles created under capacity,
 //      cached handles reclaimed (unmapped, oldest first), frees pending on their streams waited
 //      for, or device pages the eviction engine frees (obtain_handle, in that order);
-//   2. if that found no page, the same block in fresh virtual space (page-aligned, nothing
-//      mapped under it: it needs ceil(n / page) pages, and every cached handle may go to it);
+//   2. if that found no page, the place that takes the fewest pages from capacity (unmapped
+//      pages, and whole cached handles), sharing the pages at its ends with neighbours where it
+//      can: never more than fresh virtual space (page-aligned, nothing mapped under it) would,
+//      ceil(n / page), and every cached handle may go to it (take_fewest);
 //   3. if pending frees completed meanwhile, retry once (the request may now fit a freed block);
 //      then OutOfMemory.
 // So an allocation fails only when the pages of the handles that blocks touch, plus the pages
@@ -164,6 +168,15 @@ class AllocPolicy final : public PageUsers {
   // mapped already (mapped: no driver call), or page-aligned over unmapped pages only (fresh: it
   // needs ceil(bytes / page) pages and leaves every cached handle to be reclaimed).
   enum class Fit { any, mapped, fresh };
+  // Free ranges the fewest-pages placement looks at before it settles for a fresh one.
+  static constexpr size_t kFewestLooks = 256;
+  // When the best fit cannot get its pages: the place that takes the fewest pages no other block
+  // holds (unmapped, or under a cached handle: capacity either way), sharing the pages at its
+  // ends with its neighbours where it can; never more than a fresh place (ceil(bytes / page)).
+  uintptr_t take_fewest(uint64_t bytes);
+  // The pages [at, at + bytes) would take from capacity: unmapped ones, and every page of a
+  // cached handle under it (a handle is held whole).
+  uint64_t pages_taken(uintptr_t at, uint64_t bytes) const;
   // A good fit, taken before any event is recorded: a pending free or a free range at most this
   // much larger than the request.
   static uint64_t good_fit_slack(uint64_t bytes) { return std::max<uint64_t>(bytes / 8, 4096); }

@@ -29,6 +29,11 @@ class FreeSpace {
   bool take(uint64_t bytes, Place&& place, uintptr_t* out, uint64_t most = UINT64_MAX) {
     return free_.take_best_fit_placed(bytes, place, out, most);
   }
+  // Visit the free ranges of at least `bytes`, smallest first, while f(start, size) returns true.
+  template <typename F>
+  void for_each_fitting(uint64_t bytes, F&& f) const {
+    free_.for_each_at_least(bytes, f);
+  }
   // Take exactly [va, va + bytes), which must be free.
   void take_exact(uintptr_t va, uint64_t bytes) {
     bool taken = free_.take_exact(va, bytes);

@@ -66,6 +66,13 @@ class RangeSet {
     return false;
   }
 
+  // Visit the ranges of at least `bytes`, smallest first, while f(start, size) returns true.
+  template <typename F>
+  void for_each_at_least(size_t bytes, F&& f) const {
+    for (auto it = by_size_.lower_bound({bytes, 0}); it != by_size_.end(); ++it)
+      if (!f(it->second, it->first)) return;
+  }
+
   // Remove exactly [start, start+bytes), which must lie inside one range.
   bool take_exact(uintptr_t start, size_t bytes) {
     auto it = by_addr_.upper_bound(start);
