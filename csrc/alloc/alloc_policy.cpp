@@ -1,6 +1,7 @@
 // AllocPolicy implementation.
 //
-// Owns: the placement of a request, the obtain-handle order and where freed memory goes.
+// Owns: the order of an allocation's steps, the obtain-handle order, where freed memory goes, and
+// what the eviction engine may ask (PageUsers); where a block goes is alloc_policy_placement.cpp.
 // Invariants: the policy and its invariants are in alloc_policy.hpp.
 #include "alloc/alloc_policy.hpp"
 
@@ -13,13 +14,11 @@
 namespace vta {
 namespace {
 
-uint64_t round_up(uint64_t n, uint64_t to) { return (n + to - 1) / to * to; }
-
 // The virtual bytes of one reservation: the configured size (already checked against
 // kMaxSpaceBytes) in whole pages, or 2 x capacity (at least 64 pages), capped at the whole
 // pages of kMaxSpaceBytes: no allocation is larger, and a bigger default could not be reserved.
 uint64_t reservation_bytes(const vta_config_t& config, uint64_t capacity, uint64_t page) {
-  if (config.reservation_bytes) return round_up(config.reservation_bytes, page);
+  if (config.reservation_bytes) return AllocPolicy::round_up(config.reservation_bytes, page);
   return std::min(std::max<uint64_t>(2 * capacity, 64 * page), std::max(kMaxSpaceBytes / page * page, page));
 }
 
@@ -95,233 +94,15 @@ uintptr_t AllocPolicy::allocate(const Request& r, StreamHandle stream, bool may_
   return address;
 }
 
-bool AllocPolicy::take_same_stream(const Request& r, StreamHandle stream, uintptr_t* out) {
-  // A good fit only: pending frees are not merged with their neighbours until they are released,
-  // so cutting a small request out of a large one would scatter blocks (and the pages they hold)
-  // that the free space would have packed. Not over a page that is away (it returns through the
-  // eviction engine), nor on too little of an extent: the rules of a placement in the free space.
-  auto usable = [&](uintptr_t address, uint64_t bytes) { return blocked_until(address, bytes, Fit::any) == 0; };
-  return pending_.take(stream, r.rounded, r.rounded + good_fit_slack(r.rounded), usable, out);
-}
-
-bool AllocPolicy::take_mapped(uint64_t rounded, uintptr_t* out) {
-  uintptr_t a = take_free(rounded, Fit::mapped);
-  if (!a) return false;
-  *out = a;
-  return true;
-}
-
-bool AllocPolicy::try_allocate(uint64_t rounded, bool may_evict, uintptr_t* out) {
-  for (bool fewest : {false, true}) {
-    uintptr_t a = fewest ? take_fewest(rounded) : take_free(rounded, Fit::any);
-    bool mapped = false;
-    try {
-      mapped = map_under(a, rounded, may_evict);
-    } catch (...) {
-      give_free(a, rounded);
-      throw;
-    }
-    if (mapped) {
-      *out = a;
-      return true;
-    }
-    give_free(a, rounded);
-    // The best fit needed more pages than could be had: the place that needs the fewest.
-  }
-  return false;
-}
-
-uintptr_t AllocPolicy::take_fewest(uint64_t bytes) {
-  uint64_t fresh_cost = (bytes + page_bytes_ - 1) / page_bytes_;
-  uintptr_t best = 0;
-  uint64_t best_cost = UINT64_MAX;
-  size_t looked = 0;
-  free_.for_each_fitting(bytes, [&](uintptr_t start, uint64_t size) {
-    // Against its left neighbour, against its right one, or on a page boundary.
-    for (uintptr_t at : {start, start + size - bytes, round_up(start, page_bytes_)}) {
-      if (at + bytes > start + size || blocked_until(at, bytes, Fit::any)) continue;
-      uint64_t cost = pages_taken(at, bytes);
-      if (cost < best_cost) {
-        best = at;
-        best_cost = cost;
-      }
-    }
-    return ++looked < kFewestLooks && best_cost + 2 > fresh_cost;  // sharing saves two pages at most
-  });
-  if (!best || best_cost > fresh_cost) return take_free(bytes, Fit::fresh);
-  free_.take_exact(best, bytes);
-  refresh_cached(best, best + bytes);
-  return best;
-}
-
-uint64_t AllocPolicy::pages_taken(uintptr_t at, uint64_t bytes) const {
-  uint64_t n = 0;
-  for (uintptr_t va = page_of(at); va < at + bytes;) {
-    int32_t id = pages_.page_at(va);
-    if (id < 0) {
-      n++;
-      va += page_bytes_;
-      continue;
-    }
-    if (is_cached(id)) n += pages_.pages_of(id);
-    va = pages_.address_of(id) + pages_.bytes_of(id);
-  }
-  return n;
-}
-
-uintptr_t AllocPolicy::take_free(uint64_t bytes, Fit fit) {
-  auto placement = [&](uintptr_t start, size_t size) { return place(start, size, bytes, fit); };
-  uintptr_t a = 0;
-  if (fit == Fit::mapped) {
-    // A good fit only: any other placement waits for the frees still pending to join the free
-    // space (settle), so that the best fit is chosen among all of it.
-    if (!free_.take(bytes, placement, &a, bytes + good_fit_slack(bytes))) return 0;
-  } else if (!free_.take(bytes, placement, &a)) {
-    free_.grow(bytes + (fit == Fit::fresh ? page_bytes_ : 0));
-    bool taken = free_.take(bytes, placement, &a);  // the new reservation is free and unmapped
-    VTA_INVARIANT(taken);
-  }
-  refresh_cached(a, a + bytes);  // the handles under it are no longer cached
-  return a;
-}
-
-void AllocPolicy::give_free(uintptr_t a, uint64_t bytes) {
-  free_.give(a, bytes);
-  refresh_cached(a, a + bytes);
-}
-
-uintptr_t AllocPolicy::place(uintptr_t start, uint64_t size, uint64_t bytes, Fit fit) const {
-  uintptr_t at = fit == Fit::fresh ? round_up(start, page_bytes_) : start;
-  while (at + bytes <= start + size) {
-    uintptr_t next = blocked_until(at, bytes, fit);
-    if (!next) return at;
-    at = fit == Fit::fresh ? round_up(next, page_bytes_) : next;
-  }
-  return 0;
-}
-
-uintptr_t AllocPolicy::blocked_until(uintptr_t at, uint64_t bytes, Fit fit) const {
-  uintptr_t end = at + bytes;
-  if (port_->any_away())
-    for (uintptr_t va = page_of(at); va < end; va += page_bytes_) {
-      uintptr_t first = 0;
-      uint64_t span = 0;
-      if (port_->away_span(va, &first, &span)) return first + span;
-    }
-  if (fit != Fit::any) {  // fresh: nothing mapped under it; mapped: every page mapped
-    for (uintptr_t va = page_of(at); va < end;) {
-      int32_t id = pages_.page_at(va);
-      if (fit == Fit::fresh && id >= 0) return pages_.address_of(id) + pages_.bytes_of(id);
-      if (fit == Fit::mapped && id < 0) return va + page_bytes_;
-      va = id >= 0 ? pages_.address_of(id) + pages_.bytes_of(id) : va + page_bytes_;
-    }
-    if (fit == Fit::fresh) return 0;
-  }
-  // A cached extent under it (mapped, no block on it): the block must cover at least half of its
-  // pages (a page it touches counts), or it would keep the rest mapped for nothing.
-  uintptr_t next = 0;
-  pages_.for_each_mapped_extent_in(at, end, [&](int32_t id, uintptr_t h) {
-    uint64_t hb = pages_.bytes_of(id);
-    if (next || !free_.is_free(h, hb)) return;
-    uintptr_t lo = std::max(at, h), hi = std::min(end, h + hb);
-    uint64_t covered = (round_up(hi, page_bytes_) - page_of(lo)) / page_bytes_;
-    if (2 * covered < pages_.pages_of(id)) next = h + hb;
-  });
-  return next;
-}
-
-std::vector<uint32_t> AllocPolicy::handle_plan(size_t npages, bool partial_first, bool partial_last) const {
-  // A page shared with a neighbour is a one-page handle: the extents lie under this block only.
-  size_t head = partial_first ? 1 : 0, tail = partial_last && npages > head ? 1 : 0;
-  size_t whole = npages - head - tail;
-  std::vector<uint32_t> plan(head, 1);
-  if (!extent_max_pages_ || whole < extent_min_pages_) {
-    plan.insert(plan.end(), whole, 1);
-  } else {
-    // Size classes extent_max_pages_, half of it, a quarter ... down to two pages, largest
-    // first, and one page for what is left: few handles, and of a few sizes only, so a freed
-    // extent fits the next block of a size that covers most of it (docs/eviction.md).
-    size_t left = whole;
-    for (uint64_t c = extent_max_pages_; c >= 2; c /= 2)
-      while (left >= c) {
-        plan.push_back(static_cast<uint32_t>(c));
-        left -= c;
-      }
-    plan.insert(plan.end(), left, 1);
-  }
-  plan.insert(plan.end(), tail, 1);
-  return plan;
-}
-
-bool AllocPolicy::map_under(uintptr_t address, uint64_t bytes, bool may_evict) {
-  uintptr_t end = address + bytes;
-  // The runs of unmapped pages under the block, in address order.
-  std::vector<std::pair<uintptr_t, size_t>> runs;
-  for (uintptr_t va = page_of(address); va < end;) {
-    int32_t id = pages_.page_at(va);
-    if (id >= 0) {
-      va = pages_.address_of(id) + pages_.bytes_of(id);
-      continue;
-    }
-    if (!runs.empty() && runs.back().first + runs.back().second * page_bytes_ == va)
-      runs.back().second++;
-    else
-      runs.emplace_back(va, 1);
-    va += page_bytes_;
-  }
-  if (runs.empty()) return true;  // every page is mapped already: no driver call
-  port_->pin(page_of(address), end);  // the eviction engine takes nothing from under the block
-  size_t done = 0;
-  try {
-    for (; done < runs.size(); ++done) {
-      auto [va, n] = runs[done];
-      bool partial_first = va < address, partial_last = va + n * page_bytes_ > end;
-      bool driver_oom = false;
-      if (map_handles(va, handle_plan(n, partial_first, partial_last), may_evict, &driver_oom)) continue;
-      // The driver refused an extent's size although capacity was there: one-page handles.
-      if (!driver_oom || !map_handles(va, std::vector<uint32_t>(n, 1), may_evict, &driver_oom)) break;
-    }
-  } catch (...) {
-    for (size_t i = 0; i < done; ++i) pages_.unmap_range(runs[i].first, runs[i].second * page_bytes_);
-    port_->unpin();
-    throw;
-  }
-  port_->unpin();
-  if (done == runs.size()) return true;
-  for (size_t i = 0; i < done; ++i) pages_.unmap_range(runs[i].first, runs[i].second * page_bytes_);
-  return false;
-}
-
-bool AllocPolicy::map_handles(uintptr_t va, const std::vector<uint32_t>& handles, bool may_evict, bool* driver_oom) {
-  std::vector<int32_t> ids;
-  ids.reserve(handles.size());
-  auto give_back = [&] {
-    for (int32_t id : ids) pages_.return_page(id);
-  };
-  try {
-    for (uint32_t n : handles) {
-      int32_t id = -1;
-      if (!obtain_handle(n, &id, may_evict, driver_oom)) {
-        give_back();
-        return false;
-      }
-      ids.push_back(id);
-    }
-    pages_.map_pages(va, ids);
-  } catch (...) {
-    give_back();
-    throw;
-  }
-  return true;
-}
-
 bool AllocPolicy::obtain_handle(uint32_t npages, int32_t* id, bool may_evict, bool* driver_oom) {
-  // Cheapest first: a free handle of this size (or a new one under capacity), a cached extent of
+  // Cheapest first: a free handle of this size (or a new one under capacity, unless the cached
+  // handles exceed their allowance: then one of them, reuse_before_growth), a cached extent of
   // this size, room made by releasing free handles of other sizes, a cached handle, memory freed
   // but waiting for its stream, and only then what the eviction engine can free
   // (ResidencyPort::free_device_page).
   auto cached = [&](int32_t h) { return is_cached(h); };
   for (;;) {
+    reuse_before_growth(npages);
     bool refused = false;
     if (npages == 1 ? pages_.acquire_page(id) : pages_.acquire_extent(npages, id, &refused)) return true;
     if (refused) {
@@ -343,6 +124,25 @@ bool AllocPolicy::obtain_handle(uint32_t npages, int32_t* id, bool may_evict, bo
     if (pending_.count() && drain_pending(true)) continue;  // none: streams capturing a graph
     if (!port_->free_device_page(may_evict)) return false;
   }
+}
+
+bool AllocPolicy::reuse_before_growth(uint32_t npages) {
+  uint64_t cached = cached_.pages(), used = pages_.pages_mapped() - cached;
+  uint64_t allowance = std::max(used / kCachedShare, kCachedFloorPages);
+  if (cached <= allowance) return false;
+  auto is = [&](int32_t h) { return is_cached(h); };
+  int32_t id = -1;
+  bool same = cached_.take_oldest(npages, is, &id);  // unmapped, it is the free handle acquired next
+  if (!same) {
+    // One of another size only from what is over the allowance: a cached extent the next step
+    // of a loop will want again is not broken up for a smaller request while the cache is small.
+    if (!cached_.peek_oldest(&id) || pages_.pages_of(id) > cached - allowance || !is(id)) return false;
+    cached_.forget(id);
+  }
+  pages_.unmap_range(pages_.address_of(id), pages_.bytes_of(id));
+  if (!same) pages_.release_free(id);  // its memory goes to the handle made next
+  num_page_reclaims_++;
+  return true;
 }
 
 bool AllocPolicy::is_cached(int32_t id) const {

@@ -11,11 +11,10 @@
 // (plus the parts of at most two pages its neighbours may fill), not two whole pages.
 //
 // Allocation, in order, for a block of n bytes:
-//   0. stream-ordered reuse: a block freed on the request's own stream and still pending that
-//      fits well (at most an eighth or 4 KiB larger) is taken at once, cut if larger, with no
-//      event and no driver call; then a free range over mapped pages that fits as well; only
-//      when neither is there are the open frees of every stream sealed (one event each) and
-//      polled;
+//   0. stream-ordered reuse: a block of the same size freed on the request's own stream and
+//      still pending is taken at once, with no event and no driver call; then a free range over
+//      mapped pages of at most twice the request (no event, no driver call); only when neither is
+//      there are the open frees of every stream sealed (one event each) and polled;
 //   1. best fit in the free virtual space, whatever is mapped under it: the smallest free range
 //      that has room, at its lowest usable address (not over a page that is away, and not on a
 //      cached extent it would cover less than half of: see "Extents" below); the pages under it
@@ -137,6 +136,7 @@ class AllocPolicy final : public PageUsers {
   // Unmap every cached handle (trim).
   void unmap_cached();
   [[noreturn]] void throw_oom(uint64_t requested, const char* why = nullptr);
+  static uint64_t round_up(uint64_t n, uint64_t to) { return (n + to - 1) / to * to; }
 
   // PageUsers (for the eviction engine; read-only).
   void add_live_streams(uintptr_t va, uint64_t bytes, std::vector<StreamHandle>* streams) const override;
@@ -177,9 +177,15 @@ class AllocPolicy final : public PageUsers {
   // The pages [at, at + bytes) would take from capacity: unmapped ones, and every page of a
   // cached handle under it (a handle is held whole).
   uint64_t pages_taken(uintptr_t at, uint64_t bytes) const;
-  // A good fit, taken before any event is recorded: a pending free or a free range at most this
-  // much larger than the request.
-  static uint64_t good_fit_slack(uint64_t bytes) { return std::max<uint64_t>(bytes / 8, 4096); }
+  // Reuse before growth: while the cached handles hold more than an eighth of the pages blocks
+  // use (and more than kCachedFloorPages), a new handle is taken from them rather than created
+  // under capacity: the oldest of the size wanted, else the one cached longest if it is no larger
+  // than the excess (released, its memory going to the handle made next).
+  static constexpr uint64_t kCachedShare = 8;
+  static constexpr uint64_t kCachedFloorPages = 4;
+  // Unmap (and, if not of `npages`, release) the cached handle cached longest when the cached
+  // handles exceed that allowance; whether one was.
+  bool reuse_before_growth(uint32_t npages);
   bool take_mapped(uint64_t rounded, uintptr_t* out);
   bool try_allocate(uint64_t rounded, bool may_evict, uintptr_t* out);
   // Take a free range for `bytes` (best fit), reserving more virtual space when none has room

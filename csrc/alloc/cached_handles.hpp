@@ -33,6 +33,12 @@ class CachedHandles {
   // cached, taken off the list; false when there is none.
   template <typename Cached>
   bool take_oldest(uint32_t npages, Cached&& cached, int32_t* id);
+  // The handle listed longest, left on the list (it may be stale: check it); false if none.
+  bool peek_oldest(int32_t* id) const {
+    if (by_age_.empty()) return false;
+    *id = by_age_.begin()->second;
+    return true;
+  }
   uint64_t pages() const { return pages_listed_; }
   bool empty() const { return entries_.empty(); }
   void clear();

@@ -293,6 +293,19 @@ vta_status_t vta_torch_residency_op(int32_t device, int32_t op, uint64_t address
   });
 }
 
+vta_status_t vta_torch_offload_bytes(int32_t device, uint64_t address, uint64_t* moved) {
+  return guarded([&] {
+    need(moved, "output");
+    AddressSpace& space = existing_space(device, "no vtalloc address space serves this device yet");
+    CudaContextGuard guard(space.backend_kind() == VTA_BACKEND_CUDA);
+    if (shim().pools.in_used_pool(device, address))
+      vta::fail(VTA_ERR_INVALID_ARGUMENT, "the block at " + vta::hex(address) +
+                                              " belongs to a graph-private pool that still has users: a captured "
+                                              "graph may use it at any replay, so it cannot be offloaded");
+    *moved = space.offload(address);
+  });
+}
+
 vta_status_t vta_torch_failures(int32_t device, vta_torch_failures_t* out, char* message, uint64_t message_capacity) {
   return guarded([&] {
     need(out, "output");

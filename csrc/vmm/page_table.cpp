@@ -129,6 +129,14 @@ void PageTable::return_page(int32_t id) {
   push_free(id);
 }
 
+void PageTable::release_free(int32_t id) {
+  std::vector<int32_t>& list = pages_[id].npages == 1 ? free_pages_ : free_extents_;
+  auto it = std::find(list.begin(), list.end(), id);
+  VTA_INVARIANT(pages_[id].held && pages_[id].va == 0 && it != list.end());
+  list.erase(it);
+  release_slot(id);
+}
+
 bool PageTable::release_one_free(bool extents) {
   std::vector<int32_t>& list = extents ? free_extents_ : free_pages_;
   if (list.empty()) return false;

@@ -54,6 +54,8 @@ class PageTable {
   bool acquire_extent(uint32_t npages, int32_t* id, bool* driver_oom);
   // Give an acquired handle back to the free handles without mapping it.
   void return_page(int32_t id);
+  // Release one free (held, unmapped) handle to the driver.
+  void release_free(int32_t id);
   // Release free handles (no mapping changes) until `npages` more pages fit under capacity;
   // one-page handles first when `pages_first`, else extents first. Whether any was released.
   bool release_free_for(uint64_t npages, bool pages_first);

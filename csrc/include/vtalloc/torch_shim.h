@@ -95,6 +95,9 @@ enum {
 };
 VTA_API vta_status_t vta_torch_residency_op(int32_t device, int32_t op, uint64_t address, uint64_t stream,
                                             int32_t use_stream, int32_t* out);
+/* VTA_TORCH_OP_OFFLOAD that also reports *moved: the bytes of the allocation now on pages that are
+ * away (a page it shares with an allocation not marked evictable stays resident; vta_offload_bytes). */
+VTA_API vta_status_t vta_torch_offload_bytes(int32_t device, uint64_t address, uint64_t* moved);
 VTA_API vta_status_t vta_torch_failures(int32_t device, vta_torch_failures_t* out, char* message,
                                         uint64_t message_capacity);
 /* Close every space and forget the configuration. VTA_ERR_INVALID_ARGUMENT (nothing changed)
