@@ -117,6 +117,7 @@ _PROTOTYPES = {
     "vta_torch_oom_binding": (i32, [_P(i32), _P(i32), ctypes.c_char_p, u64, ctypes.c_char_p, u64]),
     "vta_torch_exception_selftest": (i32, [ctypes.c_char_p, i32, ctypes.c_char_p, u64, ctypes.c_char_p, u64, _P(i32)]),
     "vta_torch_residency_op": (i32, [i32, i32, u64, u64, i32, _P(i32)]),
+    "vta_torch_offload_bytes": (i32, [i32, u64, _P(u64)]),
 }
 
 # Residency operations on the allocation behind a tensor's storage (vta_torch_residency_op).
@@ -299,6 +300,15 @@ def alloc_for_test(size: int, device: int = 0, stream: int = 0) -> int:
 
 def free_for_test(ptr: int, size: int, device: int = 0, stream: int = 0) -> None:
     lib().vta_torch_free(ptr or None, size, device, stream or None)
+
+
+def offload_bytes(device: int, address: int) -> int:
+    """Offload the allocation at ``address`` on ``device``; the bytes of it now away (pages it
+    shares with an allocation not marked evictable stay resident)."""
+    check_device(device)
+    moved = ctypes.c_uint64()
+    check(lib().vta_torch_offload_bytes(device, address, ctypes.byref(moved)))
+    return moved.value
 
 
 def residency_op(device: int, op: int, address: int, stream: int | None = None) -> str | None:

@@ -23,6 +23,10 @@ on the pager's device are saved as they are.
 
 Layer: torch glue, below ``vtalloc.allocator.torch`` (which re-exports it); it reads the torch
 mode from ``_torch_mode`` and never imports ``torch.py``.
+Pages are shared between neighbouring allocations and move whole, so an offload can leave the
+pages a saved tensor shares with a tensor that may not move (a temporary of the forward pass)
+resident: its bytes stay counted as resident, and later evict-behind passes offload it again
+until they move (the neighbour freed, or saved too).
 Invariants: a value unpacked is bit-identical to the value packed; a tensor is never
 offloaded while autograd holds its unpacked value (unpack makes it resident and it is no
 longer counted); every allocation a pager made is freed when autograd drops the saved tensor.
@@ -66,7 +70,7 @@ class Pager(Protocol):
 
     def accepts(self, tensor: Any) -> bool: ...
     def pack(self, tensor: Any) -> tuple[Any, int]: ...          # -> (handle, bytes)
-    def offload(self, handle: Any) -> None: ...
+    def offload(self, handle: Any) -> int: ...                  # -> bytes of it now away
     def prefetch(self, handle: Any) -> None: ...
     def is_resident(self, handle: Any) -> bool: ...
     def unpack(self, handle: Any) -> Any: ...                   # waits; -> tensor
@@ -91,8 +95,8 @@ class HostPager:
         self.space.set_evictable(address)
         return (copy, address), copy.numel() * copy.element_size()
 
-    def offload(self, handle: Any) -> None:
-        self.space.offload(handle[1])
+    def offload(self, handle: Any) -> int:
+        return self.space.offload(handle[1])
 
     def prefetch(self, handle: Any) -> None:
         self.space.prefetch(handle[1])
@@ -101,7 +105,9 @@ class HostPager:
         return self.space.residency(handle[1]) == "resident"
 
     def unpack(self, handle: Any) -> Any:
-        self.space.ensure_resident(handle[1])
+        # Resident, and not evictable any more: autograd holds the value now, and neither pressure
+        # nor the offload of a neighbour sharing a page with it may move it.
+        self.space.set_evictable(handle[1], False)
         return handle[0]
 
 
@@ -152,8 +158,8 @@ class DevicePager:
 
         return torch.cuda.current_stream(device).cuda_stream
 
-    def offload(self, handle: Any) -> None:
-        self._shim.residency_op(handle[2], self._shim.OP_OFFLOAD, handle[1])
+    def offload(self, handle: Any) -> int:
+        return self._shim.offload_bytes(handle[2], handle[1])
 
     def prefetch(self, handle: Any) -> None:
         self._shim.residency_op(handle[2], self._shim.OP_PREFETCH, handle[1], self._stream(handle[2]))
@@ -163,13 +169,16 @@ class DevicePager:
 
     def unpack(self, handle: Any) -> Any:
         self._shim.residency_op(handle[2], self._shim.OP_ENSURE_RESIDENT, handle[1], self._stream(handle[2]))
+        # Not evictable any more: autograd holds the value now, and neither pressure nor the
+        # offload of a neighbour sharing a page with it may move it.
+        self._shim.residency_op(handle[2], self._shim.OP_CLEAR_EVICTABLE, handle[1])
         return handle[0]
 
 
 class _Saved:
     """What autograd stores for one packed tensor."""
 
-    __slots__ = ("handle", "nbytes", "index", "iteration", "state", "__weakref__")
+    __slots__ = ("handle", "nbytes", "index", "iteration", "state", "kept", "__weakref__")
 
     def __init__(self, handle: Any, nbytes: int, index: int, iteration: int) -> None:
         self.handle = handle
@@ -177,6 +186,7 @@ class _Saved:
         self.index = index          # position in its iteration's pack order
         self.iteration = iteration
         self.state = "resident"     # resident | offloaded | prefetched | consumed
+        self.kept = 0               # offloaded: its bytes still resident (pages shared with a pinned tensor)
 
 
 class PagedActivations:
@@ -276,22 +286,27 @@ class PagedActivations:
         return saved
 
     def _evict_behind(self) -> None:
-        # Oldest first: the first tensors saved are the last ones backward needs.
+        # Oldest first: the first tensors saved are the last ones backward needs. One offloaded
+        # only in part (a page it shares with a tensor that may not move stays resident) is
+        # offloaded again: once that neighbour is freed or saved too, the page moves.
         for ref in self._saved[:-1]:
             if self._resident_bytes <= self.budget:
                 break
             s = ref()
-            if s is None or s.state != "resident":
+            if s is None or not (s.state == "resident" or (s.state == "offloaded" and s.kept)):
                 continue
             try:
-                self.pager.offload(s.handle)
+                away = min(self.pager.offload(s.handle), s.nbytes)
             except MemoryError:
                 break  # host pool full: keep it resident, pressure eviction remains as a backstop
             except InvalidArgumentError:
-                continue  # shares a page with something that cannot move
+                continue  # every page of it is shared with something that cannot move
+            was_away = s.nbytes - s.kept if s.state == "offloaded" else 0
+            if s.state == "resident":
+                self._counts["offloads"] += 1
             s.state = "offloaded"
-            self._resident_bytes -= s.nbytes
-            self._counts["offloads"] += 1
+            s.kept = s.nbytes - away
+            self._resident_bytes -= away - was_away
 
     def _unpack(self, saved: Any) -> Any:
         if not isinstance(saved, _Saved):
@@ -314,6 +329,8 @@ class PagedActivations:
             self._wait_s += waited
             if saved.state in ("resident", "prefetched"):
                 self._resident_bytes -= saved.nbytes
+            elif saved.state == "offloaded":
+                self._resident_bytes -= saved.kept  # the part that never left
             saved.state = "consumed"
             if self._following and saved.iteration == self._iteration:
                 self._prefetch_ahead()
@@ -327,14 +344,15 @@ class PagedActivations:
                 break
             s = self._saved[idx]()
             if s is not None and s.state == "offloaded":
-                if self._resident_bytes + s.nbytes > self.budget:
+                back = s.nbytes - s.kept  # what left comes back
+                if self._resident_bytes + back > self.budget:
                     break
                 try:
                     self.pager.prefetch(s.handle)
                 except OutOfMemoryError:
                     break  # no room now; its unpack will restore on demand
                 s.state = "prefetched"
-                self._resident_bytes += s.nbytes
+                self._resident_bytes += back
                 self._counts["prefetches"] += 1
 
 

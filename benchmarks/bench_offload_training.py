@@ -24,7 +24,8 @@ TransformerEncoderLayer(2048, 16 heads, 8192), seq 1024), bf16 autocast, SGD.
 
 ``--cpu-smoke`` runs a tiny version on CPU (a small CNN and a 2-layer transformer, 3 steps):
 native, save_on_cpu, the offloader (synchronous copies: CPU has no copy stream) and vtalloc's
-``paged_activations`` over a host-backend AddressSpace; it checks the script, not GPU speed.
+``paged_activations`` over a host-backend AddressSpace of 256 KiB pages (the 4 MiB cap would be
+two 2 MiB pages, fewer than a backward step holds); it checks the script, not GPU speed.
 
     python benchmarks/bench_offload_training.py --chart benchmarks/results/offload_training.png
     python benchmarks/bench_offload_training.py --cpu-smoke --out /tmp/smoke.json
@@ -429,6 +430,8 @@ def main(argv: list[str] | None = None) -> int:
     multiples = [int(m) for m in (a.multiples or ("2" if smoke else "2,4")).split(",") if m]
     given = dict(kv.split("=") for kv in a.batch.split(",")) if a.batch else {}
     opts = dict(kv.split("=", 1) for kv in a.vtalloc_option)
+    if smoke:  # a 4 MiB cap is two 2 MiB pages: too coarse for the pages a backward step holds
+        opts = {"page_size": "256KiB", "host_granularity": "256KiB", **opts}
     base = {"device": device, "cap": a.cap or ("4MiB" if smoke else "16GiB"), "steps": a.steps or (3 if smoke else 8),
             "warmup": a.warmup if a.warmup is not None else (1 if smoke else 3), "budget": a.budget,
             "vtalloc_options": opts, "deterministic": a.deterministic,

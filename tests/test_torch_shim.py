@@ -349,7 +349,21 @@ def test_residency_calls_on_the_shims_spaces(host_shim):
         shim.residency_op(0, shim.OP_OFFLOAD, a + 512)  # not the start of an allocation
     with pytest.raises(InvalidArgumentError):
         shim.residency_op(0, 99, a)
-    shim.free_for_test(a, 4 * MiB)
+    # offload_bytes reports what moved: all of a; then of c, only the page it does not share with
+    # b, which is not evictable (paged_activations counts this, and offloads c again later).
+    assert shim.offload_bytes(0, a) == 4 * MiB
+    shim.residency_op(0, shim.OP_ENSURE_RESIDENT, a)
+    c = shim.alloc_for_test(3 * MiB)
+    b = shim.alloc_for_test(3 * MiB)
+    assert b == c + 3 * MiB and c % (2 * MiB) == 0
+    assert shim.offload_bytes(0, c) == 2 * MiB
+    with pytest.raises(InvalidArgumentError):
+        shim.offload_bytes(0, c + 512)
+    with pytest.raises(InvalidArgumentError):
+        shim.offload_bytes(1, c)  # no space there
+    shim.residency_op(0, shim.OP_ENSURE_RESIDENT, c)
+    for p in (a, b, c):
+        shim.free_for_test(p, 3 * MiB if p != a else 4 * MiB)
 
 
 def test_paged_activations_without_a_space_needs_enable():
