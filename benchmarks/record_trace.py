@@ -27,6 +27,12 @@ wrap Python scalars in, 4 or 8 bytes, where CUDA's foreach kernels take scalars 
 optimizer is AdamW(foreach=True), CUDA's default, on CPU its per-tensor fallback, with the same
 outputs allocated.
 
+Saved marks (the trace's ``saved``): the recorded steps' forward passes run under a pack hook
+(note_saved) that returns the tensor unchanged and marks each one paged_activations would page
+with an empty profiler range ``vtalloc::saved::<storage address>``; ordered with the memory
+events by start time, a mark names the allocation then live at its address (none: counted as
+``saved_unmatched``). Allocator events inside a marker would be its own: dropped and counted.
+
     python benchmarks/record_trace.py --model resnet50 --model bert
     python benchmarks/record_trace.py --model all --out /tmp/traces
     python benchmarks/record_trace.py --model extra --out /tmp/traces
@@ -37,6 +43,7 @@ outputs allocated.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import datetime as _dt
 import gc
@@ -79,6 +86,8 @@ class Pairing:
     allocated: int = 0
     unknown_frees: int = 0  # frees of an address not allocated during the recording
     missed_frees: int = 0  # allocations at an address still live: the watcher missed its free
+    marks: list[tuple[int, int]] = dataclasses.field(default_factory=list)  # (len(body) then, key)
+    unmatched_saved: int = 0  # saved marks at an address with no live allocation
 
     def existing(self, addr: int, size: int, stream: int = 0) -> None:
         """A block live when the recording starts (or, at the end, live since before it)."""
@@ -99,16 +108,26 @@ class Pairing:
             self.existing(addr, size, stream)
         self.body.append(("f", self.live.pop(addr)))
 
+    def saved(self, addr: int) -> None:
+        """Autograd saved a tensor whose storage starts at ``addr``, after the events so far."""
+        if addr in self.live:
+            self.marks.append((len(self.body), self.live[addr]))
+        else:
+            self.unmatched_saved += 1
+
+    def _ident(self, key: int) -> int:
+        return -key - 1 if key < 0 else len(self.initial) + key
+
     def events(self) -> list[tuple[Any, ...]]:
-        first = len(self.initial)
-
-        def ident(key: int) -> int:
-            return -key - 1 if key < 0 else first + key
-
+        ident = self._ident
         out: list[tuple[Any, ...]] = [("a", i, size, stream) for i, (size, stream) in enumerate(self.initial)]
         for e in self.body:
             out.append(("a", ident(e[1]), e[2], e[3]) if e[0] == "a" else ("f", ident(e[1])))
         return out
+
+    def saved_marks(self) -> list[tuple[int, int]]:
+        """The marks as trace_format's (event_index, id): after the last event seen before each."""
+        return [(len(self.initial) + n - 1, self._ident(key)) for n, key in self.marks]
 
     def stats(self) -> dict[str, int]:
         return {"initial_allocations": len(self.initial), "unknown_frees": self.unknown_frees,
@@ -161,8 +180,26 @@ OPTIMIZER = {"class": "torch.optim.AdamW", "lr": LR, "foreach": True,
              "zero_grad": "set_to_none=True"}
 
 
-def train_step(model: torch.nn.Module, opt: torch.optim.Optimizer, batch: Batch, loss_fn: LossFn) -> None:
-    loss = loss_fn(model, batch)
+SAVED_MARKER = "vtalloc::saved::"  # + the saved tensor's storage address: a profiler range's name
+SAVED_MIN_BYTES = 1024  # paged_activations' DEFAULT_MIN_BYTES: smaller saved tensors are not paged
+
+
+def note_saved(tensor: torch.Tensor) -> torch.Tensor:
+    """A pack hook: marks a tensor paged_activations would page (its rule: not a parameter or a
+    view of one, at least SAVED_MIN_BYTES) with an empty profiler range; returns it unchanged."""
+    base = tensor._base if tensor._base is not None else tensor
+    if not (base.is_leaf and base.requires_grad) and tensor.numel() * tensor.element_size() >= SAVED_MIN_BYTES:
+        with torch.profiler.record_function(SAVED_MARKER + str(tensor.untyped_storage().data_ptr())):
+            pass
+    return tensor
+
+
+def train_step(model: torch.nn.Module, opt: torch.optim.Optimizer, batch: Batch, loss_fn: LossFn,
+               mark_saved: bool = False) -> None:
+    """One step; ``mark_saved``: the forward pass (model and loss) under the note_saved pack hook."""
+    hooks = torch.autograd.graph.saved_tensors_hooks(note_saved, lambda t: t)
+    with hooks if mark_saved else contextlib.nullcontext():
+        loss = loss_fn(model, batch)
     loss.backward()
     opt.step()
     opt.zero_grad(set_to_none=True)
@@ -182,28 +219,43 @@ def _live_storages(model: torch.nn.Module, opt: torch.optim.Optimizer) -> dict[i
     return out
 
 
-def _cpu_memory_events(prof: torch.profiler.profile) -> tuple[list[tuple[int, int]], dict[str, int]]:
-    """(address, signed bytes) of every host-allocator event the profiler recorded, in time order,
-    and checks: events of other devices dropped, and events whose allocator running total
-    (``total_allocated``, kept under the allocator's lock) does not follow from the one before, which
-    would mean the order is wrong or an event is missing."""
+def _cpu_memory_events(prof: torch.profiler.profile) -> tuple[list[tuple[int, int | None]], dict[str, int]]:
+    """(address, signed bytes) of every host-allocator event the profiler recorded, and (address,
+    None) for each saved mark (note_saved's ranges), in time order; and checks: events of other
+    devices dropped, allocator events inside a marker's range dropped, and events whose allocator
+    running total (``total_allocated``, kept under the allocator's lock) does not follow from the
+    one before, which would mean the order is wrong or an event is missing."""
     from torch._C._profiler import _EventType
     from torch.profiler import _utils
 
     tree = prof.profiler.kineto_results.experimental_event_tree()
-    found = [(e.start_time_ns, i, e.typed[1]) for i, e in enumerate(_utils.traverse_dfs(tree))
-             if e.typed[0] == _EventType.Allocation]
+    found: list[tuple[int, int, Any]] = []
+    in_marker = 0
+    for i, e in enumerate(_utils.traverse_dfs(tree)):
+        if e.typed[0] == _EventType.TorchOp and e.name.startswith(SAVED_MARKER):
+            found.append((e.start_time_ns, i, int(e.name[len(SAVED_MARKER):])))
+        elif e.typed[0] == _EventType.Allocation:
+            p = e.parent
+            while p is not None and not p.name.startswith(SAVED_MARKER):
+                p = p.parent
+            in_marker += p is not None
+            if p is None:
+                found.append((e.start_time_ns, i, e.typed[1]))
     found.sort(key=lambda x: (x[0], x[1]))
-    cpu = [f for _, _, f in found if f.device.type == "cpu"]
+    memory = [f for _, _, f in found if not isinstance(f, int)]
+    cpu = [f for f in memory if f.device.type == "cpu"]
     out_of_step = sum(1 for a, b in zip(cpu, cpu[1:]) if b.total_allocated != a.total_allocated + b.alloc_size)
-    return [(f.ptr, f.alloc_size) for f in cpu], {"other_device_events_dropped": len(found) - len(cpu),
-                                                   "running_total_mismatches": out_of_step}
+    out: list[tuple[int, int | None]] = [(f, None) if isinstance(f, int) else (f.ptr, f.alloc_size) for _, _, f in found
+                                         if isinstance(f, int) or f.device.type == "cpu"]
+    return out, {"other_device_events_dropped": len(memory) - len(cpu), "marker_allocations_dropped": in_marker,
+                 "running_total_mismatches": out_of_step}
 
 
 def record_steps_cpu(model: torch.nn.Module, make_batch: MakeBatch, loss_fn: LossFn,
                      steps: int = DEFAULT_STEPS) -> tuple[list[tuple[Any, ...]], dict[str, Any]]:
     """One warm-up step, then ``steps`` recorded training steps of ``model`` (on CPU) under the
-    memory profiler. Returns the trace events and the recording's stats."""
+    memory profiler, their forward passes marking what autograd saves. Returns the trace events
+    and the recording's stats, whose ``saved`` is trace_format's list of (event_index, id) marks."""
     from torch.profiler import ProfilerActivity, profile
 
     opt = make_optimizer(model)
@@ -219,16 +271,20 @@ def record_steps_cpu(model: torch.nn.Module, make_batch: MakeBatch, loss_fn: Los
     t0 = time.perf_counter()
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
         for step in range(1, steps + 1):
-            train_step(model, opt, make_batch(step), loss_fn)
+            train_step(model, opt, make_batch(step), loss_fn, mark_saved=True)
     steps_s = time.perf_counter() - t0
     events, checks = _cpu_memory_events(prof)
     for addr, size in events:
-        if size > 0:
+        if size is None:
+            pairing.saved(addr)
+        elif size > 0:
             pairing.alloc(addr, size)
         else:
             pairing.free(addr, -size)
-    return pairing.events(), {**pairing.stats(), **checks, "warmup_seconds": round(warm, 2),
-                              "recorded_steps_seconds": round(steps_s, 2)}
+    return pairing.events(), {**pairing.stats(), **checks, "saved_marks": len(pairing.marks),
+                              "saved_unmatched": pairing.unmatched_saved,
+                              "warmup_seconds": round(warm, 2), "recorded_steps_seconds": round(steps_s, 2),
+                              "saved": pairing.saved_marks()}
 
 
 def record_steps_cuda(model: torch.nn.Module, make_batch: MakeBatch, loss_fn: LossFn, steps: int = DEFAULT_STEPS,
@@ -368,12 +424,13 @@ def record(spec: ModelSpec, args: argparse.Namespace) -> trace_format.Trace:
     else:
         events, stats = record_steps_cpu(w.model, w.make_batch, w.loss_fn, args.steps)
         source = "cpu-profiler"
+    saved = stats.pop("saved", [])
     recorded = {**started, "torch": torch.__version__, "transformers": _transformers().__version__,
                 "torch_threads": torch.get_num_threads(), "git": git_info(),
                 "command": shlex.join(["python", *sys.argv]), **stats}
     return trace_format.Trace(name=args.name or spec.name, source=source, model=w.model_info,
                               workload={**w.workload_info, "iterations": args.steps, "warmup_iterations": 1},
-                              recorded=recorded, events=trace_format.validate_events(events))
+                              recorded=recorded, events=trace_format.validate_events(events), saved=tuple(saved))
 
 
 GROUPS = {"all": STORED, "extra": EXTRA}  # all: the models of the stored traces, as their commands say

@@ -1,10 +1,12 @@
-"""The allocation-trace file format shared by record_trace.py (writes) and bench_trace.py (reads).
+"""The allocation-trace file format: record_trace.py writes it, bench_trace.py and
+bench_saved_offload.py read it.
 
 Owns: the on-disk form of one allocation trace (a gzip-compressed JSON document), its loading,
 validation and the figures every reader needs first (peak live bytes, counts).
 Invariants: a trace that loads is valid: allocation ids are 0, 1, 2, ... in the order of their
 allocations, every size is a positive integer, every free names an earlier allocation that is
-still live, no id is freed twice; allocations never freed are live at the end of the trace.
+still live, no id is freed twice; allocations never freed are live at the end of the trace;
+saved marks, when present, are in event order and each names an allocation live at its event.
 Nothing here imports vtalloc: a trace is data about PyTorch, not about vtalloc.
 
 The document (``benchmarks/traces/<name>.json.gz``)::
@@ -16,13 +18,23 @@ The document (``benchmarks/traces/<name>.json.gz``)::
       "model": {...},                           # what ran: class, config overrides, parameter count
       "workload": {...},                        # batch, input shape, dtype, optimizer, iterations
       "recorded": {...},                        # date, torch/transformers versions, machine, command
-      "events": [["a", id, size, stream], ["f", id], ...]
+      "events": [["a", id, size, stream], ["f", id], ...],
+      "saved": [[event_index, id], ...]         # optional: what autograd saved, and when
     }
 
 ``["a", id, size, stream]`` is an allocation of ``size`` bytes on ``stream`` (0: the default
 stream; other numbers are distinct streams, not driver handles); ``["f", id]`` frees it. The
 trace opens with the allocations that exist before the recorded step (parameters and buffers),
 so its peak live bytes is the peak a device would hold.
+
+``saved`` (optional; readers that do not need it ignore it): ``[event_index, id]`` says that
+after event number ``event_index`` (0-based, into ``events``) autograd saved a tensor for
+backward whose storage is allocation ``id``, live then. Marks are ordered by event_index (those
+of one event in the order they happened); one allocation may be saved more than once (by
+several operations). record_trace.py notes them in the forward passes of the recorded steps,
+leaving out parameters, views of them and tensors under 1 KiB, as paged_activations does.
+A trace without the field has ``Trace.saved == ()``, and ``to_document`` writes it only when
+there are marks.
 """
 
 from __future__ import annotations
@@ -51,6 +63,8 @@ class Trace:
     recorded: dict[str, Any]
     # ("a", id, size, stream) or ("f", id), in order.
     events: tuple[tuple, ...]
+    # (event_index, id): after events[event_index], autograd saved a tensor on allocation id.
+    saved: tuple[tuple[int, int], ...] = ()
 
     @property
     def num_allocs(self) -> int:
@@ -82,8 +96,11 @@ class Trace:
         return peak
 
     def to_document(self) -> dict[str, Any]:
-        return {"format": FORMAT, "name": self.name, "source": self.source, "model": self.model,
-                "workload": self.workload, "recorded": self.recorded, "events": [list(e) for e in self.events]}
+        doc = {"format": FORMAT, "name": self.name, "source": self.source, "model": self.model,
+               "workload": self.workload, "recorded": self.recorded, "events": [list(e) for e in self.events]}
+        if self.saved:
+            doc["saved"] = [list(m) for m in self.saved]
+        return doc
 
 
 def validate_events(events: Iterable[Any]) -> tuple[tuple, ...]:
@@ -117,6 +134,32 @@ def validate_events(events: Iterable[Any]) -> tuple[tuple, ...]:
     return tuple(out)
 
 
+def validate_saved(saved: Iterable[Any], events: tuple[tuple, ...]) -> tuple[tuple[int, int], ...]:
+    """The saved marks as (event_index, id) tuples, checked against the (valid) ``events``: in
+    event order, each naming an allocation live after its event; or TraceError naming the first bad one."""
+    marks: list[tuple[int, int]] = []
+    for k, m in enumerate(saved):
+        if not isinstance(m, (list, tuple)) or len(m) != 2 or not all(type(x) is int for x in m):
+            raise TraceError(f"saved mark {k}: expected [event_index, id] of integers, got {m!r:.80}")
+        if not 0 <= m[0] < len(events):
+            raise TraceError(f"saved mark {k}: event index {m[0]} is outside the {len(events)} events")
+        if marks and m[0] < marks[-1][0]:
+            raise TraceError(f"saved mark {k}: event index {m[0]} comes after {marks[-1][0]}; marks are in event order")
+        marks.append((m[0], m[1]))
+    live: set[int] = set()
+    k = 0
+    for i, e in enumerate(events):
+        if e[0] == "a":
+            live.add(e[1])
+        else:
+            live.discard(e[1])
+        while k < len(marks) and marks[k][0] == i:
+            if marks[k][1] not in live:
+                raise TraceError(f"saved mark {k}: allocation {marks[k][1]} is not live after event {i}")
+            k += 1
+    return tuple(marks)
+
+
 def from_document(doc: Any) -> Trace:
     if not isinstance(doc, dict) or doc.get("format") != FORMAT:
         raise TraceError(f"not a {FORMAT} document")
@@ -130,8 +173,11 @@ def from_document(doc: Any) -> Trace:
             raise TraceError(f"{key} must be an object")
     if not isinstance(doc.get("events"), list):
         raise TraceError("events must be a list")
+    if not isinstance(doc.get("saved", []), list):
+        raise TraceError("saved must be a list")
+    events = validate_events(doc["events"])
     return Trace(name=doc["name"], source=doc["source"], model=doc["model"], workload=doc["workload"],
-                 recorded=doc["recorded"], events=validate_events(doc["events"]))
+                 recorded=doc["recorded"], events=events, saved=validate_saved(doc.get("saved", []), events))
 
 
 def load(path: str | Path) -> Trace:
@@ -151,7 +197,7 @@ def load(path: str | Path) -> Trace:
 
 def save(trace: Trace, path: str | Path) -> Path:
     """Write a trace as compact gzip-compressed JSON (validated first); returns the path."""
-    validate_events(trace.events)
+    validate_saved(trace.saved, validate_events(trace.events))
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     data = json.dumps(trace.to_document(), separators=(",", ":")).encode()

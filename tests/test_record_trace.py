@@ -2,7 +2,9 @@
 model, its CUDA snapshot conversion on a synthetic snapshot, its CLI errors, and the stored traces.
 
 Owns: the checks that a recorded training step is a valid trace whose frees pair with its
-allocations (everything a step allocates it frees again), that snapshot_to_events() maps streams,
+allocations (everything a step allocates it frees again) and whose saved marks name what autograd
+saved, that trace_format's optional ``saved`` field round-trips and is validated, that
+snapshot_to_events() maps streams,
 finds the blocks that existed before the recording and frees at free_completed, that
 ``--model all`` still means the models of the stored traces (trace_models.STORED), and that every
 file in benchmarks/traces/ loads, says how it was made, and has its row in
@@ -64,6 +66,42 @@ def test_a_plain_models_training_steps_through_the_profiler():
     # a step frees all it allocates: what is live at the end is what opened the trace
     live = _live_at_end(trace.events)
     assert sum(live.values()) == sum(e[2] for e in trace.events[:stats["initial_allocations"]])
+    # saved marks, per step: x (32x64 floats, for the first weight's gradient), ReLU's output
+    # (saved by ReLU and by the second Linear), log_softmax's output (by it and by nll_loss); the
+    # weights (parameters, or views of them) and the 256-byte targets are not marked
+    marks = trace_format.validate_saved(stats["saved"], trace.events)
+    sizes = trace.sizes()
+    assert [sizes[i] for _, i in marks] == [32 * 64 * 4, 32 * 512 * 4, 32 * 512 * 4, 32 * 10 * 4, 32 * 10 * 4] * 2
+    assert stats["saved_marks"] == 10 and stats["saved_unmatched"] == 0 and stats["marker_allocations_dropped"] == 0
+    for (index, ident), prev in zip(marks, [(0, -1), *marks]):
+        assert index >= prev[0]
+        # each tensor is saved after its allocation (ReLU's output: once clamp_min made it)
+        assert any(e == ("a", ident, sizes[ident], 0) for e in trace.events[:index + 1])
+
+
+def _doc(saved: list | None = None) -> dict:
+    doc = {"format": trace_format.FORMAT, "name": "t", "source": "cpu-profiler", "model": {}, "workload": {},
+           "recorded": {}, "events": [["a", 0, 4096, 0], ["a", 1, 64, 0], ["f", 0], ["a", 2, 4096, 0]]}
+    if saved is not None:
+        doc["saved"] = saved
+    return doc
+
+
+def test_the_saved_field(tmp_path: Path):
+    plain = trace_format.from_document(_doc())
+    assert plain.saved == () and "saved" not in plain.to_document()
+    marked = trace_format.from_document(_doc([[0, 0], [1, 0], [1, 1], [3, 2]]))
+    assert marked.saved == ((0, 0), (1, 0), (1, 1), (3, 2))
+    path = trace_format.save(marked, tmp_path / "t.json.gz")
+    assert trace_format.load(path) == marked and marked.to_document()["saved"] == [[0, 0], [1, 0], [1, 1], [3, 2]]
+    bad = {"saved must be a list": {"x": 1}, r"expected \[event_index, id\]": [[0]],
+           "outside the 4 events": [[4, 2]], "comes after 1": [[1, 0], [0, 0]],
+           "allocation 0 is not live after event 2": [[2, 0]], "allocation 2 is not live after event 1": [[1, 2]]}
+    for message, saved in bad.items():
+        with pytest.raises(trace_format.TraceError, match=message):
+            trace_format.from_document(_doc(saved))
+    with pytest.raises(trace_format.TraceError, match="not live"):
+        trace_format.save(trace_format.Trace("t", "cpu-profiler", {}, {}, {}, plain.events, ((2, 0),)), tmp_path / "x")
 
 
 def test_pairing_by_address():
@@ -185,6 +223,8 @@ def test_stored_trace_loads_and_says_how_it_was_made(path: Path):
     assert trace.name == path.name.removesuffix(".json.gz")
     assert trace.recorded["command"].startswith("python benchmarks/record_trace.py ")
     assert trace.num_frees > 0 and trace.peak_live_bytes() >= trace.model["parameter_bytes"]
+    assert trace.saved and trace.recorded["saved_marks"] == len(trace.saved)  # what autograd saved, and when
+    assert trace.recorded["saved_unmatched"] == 0 and trace.recorded["marker_allocations_dropped"] == 0
     rows = [line for line in (BENCH / "traces" / "README.md").read_text().splitlines()
             if line.startswith(f"| `{path.name}` |")]
     assert len(rows) == 1, f"benchmarks/traces/README.md has no row for {path.name}"
