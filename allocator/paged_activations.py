@@ -70,7 +70,7 @@ class Pager(Protocol):
 
     def accepts(self, tensor: Any) -> bool: ...
     def pack(self, tensor: Any) -> tuple[Any, int]: ...          # -> (handle, bytes)
-    def offload(self, handle: Any) -> int: ...                  # -> bytes of it now away
+    def offload(self, handle: Any) -> int | None: ...           # -> bytes of it now away (None: all)
     def prefetch(self, handle: Any) -> None: ...
     def is_resident(self, handle: Any) -> bool: ...
     def unpack(self, handle: Any) -> Any: ...                   # waits; -> tensor
@@ -296,11 +296,12 @@ class PagedActivations:
             if s is None or not (s.state == "resident" or (s.state == "offloaded" and s.kept)):
                 continue
             try:
-                away = min(self.pager.offload(s.handle), s.nbytes)
+                moved = self.pager.offload(s.handle)
             except MemoryError:
                 break  # host pool full: keep it resident, pressure eviction remains as a backstop
             except InvalidArgumentError:
                 continue  # every page of it is shared with something that cannot move
+            away = s.nbytes if moved is None else min(moved, s.nbytes)
             was_away = s.nbytes - s.kept if s.state == "offloaded" else 0
             if s.state == "resident":
                 self._counts["offloads"] += 1
