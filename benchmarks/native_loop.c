@@ -8,8 +8,8 @@
  * usage: native_loop BACKEND CAPACITY MODE SIZE THREADS TARGET_MS REPEATS
  *   BACKEND  1 = host, 2 = cuda (VTA_BACKEND_*)
  *   MODE     steady: each thread loops malloc(SIZE)+free on one shared space (cached reuse)
- *            remap:  one thread; each cycle a 512 B malloc+free carves a slab page out of the
- *                    cached range, so the timed malloc(SIZE)+free must unmap and remap pages
+ *            map:    one thread; each cycle an untimed vta_trim gives every cached page back,
+ *                    so the timed malloc(SIZE)+free must create, map and set access again
  * Prints one JSON object on stdout; on a vtalloc error prints it on stderr and exits 1.
  */
 #define _POSIX_C_SOURCE 200809L
@@ -73,13 +73,12 @@ static double steady_once(vta_space_t* space, uint64_t size, int threads, long i
   return (t1 - t0) / ((double)iters * threads);
 }
 
-/* Per timed pair; only the large malloc+free is inside the clock, not the 512 B pair. */
-static double remap_once(vta_space_t* space, uint64_t size, long iters) {
+/* Per timed pair; only the malloc+free is inside the clock, not the trim. */
+static double map_once(vta_space_t* space, uint64_t size, long iters) {
   double total = 0;
   for (long i = 0; i < iters; ++i) {
-    uint64_t small = 0, addr = 0;
-    check(vta_malloc(space, 512, 0, &small), "vta_malloc(512)");
-    check(vta_free(space, small), "vta_free(512)");
+    uint64_t released = 0, addr = 0;
+    check(vta_trim(space, &released), "vta_trim");
     double t0 = now_ns();
     check(vta_malloc(space, size, 0, &addr), "vta_malloc");
     check(vta_free(space, addr), "vta_free");
@@ -88,24 +87,24 @@ static double remap_once(vta_space_t* space, uint64_t size, long iters) {
   return total / (double)iters;
 }
 
-static double run_once(int remap, vta_space_t* space, uint64_t size, int threads, long iters) {
-  return remap ? remap_once(space, size, iters) : steady_once(space, size, threads, iters);
+static double run_once(int map, vta_space_t* space, uint64_t size, int threads, long iters) {
+  return map ? map_once(space, size, iters) : steady_once(space, size, threads, iters);
 }
 
 int main(int argc, char** argv) {
   if (argc != 8) {
-    fprintf(stderr, "usage: %s BACKEND CAPACITY steady|remap SIZE THREADS TARGET_MS REPEATS\n", argv[0]);
+    fprintf(stderr, "usage: %s BACKEND CAPACITY steady|map SIZE THREADS TARGET_MS REPEATS\n", argv[0]);
     return 2;
   }
   int backend = atoi(argv[1]);
   uint64_t capacity = strtoull(argv[2], NULL, 10);
-  int remap = strcmp(argv[3], "remap") == 0;
+  int map = strcmp(argv[3], "map") == 0;
   uint64_t size = strtoull(argv[4], NULL, 10);
   int threads = atoi(argv[5]);
   double target_ns = atof(argv[6]) * 1e6;
   int repeats = atoi(argv[7]);
-  if (threads < 1 || threads > MAX_THREADS || repeats < 1 || repeats > MAX_REPEATS || (remap && threads != 1)) {
-    fprintf(stderr, "native_loop: bad THREADS or REPEATS (remap runs one thread)\n");
+  if (threads < 1 || threads > MAX_THREADS || repeats < 1 || repeats > MAX_REPEATS || (map && threads != 1)) {
+    fprintf(stderr, "native_loop: bad THREADS or REPEATS (map runs one thread)\n");
     return 2;
   }
 
@@ -118,16 +117,16 @@ int main(int argc, char** argv) {
   check(vta_space_create(&cfg, &space), "vta_space_create");
 
   /* Warm up: map what THREADS live allocations need, so the steady loop finds it cached;
-   * for remap, leave one cached range of SIZE behind. */
+   * for map, leave one cached range of SIZE behind. */
   uint64_t held[MAX_THREADS];
   for (int t = 0; t < threads; ++t) check(vta_malloc(space, size, 0, &held[t]), "vta_malloc (warm-up)");
   for (int t = 0; t < threads; ++t) check(vta_free(space, held[t]), "vta_free (warm-up)");
 
   /* Calibrate: grow ITERS until one run lasts about TARGET_MS. */
-  long iters = remap ? 20 : 2000;
+  long iters = map ? 20 : 2000;
   for (;;) {
-    double per_op = run_once(remap, space, size, threads, iters);
-    double spent = per_op * (double)iters * (remap ? 1 : threads);
+    double per_op = run_once(map, space, size, threads, iters);
+    double spent = per_op * (double)iters * (map ? 1 : threads);
     if (spent >= target_ns * 0.5 || iters > 100000000L) {
       if (spent < target_ns) iters = (long)((double)iters * target_ns / (spent > 1 ? spent : 1));
       break;
@@ -142,15 +141,15 @@ int main(int argc, char** argv) {
   after = before;
   check(vta_stats(space, &before), "vta_stats");
   double per_op[MAX_REPEATS];
-  for (int r = 0; r < repeats; ++r) per_op[r] = run_once(remap, space, size, threads, iters);
+  for (int r = 0; r < repeats; ++r) per_op[r] = run_once(map, space, size, threads, iters);
   check(vta_stats(space, &after), "vta_stats");
 
-  long total_ops = iters * (long)repeats * (remap ? 1 : threads);
+  long total_ops = iters * (long)repeats * (map ? 1 : threads);
   printf("{\"mode\": \"%s\", \"size_bytes\": %llu, \"threads\": %d, \"pairs_per_thread_per_repeat\": %ld, "
          "\"repeats_ns_per_op\": [",
-         remap ? "remap" : "steady", (unsigned long long)size, threads, iters);
+         map ? "map" : "steady", (unsigned long long)size, threads, iters);
   for (int r = 0; r < repeats; ++r) printf("%s%.2f", r ? ", " : "", per_op[r]);
-  /* Counter deltas cover every timed pair (and, for remap, the untimed 512 B pairs). */
+  /* Counter deltas cover every timed pair (and, for map, the untimed trims). */
   printf("], \"timed_ops\": %ld, \"page_reclaims\": %llu, \"map_calls\": %llu, \"unmap_calls\": %llu, "
          "\"page_bytes\": %llu, \"capacity_bytes\": %llu}\n",
          total_ops, (unsigned long long)(after.num_page_reclaims - before.num_page_reclaims),
