@@ -297,7 +297,8 @@ void AllocPolicy::release_block(uintptr_t address, uint64_t size) {
   std::string msg = "vtalloc out of memory: " + std::string(why ? why : "tried to allocate") + " " + mib(requested) +
                     " (" + std::to_string(requested) + " bytes); capacity " + mib(capacity_) + ", " +
                     mib(live_.active_bytes()) + " held by live allocations (" + mib(live_.evictable_bytes()) +
-                    " evictable), " + mib(mapped) + " mapped, " + mib(pending_.bytes()) +
+                    " evictable), " + mib(mapped) + " mapped (" + mib(cached_.pages() * page_bytes_) +
+                    " of it cached: the rest is on pages and extents live allocations touch), " + mib(pending_.bytes()) +
                     " awaiting stream completion, host pool " + mib(port_->host_pool_used_bytes()) + " of " +
                     mib(port_->host_pool_capacity_bytes()) + " used";
   throw OutOfMemory(msg, requested, capacity_, mapped);
