@@ -18,8 +18,11 @@ Pagers: :class:`HostPager` (CPU training over a host-backend space: a saved CPU 
 copied into the space on pack, as ``save_on_cpu`` copies to host, and the rest of the
 machinery is the same) and :class:`DevicePager` (CUDA training with vtalloc as torch's
 allocator: the saved tensor's own allocation is paged in place: no copy, no new tensor, same
-address). Tensors that are parameters (or views of one), smaller than ``min_bytes``, or not
-on the pager's device are saved as they are.
+address). Tensors that are parameters (or views of one), smaller than ``min_bytes``, not
+on the pager's device, or that the pager has no room for (OutOfMemoryError at pack) are saved
+as they are. HostPager copies an expanded tensor (a stride of 0) at the size of its storage.
+The evict-behind pass walks a queue of the tensors that may still hold resident bytes (what
+left for good leaves it), so a pack costs the same however many were saved before it.
 
 Layer: torch glue, below ``vtalloc.allocator.torch`` (which re-exports it); it reads the torch
 mode from ``_torch_mode`` and never imports ``torch.py``.
@@ -35,6 +38,7 @@ Usage: enter the context around the forward pass of each iteration; run backward
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import threading
 import time
@@ -57,7 +61,8 @@ class PagedStats:
     fallback_iterations: int   # of those, left it: the order changed, restored on demand, re-recorded
     packed: int                # saved tensors handed to the pager
     packed_bytes: int
-    passed_through: int        # saved tensors left as they are (parameters, tiny, other device)
+    passed_through: int        # saved tensors left as they are (parameters, tiny, other device, no room)
+    passed_through_no_room: int  # of those, the pager had no room to take them (OutOfMemoryError at pack)
     offloads: int              # evictions started behind the forward pass
     prefetches: int            # restores started ahead of the backward pass
     on_demand: int             # unpacks that found their tensor not resident and had to restore it
@@ -76,6 +81,13 @@ class Pager(Protocol):
     def unpack(self, handle: Any) -> Any: ...                   # waits; -> tensor
 
 
+def _storage_span(tensor: Any) -> int:
+    """Elements from a tensor's first to its last in storage (strides are never negative)."""
+    if tensor.numel() == 0:
+        return 0
+    return 1 + sum((n - 1) * st for n, st in zip(tensor.shape, tensor.stride()))
+
+
 class HostPager:
     """Saved CPU tensors copied into a host-backend :class:`AddressSpace` and paged there."""
 
@@ -89,11 +101,20 @@ class HostPager:
         return tensor.device.type == "cpu" and tensor.numel() * tensor.element_size() >= self.min_bytes
 
     def pack(self, tensor: Any) -> tuple[Any, int]:
-        copy = self.space.tensor(tuple(tensor.shape), tensor.dtype)
-        copy.copy_(tensor.detach())
+        src = tensor.detach()
+        span = _storage_span(src)
+        if span < src.numel():
+            # Expanded or overlapping (a stride of 0): copy the elements its storage holds, not
+            # its logical size (4 KiB broadcast to 256 MiB stays 4 KiB), and view them the same way.
+            flat = self.space.tensor((span,), src.dtype)
+            flat.copy_(src.as_strided((span,), (1,), src.storage_offset()))
+            copy = flat.as_strided(tuple(src.shape), tuple(src.stride()), 0)
+        else:
+            copy = self.space.tensor(tuple(src.shape), src.dtype)
+            copy.copy_(src)
         address = copy.untyped_storage().data_ptr()
         self.space.set_evictable(address)
-        return (copy, address), copy.numel() * copy.element_size()
+        return (copy, address), min(span, src.numel()) * copy.element_size()
 
     def offload(self, handle: Any) -> int:
         return self.space.offload(handle[1])
@@ -175,6 +196,11 @@ class DevicePager:
         return handle[0]
 
 
+def _GONE() -> None:
+    """Stands in the pack order for a tensor the pager had no room for (a dead weak reference)."""
+    return None
+
+
 class _Saved:
     """What autograd stores for one packed tensor."""
 
@@ -207,11 +233,12 @@ class PagedActivations:
         self._rec_packs: list[tuple] = []
         self._rec_unpacks: list[int] = []
         self._saved: list[weakref.ref] = []               # this iteration's packed tensors (autograd owns them)
+        self._candidates: collections.deque[weakref.ref] = collections.deque()  # may still hold resident bytes
         self._following = False                           # this iteration follows the schedule
         self._unpack_pos = 0
         self._resident_bytes = 0                          # packed, not consumed, resident or prefetched
         self._counts = dict(iterations=0, scheduled_iterations=0, fallback_iterations=0, packed=0, packed_bytes=0,
-                            passed_through=0, offloads=0, prefetches=0, on_demand=0)
+                            passed_through=0, passed_through_no_room=0, offloads=0, prefetches=0, on_demand=0)
         self._wait_s = 0.0
 
     # -- context ---------------------------------------------------------------------------
@@ -223,6 +250,7 @@ class PagedActivations:
             self._iteration += 1
             self._counts["iterations"] += 1
             self._saved = []
+            self._candidates = collections.deque()
             self._rec_packs, self._rec_unpacks = [], []
             self._following = self._schedule_packs is not None
             if self._following:
@@ -270,37 +298,62 @@ class PagedActivations:
                 self._counts["passed_through"] += 1
             return tensor
         signature = (tuple(tensor.shape), tensor.dtype)
-        handle, nbytes = self.pager.pack(tensor)
+        try:
+            handle, nbytes = self.pager.pack(tensor)
+        except OutOfMemoryError:
+            # No room in the space for it (larger than the space, or everything else resident and
+            # pinned): autograd keeps it as it would without the pager. Training goes on; the
+            # order of packs (the schedule) is the same whether it was paged or not.
+            with self._lock:
+                self._counts["passed_through"] += 1
+                self._counts["passed_through_no_room"] += 1
+                self._record_pack(len(self._saved), signature)
+                self._saved.append(_GONE)
+            return tensor
         with self._lock:
             saved = _Saved(handle, nbytes, len(self._saved), self._iteration)
             self._saved.append(weakref.ref(saved))
-            self._rec_packs.append(signature)
+            self._candidates.append(self._saved[-1])
+            self._record_pack(saved.index, signature)
             self._counts["packed"] += 1
             self._counts["packed_bytes"] += nbytes
-            if self._following:
-                sched = self._schedule_packs
-                if saved.index >= len(sched) or sched[saved.index] != signature:
-                    self._fall_back()
             self._resident_bytes += nbytes
             self._evict_behind()
         return saved
 
+    def _record_pack(self, index: int, signature: tuple) -> None:
+        self._rec_packs.append(signature)
+        if self._following:
+            sched = self._schedule_packs
+            if index >= len(sched) or sched[index] != signature:
+                self._fall_back()
+
     def _evict_behind(self) -> None:
-        # Oldest first: the first tensors saved are the last ones backward needs. One offloaded
-        # only in part (a page it shares with a tensor that may not move stays resident) is
-        # offloaded again: once that neighbour is freed or saved too, the page moves.
-        for ref in self._saved[:-1]:
-            if self._resident_bytes <= self.budget:
+        # Oldest first: the first tensors saved are the last ones backward needs. The candidates
+        # are the packed tensors that may still hold resident bytes, in pack order; one that is
+        # gone, consumed or wholly away leaves the queue for good, so a pass costs what it
+        # offloads plus the few that cannot move yet, not the number saved so far. One offloaded
+        # only in part (a page it shares with a tensor that may not move stays resident) stays a
+        # candidate: once that neighbour is freed or saved too, the page moves. The newest one is
+        # not offloaded by the pack that saved it.
+        queue = self._candidates
+        newest = queue[-1] if queue else None
+        stuck: list[weakref.ref] = []
+        while queue and self._resident_bytes > self.budget:
+            ref = queue[0]
+            if ref is newest:
                 break
             s = ref()
             if s is None or not (s.state == "resident" or (s.state == "offloaded" and s.kept)):
+                queue.popleft()
                 continue
             try:
                 moved = self.pager.offload(s.handle)
             except MemoryError:
                 break  # host pool full: keep it resident, pressure eviction remains as a backstop
             except InvalidArgumentError:
-                continue  # every page of it is shared with something that cannot move
+                stuck.append(queue.popleft())  # every page of it is shared with something that cannot move
+                continue
             away = s.nbytes if moved is None else min(moved, s.nbytes)
             was_away = s.nbytes - s.kept if s.state == "offloaded" else 0
             if s.state == "resident":
@@ -308,6 +361,11 @@ class PagedActivations:
             s.state = "offloaded"
             s.kept = s.nbytes - away
             self._resident_bytes -= away - was_away
+            queue.popleft()
+            if s.kept:
+                stuck.append(ref)
+        # What could not move (yet) goes back to the front, in pack order, for the next pass.
+        queue.extendleft(reversed(stuck))
 
     def _unpack(self, saved: Any) -> Any:
         if not isinstance(saved, _Saved):
