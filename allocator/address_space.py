@@ -2,8 +2,10 @@
 
 Owns: one native ``vta_space`` handle and its lifetime (``close()`` is idempotent and
 releases every page, mapping and reservation; the handle itself is freed when the object
-is collected). Every method validates its arguments before crossing into C, so bad input
-raises a typed error and changes nothing. No method holds the GIL while the core works.
+is collected). Not copyable or picklable (NotCopyableError); in a forked child every method
+raises ClosedError and close() releases nothing of the parent's (_handle.py). Every method
+validates its arguments before crossing into C, so bad input raises a typed error and changes
+nothing. No method holds the GIL while the core works.
 
 A leased space (``leased=True``) holds no pages of its own: they are imported. With a
 ``page_source`` (allocator/page_source.py) it asks the source for pages when it runs short
@@ -103,7 +105,7 @@ class AddressSpace(TestHooks, NativeHandle):
         handle = ctypes.c_void_p()
         _native.check(lib.vta_space_create(ctypes.byref(c), ctypes.byref(handle)))
         self._lib = lib
-        self._handle = handle.value
+        self._own(handle.value)
         self._closed = False
         kind, dev = ctypes.c_int32(), ctypes.c_int32()
         _native.check(lib.vta_space_backend(self._handle, ctypes.byref(kind), ctypes.byref(dev)))
@@ -134,6 +136,12 @@ class AddressSpace(TestHooks, NativeHandle):
         if self._handle is None or self._closed:
             return
         self._closed = True
+        if self._forked():
+            # The pages, mappings, streams and session are the parent's (the child has copies of
+            # its descriptors and shares its memory): closing them here would harm the parent,
+            # and the core's stream threads do not exist in a child. The child forgets the handle.
+            self._handle = None
+            return
         source = self._source
         if source is not None:
             source.stop()
@@ -156,6 +164,9 @@ class AddressSpace(TestHooks, NativeHandle):
                 + (f" {source}>" if source else ">"))
 
     def _h(self) -> int:
+        if self._forked():
+            raise ClosedError(f"this address space belongs to process {self._owner_pid}, which forked this one: "
+                              "a forked child shares its pages and must not use it; create a new one after fork")
         if self._handle is None or self._closed:
             raise ClosedError("the address space is closed")
         return self._handle

@@ -1,0 +1,209 @@
+"""Issue 23, round two (native and allocator): attacks on descriptors, copies, fork and buffers.
+
+Each test here failed on the code before its fix (RELIABILITY.md, "Attacks, round two (native
+and allocator)"): pages created by a lease that failed with anything but out-of-memory stayed in
+the daemon's page pool while the ledger called them free; running out of descriptors (one per
+host page) was a DriverError, not an out-of-memory; copy.copy of a space or a pool made two
+owners of one native handle (a crash when both were collected); a forked child wrote into and
+freed its parent's allocation; a far offset was reported as an access of 0 bytes, and write()
+copied the raw pointers of an object array. Descriptor counts are the process's real ones
+(/proc/<pid>/fd): every host page is one memfd named ``vtalloc-page``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import copy
+import ctypes
+import os
+import pickle
+import resource
+import signal
+import time
+
+import numpy as np
+import pytest
+from helpers.service import Daemon, Observer
+from helpers.sizes import PAGE, MiB
+from helpers.spaces import host_space, pattern
+from helpers.subproc import run_python
+
+from vtalloc.allocator import (
+    AddressSpace,
+    ClosedError,
+    DriverError,
+    InvalidArgumentError,
+    NotCopyableError,
+    OutOfMemoryError,
+    PagePool,
+    VtallocError,
+)
+from vtalloc.client.service_space import ServiceAddressSpace
+
+
+def fds(pid: int | str = "self") -> list[str]:
+    """Where each open descriptor of ``pid`` points."""
+    out = []
+    d = f"/proc/{pid}/fd"
+    for name in os.listdir(d):
+        with contextlib.suppress(OSError):  # the listing's own descriptor is gone by now
+            out.append(os.readlink(f"{d}/{name}"))
+    return out
+
+
+def page_fds(pid: int | str = "self") -> int:
+    """Host pages held by ``pid``: memfds it has open (its own pages, imports and exports)."""
+    return sum(1 for t in fds(pid) if t.startswith("/memfd:vtalloc-page"))
+
+
+@contextlib.contextmanager
+def descriptor_limit(spare: int):
+    """Room for exactly ``spare`` more descriptors in this process: the holes below its highest
+    descriptor filled (the limit is on descriptor numbers, not on their count), the soft
+    RLIMIT_NOFILE lowered to just above. The host backend has already raised the soft limit once
+    in this process (it does so only once), so it stays lowered."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    top = max(int(n) for n in os.listdir("/proc/self/fd"))
+    fillers = []
+    try:
+        while (fd := os.open("/dev/null", os.O_RDONLY)) < top:
+            fillers.append(fd)
+        os.close(fd)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (top + 1 + spare, hard))
+        try:
+            yield
+        finally:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    finally:
+        for fd in fillers:
+            os.close(fd)
+
+
+# -- copies: refused, typed --------------------------------------------------------------------------
+def owners():
+    yield "AddressSpace", lambda: host_space()
+    yield "leased AddressSpace", lambda: host_space(leased=True)
+    yield "PagePool", lambda: PagePool(backend="host", capacity=16 * MiB)
+
+
+@pytest.mark.parametrize("how", [copy.copy, copy.deepcopy, pickle.dumps,
+                                 lambda o: pickle.dumps(o, protocol=0)], ids=["copy", "deepcopy", "pickle", "pickle0"])
+@pytest.mark.parametrize("make", [m for _, m in owners()], ids=[n for n, _ in owners()])
+def test_an_owner_of_a_native_handle_refuses_copy_deepcopy_and_pickle(make, how):
+    obj = make()
+    try:
+        with pytest.raises(NotCopyableError, match="cannot be") as e:
+            how(obj)
+        assert isinstance(e.value, TypeError) and isinstance(e.value, VtallocError)
+        if how is not copy.copy:  # a deep copy or a pickle of a container reaches it too
+            with pytest.raises(NotCopyableError):
+                how({"x": [obj]})
+    finally:
+        obj.close()
+
+
+def test_service_objects_refuse_copy_deepcopy_and_pickle():
+    with Daemon(capacity="16MiB") as d, ServiceAddressSpace(d.address, capacity="16MiB") as space:
+        for obj in (space, space.page_source, space.session, space.page_source._link):
+            for how in (copy.copy, copy.deepcopy, pickle.dumps):
+                with pytest.raises(NotCopyableError):
+                    how(obj)
+        a = space.malloc(PAGE)  # still usable, one owner
+        space.free(a)
+
+
+# -- fork: the child can use nothing of the parent's, and harms nothing on its way out --------------------
+def in_child(body) -> int:
+    """Fork; the child runs ``body`` (an exit code) and _exits; the parent returns that code."""
+    pid = os.fork()
+    if pid == 0:
+        code = 99
+        try:
+            code = body()
+        finally:
+            os._exit(code)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            return os.waitstatus_to_exitcode(status)
+        time.sleep(0.01)
+    os.kill(pid, signal.SIGKILL)
+    os.waitpid(pid, 0)
+    pytest.fail("the forked child hung")
+
+
+def test_a_forked_child_cannot_use_or_harm_its_parents_space():
+    space = host_space()
+    try:
+        a = space.malloc(PAGE)
+        space.write(a, pattern(5, PAGE))
+
+        def child() -> int:
+            import gc
+
+            for act in (lambda: space.write(a, b"\0" * PAGE), lambda: space.free(a),
+                        lambda: space.read(a, 16), lambda: space.malloc(PAGE), lambda: space.stats(),
+                        lambda: space.trim()):
+                try:
+                    act()
+                    return 1  # the child acted on the parent's space
+                except ClosedError as e:
+                    if "fork" not in str(e):
+                        return 2
+            space.close()  # forgets the handle, releases nothing of the parent's
+            gc.collect()
+            return 0
+
+        assert in_child(child) == 0
+        assert space.read(a, PAGE) == pattern(5, PAGE)  # not written, not freed
+        assert space.size_of(a) == PAGE and not space.closed
+        b = space.malloc(PAGE)  # the parent's books are whole
+        assert b != a
+        space.free(b)
+        space.free(a)
+    finally:
+        space.close()
+
+
+def test_a_forked_child_that_drops_the_space_releases_nothing_of_the_parents():
+    holder = {"space": host_space()}
+    space = holder["space"]
+    a = space.malloc(PAGE)
+    space.write(a, pattern(6, PAGE))
+    before = page_fds()
+
+    def child() -> int:
+        import gc
+
+        holder.clear()  # the child's last reference: collection must not close the parent's handle
+        gc.collect()
+        return 0
+
+    assert in_child(child) == 0
+    assert page_fds() == before and space.read(a, PAGE) == pattern(6, PAGE)
+    space.free(a)
+    space.close()
+
+
+def test_a_forked_child_cannot_use_its_parents_page_pool():
+    with PagePool(backend="host", capacity=16 * MiB) as pool:
+        pid = pool.create_page()
+
+        def child() -> int:
+            for act in (pool.create_page, lambda: pool.export_page(pid), lambda: pool.release_page(pid)):
+                try:
+                    act()
+                    return 1
+                except ClosedError:
+                    pass
+            pool.close()
+            return 0
+
+        assert in_child(child) == 0
+        assert pool.info().pages_held == 1
+        os.close(pool.export_page(pid))
+        pool.release_page(pid)
+
+
