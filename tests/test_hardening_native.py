@@ -207,3 +207,71 @@ def test_a_forked_child_cannot_use_its_parents_page_pool():
         pool.release_page(pid)
 
 
+# -- descriptors: exhaustion is an out-of-memory, and nothing created is kept ------------------------
+def test_the_first_host_space_raises_the_soft_descriptor_limit_to_the_hard_one():
+    out = run_python("""
+        import json, resource
+        resource.setrlimit(resource.RLIMIT_NOFILE, (64, 4096))
+        from vtalloc.allocator import AddressSpace
+        with AddressSpace(backend="host", capacity="64MiB") as s:
+            blocks = [s.malloc(2 << 20) for _ in range(32)]   # 32 pages under a soft limit of 64
+            soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+        print(json.dumps({"soft": soft, "blocks": len(blocks)}))
+    """, timeout=120)
+    assert out == {"soft": 4096, "blocks": 32}
+
+
+def test_a_space_out_of_descriptors_raises_out_of_memory_with_the_reason_and_keeps_no_page():
+    with host_space(capacity=256 * MiB) as space:
+        first = space.malloc(PAGE)
+        space.write(first, pattern(1, PAGE))
+        got = []
+        with descriptor_limit(spare=6):
+            with pytest.raises(OutOfMemoryError, match="out of file descriptors.*RLIMIT_NOFILE") as e:
+                for _ in range(64):
+                    got.append(space.malloc(PAGE))
+        assert isinstance(e.value, MemoryError)
+        assert 0 < len(got) < 64
+        # The books agree with the real descriptors: every page held is one memfd, no more.
+        assert space.stats().pages_total == page_fds() == 1 + len(got)
+        more = space.malloc(PAGE)  # descriptors back: the space grows again
+        assert space.read(first, PAGE) == pattern(1, PAGE)
+        for a in [first, more, *got]:
+            space.free(a)
+    assert page_fds() == 0
+
+
+def test_a_page_pool_out_of_descriptors_raises_out_of_memory_at_create_and_export():
+    with PagePool(backend="host", capacity=256 * MiB) as pool:
+        ids = []
+        with descriptor_limit(spare=5):
+            with pytest.raises(OutOfMemoryError, match="out of file descriptors"):
+                for _ in range(64):
+                    ids.append(pool.create_page())
+            with pytest.raises(OutOfMemoryError, match="out of file descriptors"):
+                pool.export_page(ids[0])  # the export's descriptor cannot be made either
+        assert pool.info().pages_held == page_fds() == len(ids) > 0
+        fd = pool.export_page(ids[0])
+        os.close(fd)
+        for p in ids:
+            pool.release_page(p)
+        assert pool.info().pages_held == page_fds() == 0
+
+
+def test_an_import_out_of_descriptors_raises_out_of_memory_and_adopts_nothing():
+    with PagePool(backend="host", capacity=64 * MiB) as pool, \
+            host_space(capacity=64 * MiB, leased=True) as space:
+        pid = pool.create_page()
+        fd = pool.export_page(pid)
+        try:
+            with descriptor_limit(spare=0):
+                with pytest.raises(OutOfMemoryError, match="out of file descriptors"):
+                    space.import_page(fd, 1)
+            assert space.stats().pages_total == 0 and page_fds() == 2  # the pool's page and fd
+            space.import_page(fd, 1)
+            assert space.stats().pages_total == 1
+        finally:
+            os.close(fd)
+        pool.release_page(pid)
+
+

@@ -32,9 +32,12 @@ bool PageTable::acquire_page(int32_t* id) {
   if (pages_held_ >= capacity_pages_) return false;
   PageHandle h = 0;
   Status s = backend_.create_page(page_bytes_, PageLocation::device, &h);
-  if (s.code() == VTA_ERR_OUT_OF_MEMORY) return false;
+  if (s.code() == VTA_ERR_OUT_OF_MEMORY) {
+    driver_refusal_ = s.message();
+    return false;
+  }
   check(s);
-  *id = new_slot(h, 0);
+  *id = new_slot_or_release(h, 0, 1);
   return true;
 }
 
@@ -53,11 +56,12 @@ bool PageTable::acquire_extent(uint32_t npages, int32_t* id, bool* driver_oom) {
   PageHandle h = 0;
   Status s = backend_.create_page(uint64_t{npages} * page_bytes_, PageLocation::device, &h);
   if (s.code() == VTA_ERR_OUT_OF_MEMORY) {
+    driver_refusal_ = s.message();
     *driver_oom = true;
     return false;
   }
   check(s);
-  *id = new_slot(h, 0, npages);
+  *id = new_slot_or_release(h, 0, npages);
   return true;
 }
 
@@ -81,6 +85,21 @@ int32_t PageTable::new_slot(PageHandle handle, uint64_t tag, uint32_t npages) {
   return slot;
 }
 
+int32_t PageTable::new_slot_or_release(PageHandle handle, uint64_t tag, uint32_t npages) {
+  try {
+    return new_slot(handle, tag, npages);
+  } catch (...) {  // no slot (no memory): the handle is in no book, so it goes back at once
+    (void)backend_.release_page(handle);
+    throw;
+  }
+}
+
+std::string PageTable::take_driver_refusal() {
+  std::string r;
+  r.swap(driver_refusal_);
+  return r;
+}
+
 void PageTable::push_free(int32_t id) {
   (pages_[id].npages == 1 ? free_pages_ : free_extents_).push_back(id);
   free_page_count_ += pages_[id].npages;
@@ -101,7 +120,13 @@ void PageTable::release_slot(int32_t id) {
 }
 
 void PageTable::adopt_page(PageHandle handle, uint64_t tag) {
-  push_free(new_slot(handle, tag));
+  try {
+    free_pages_.reserve(free_pages_.size() + 1);  // push_free below cannot throw then
+  } catch (...) {
+    (void)backend_.release_page(handle);
+    throw;
+  }
+  push_free(new_slot_or_release(handle, tag, 1));
   ++capacity_pages_;
 }
 
