@@ -275,3 +275,131 @@ def test_an_import_out_of_descriptors_raises_out_of_memory_and_adopts_nothing():
         pool.release_page(pid)
 
 
+# -- the daemon: a lease that fails at any step keeps no page ------------------------------------------
+def node_view(obs: Observer):
+    d = obs.stats().device
+    return d.capacity_pages, d.free_pages, d.leased_pages + d.delivering_pages
+
+
+def test_a_lease_that_fails_at_any_step_leaves_no_page_in_the_daemon():
+    """The daemon runs with 200 descriptors. (1) An ordinary large malloc asks for more pages
+    than it can create: out-of-memory, and every page created for it goes back (before the fix
+    they stayed in the page pool while the ledger called them free). (2) A lease it can create
+    but not export. (3) A lease the client cannot import. After each: no memfd left in the
+    daemon, the ledger counts every page free, and a later lease is served."""
+    with Daemon(capacity="1GiB", nofile=200) as d, Observer(d.address) as obs, \
+            ServiceAddressSpace(d.address, capacity="1GiB", lease_batch_pages=1, keep_free_pages=0) as space:
+        capacity, free, held = node_view(obs)
+        assert (free, held, page_fds(d.pid)) == (capacity, 0, 0)
+        idle = len(fds(d.pid))
+
+        def settled() -> None:
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline and (page_fds(d.pid) or len(fds(d.pid)) > idle + 4):
+                time.sleep(0.05)
+            assert page_fds(d.pid) == 0
+            assert node_view(obs) == (capacity, capacity, 0)
+            assert space.stats().pages_total == 0
+
+        with pytest.raises(OutOfMemoryError):  # (1) creation fails (EMFILE) part way
+            space.malloc(300 * PAGE)
+        settled()
+        room = 200 - len(fds(d.pid))
+        with pytest.raises(OutOfMemoryError):  # (2) every page created, their exports fail
+            space.lease(room - 8)
+        settled()
+        space_pages = space.stats().pages_total
+        with descriptor_limit(spare=8):        # (3) all 8 received, the client cannot import one
+            with pytest.raises(OutOfMemoryError):
+                space.lease(8)
+        assert space.stats().pages_total == space_pages
+        settled()
+        a = space.malloc(4 * PAGE)              # served after all three
+        space.write(a, pattern(3, 4 * PAGE))
+        assert space.read(a, 4 * PAGE) == pattern(3, 4 * PAGE)
+        assert node_view(obs)[2] == space.stats().pages_total == page_fds(d.pid) == 4
+        space.free(a)
+        assert "Traceback" not in d.log()
+
+
+class FaultyPool:
+    """A real host PagePool whose ``op`` fails on its ``nth`` call with ``error``: fault
+    injection at the daemon's page steps (the core's FaultInjectingBackend sits under address
+    spaces, not under the daemon's page pool)."""
+
+    def __init__(self, pool: PagePool, op: str, nth: int, error: Exception) -> None:
+        self._pool, self._op, self._left, self._error = pool, op, nth, error
+
+    def __getattr__(self, name: str):
+        real = getattr(self._pool, name)
+        if name != self._op:
+            return real
+
+        def call(*a):
+            self._left -= 1
+            if self._left == 0:
+                raise self._error
+            return real(*a)
+        return call
+
+
+class FakeConn:
+    """The client's side channel: fails its ``nth`` send, or takes every message (and closes
+    the descriptors it would have passed on, as the kernel does for a dead peer)."""
+
+    def __init__(self, nth: int = 0, error: BaseException | None = None) -> None:
+        self.nth, self.error, self.sent = nth, error, 0
+
+    async def send(self, msg, fds, timeout_s=None):
+        self.sent += 1
+        if self.sent == self.nth:
+            raise self.error
+
+
+STEPS = [  # (what fails, on which call, how): not only out-of-memory
+    ("create_page", 1, DriverError("injected: create_page")),
+    ("create_page", 150, DriverError("injected: create_page")),
+    ("create_page", 150, OutOfMemoryError("injected: create_page")),
+    ("create_page", 150, RuntimeError("injected: a bug")),
+    ("add_pages", 1, RuntimeError("injected: the ledger refuses")),
+    ("export_page", 1, DriverError("injected: export_page")),
+    ("export_page", 140, OutOfMemoryError("injected: export_page")),
+    ("send", 1, ConnectionResetError("injected: the client is gone")),
+    ("send", 2, asyncio.CancelledError()),
+]
+
+
+@pytest.mark.parametrize("op, nth, error", STEPS, ids=[f"{o}#{n}-{type(e).__name__}" for o, n, e in STEPS])
+def test_a_delivery_that_fails_at_any_step_gives_back_every_page_it_created(op, nth, error):
+    """Node._deliver with a failure injected at each of its steps: afterwards the page pool holds
+    no page (no memfd is open), the ledger counts every page free, and the next lease is served."""
+    from vtalloc.server.ledger import Ledger, NodeGeometry
+    from vtalloc.server.node import Node, _Peer
+
+    pages = 200  # two batches of descriptors (MAX_FDS_PER_MESSAGE is 128)
+    with PagePool(backend="host", capacity=1024 * MiB) as real:
+        ledger = Ledger(NodeGeometry("host", 0, PAGE, 1024 * MiB // PAGE, 0, 1.0))
+        pool = FaultyPool(real, op, nth, error) if op in ("create_page", "export_page") else real
+        node = Node(pool, ledger)
+        s = ledger.open_session(os.getpid(), os.getuid(), os.getgid(), "client")
+        conn = FakeConn(nth, error) if op == "send" else FakeConn()
+        node._peers[s.session_id] = _Peer(s, conn, None)
+        if op == "add_pages":
+            add = ledger.add_pages
+            ledger.add_pages = lambda *a: (_ for _ in ()).throw(error)
+        with pytest.raises(BaseException) as e:
+            asyncio.run(node.lease(s, pages, None))
+        # The injected failure itself, or what the daemon makes of a lost client (it did fail there).
+        assert e.value is error or (isinstance(e.value, VtallocError) and "injected" in str(e.value))
+        assert real.info().pages_held == page_fds() == 0  # every created page went back
+        assert ledger.free_pages() == ledger.geometry.capacity_pages and not s.pages
+        if op == "add_pages":
+            ledger.add_pages = add
+        node.pool = real
+        node._peers[s.session_id] = _Peer(s, FakeConn(), None)
+        _, ids = asyncio.run(node.lease(s, 4, None))  # served
+        assert len(ids) == real.info().pages_held == page_fds() == 4
+        for p in ledger.take_back(s, ids, 0):
+            real.release_page(p)
+
+
