@@ -24,6 +24,7 @@ from typing import Any, Callable
 from . import _native
 from .checks import MAX_U64 as _MAX_U64
 from .checks import as_u64 as _as_u64
+from .checks import plain_bytes as _plain_bytes
 from .checks import space_name as _space_name
 from ._handle import NativeHandle
 from ._test_hooks import TestHooks
@@ -256,18 +257,19 @@ class AddressSpace(TestHooks, NativeHandle):
         end = off + n
         if end <= _MAX_U64 and not self._lib.vta_read(self._h(), addr, end, None, 0):
             return
-        _native.check(self._lib.vta_read(self._h(), addr, off, None, 0))  # a bad address or offset says so
+        # A bad address says so (probed at offset 0: probing at ``off`` would report a far
+        # offset as an access of 0 bytes, not of the n asked for).
+        _native.check(self._lib.vta_read(self._h(), addr, 0, None, 0))
         raise InvalidArgumentError(
             f"{verb} of {n} bytes at offset {off} from {addr:#x} runs past the end of its allocation")
 
     def write(self, address: int, data: Any, offset: int = 0) -> None:
-        """Copy ``data`` (any bytes-like object) into the allocation at ``address + offset``."""
+        """Copy ``data`` (any bytes-like object of plain data: bytes, bytearray, numeric arrays)
+        into the allocation at ``address + offset``; a buffer of Python objects, pointers or
+        structures is an InvalidArgumentError."""
         addr = _as_u64(address, "address")
         off = _as_u64(offset, "offset")
-        try:
-            view = memoryview(data).cast("B")
-        except TypeError:
-            raise InvalidArgumentError(f"data must be bytes-like, not {type(data).__name__}") from None
+        view = _plain_bytes(data)  # refuses object arrays, pointers and structures (no raw pointers written)
         n = view.nbytes
         if n == 0:
             _native.check(self._lib.vta_write(self._h(), addr, off, None, 0))

@@ -403,3 +403,33 @@ def test_a_delivery_that_fails_at_any_step_gives_back_every_page_it_created(op, 
             real.release_page(p)
 
 
+# -- read/write: honest bounds, plain data only ------------------------------------------------------------
+@pytest.mark.parametrize("offset", [PAGE, 2**62, 2**62 + 5, 2**63, 2**64 - 1])
+def test_a_far_offset_reports_the_bytes_asked_for(offset):
+    with host_space() as space:
+        a = space.malloc(PAGE)
+        for verb, act in (("read", lambda: space.read(a, 3, offset)),
+                          ("write", lambda: space.write(a, bytearray(3), offset))):
+            with pytest.raises(InvalidArgumentError, match=f"^{verb} of 3 bytes at offset {offset} "):
+                act()
+        space.free(a)
+
+
+@pytest.mark.parametrize("data", [
+    np.array([object(), "x", 1], dtype=object),
+    np.zeros(2, dtype=[("a", "i4"), ("b", "O")]),
+    np.zeros(2, dtype=[("a", "i4")]),
+    (ctypes.c_void_p * 2)(),
+    (ctypes.c_char_p * 2)(),
+], ids=["object-array", "struct-with-object", "struct", "void-pointers", "char-pointers"])
+def test_write_refuses_buffers_of_objects_pointers_and_structures(data):
+    with host_space() as space:
+        a = space.malloc(4096)
+        space.write(a, pattern(7, 4096))
+        with pytest.raises(InvalidArgumentError, match="plain data"):
+            space.write(a, data)
+        assert space.read(a, 4096) == pattern(7, 4096)
+        space.write(a, np.arange(4, dtype=np.float64))  # plain data still goes
+        space.write(a, (ctypes.c_ubyte * 3)(1, 2, 3), 32)
+        assert space.read(a, 35)[:32] == np.arange(4, dtype=np.float64).tobytes()
+        space.free(a)
