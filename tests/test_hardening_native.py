@@ -187,6 +187,40 @@ def test_a_forked_child_that_drops_the_space_releases_nothing_of_the_parents():
     space.close()
 
 
+def test_a_forked_child_cannot_use_the_parents_handles_through_the_c_abi():
+    """The same rule where Python's guard is not in the way (ctypes callers): the handle
+    remembers the fork generation it was made in; in a child every call is VTA_ERR_CLOSED,
+    close does nothing and destroy leaks the native object instead of tearing down the parent's."""
+    space, pool = host_space(), PagePool(backend="host", capacity=16 * MiB)
+    a = space.malloc(PAGE)
+    space.write(a, pattern(8, PAGE))
+    page = pool.create_page()
+    lib, sh, ph = space._lib, space._handle, pool._handle
+
+    def child() -> int:
+        junk = ctypes.create_string_buffer(64)
+        out = ctypes.c_uint64()
+        codes = [lib.vta_write(sh, a, 0, junk, 64), lib.vta_read(sh, a, 0, junk, 64),
+                 lib.vta_free(sh, a), lib.vta_malloc(sh, PAGE, 0, ctypes.byref(out)),
+                 lib.vta_pool_create_page(ph, ctypes.byref(out)), lib.vta_pool_release_page(ph, page)]
+        if codes != [5] * 6 or b"fork" not in lib.vta_last_error():
+            return 1
+        if lib.vta_space_close(sh) != 0 or lib.vta_pool_close(ph) != 0:
+            return 2
+        lib.vta_space_destroy(sh)
+        lib.vta_pool_destroy(ph)
+        return 0
+
+    try:
+        assert in_child(child) == 0
+        assert space.read(a, PAGE) == pattern(8, PAGE) and pool.info().pages_held == 1
+        space.free(a)
+        pool.release_page(page)
+    finally:
+        space.close()
+        pool.close()
+
+
 def test_a_forked_child_cannot_use_its_parents_page_pool():
     with PagePool(backend="host", capacity=16 * MiB) as pool:
         pid = pool.create_page()
