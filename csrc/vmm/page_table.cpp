@@ -38,6 +38,7 @@ bool PageTable::acquire_page(int32_t* id) {
   }
   check(s);
   *id = new_slot_or_release(h, 0, 1);
+  driver_refusal_.clear();  // the driver gave a page: an earlier refusal no longer explains an OOM
   return true;
 }
 
@@ -62,10 +63,13 @@ bool PageTable::acquire_extent(uint32_t npages, int32_t* id, bool* driver_oom) {
   }
   check(s);
   *id = new_slot_or_release(h, 0, npages);
+  driver_refusal_.clear();
   return true;
 }
 
 int32_t PageTable::new_slot(PageHandle handle, uint64_t tag, uint32_t npages) {
+  // What may throw (no memory) comes before any change: a refusal leaves the books as they were.
+  if (npages > 1) extent_ids_.reserve(extent_ids_.size() + 1);
   int32_t slot;
   if (!free_slots_.empty()) {
     slot = free_slots_.back();
