@@ -26,6 +26,7 @@ from .errors import (
     HostPoolExhaustedError,
     InternalError,
     InvalidArgumentError,
+    NotCopyableError,
     OutOfMemoryError,
     VtallocError,
 )
@@ -35,6 +36,6 @@ from .stats import AllocationRecord, PageRecord, Stats
 __all__ = [
     "AddressSpace", "PagePool", "PoolInfo", "Config", "Stats", "PageRecord", "AllocationRecord",
     "VtallocError", "OutOfMemoryError", "HostPoolExhaustedError", "InvalidArgumentError", "ClosedError",
-    "BackendUnavailableError", "DriverError", "InternalError",
+    "NotCopyableError", "BackendUnavailableError", "DriverError", "InternalError",
     "global_counters", "backend_available", "cuda_available", "parse_size", "format_size",
 ]

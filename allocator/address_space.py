@@ -2,8 +2,10 @@
 
 Owns: one native ``vta_space`` handle and its lifetime (``close()`` is idempotent and
 releases every page, mapping and reservation; the handle itself is freed when the object
-is collected). Every method validates its arguments before crossing into C, so bad input
-raises a typed error and changes nothing. No method holds the GIL while the core works.
+is collected). Not copyable or picklable (NotCopyableError); in a forked child every method
+raises ClosedError and close() releases nothing of the parent's (_handle.py). Every method
+validates its arguments before crossing into C, so bad input raises a typed error and changes
+nothing. No method holds the GIL while the core works.
 
 A leased space (``leased=True``) holds no pages of its own: they are imported. With a
 ``page_source`` (allocator/page_source.py) it asks the source for pages when it runs short
@@ -22,6 +24,7 @@ from typing import Any, Callable
 from . import _native
 from .checks import MAX_U64 as _MAX_U64
 from .checks import as_u64 as _as_u64
+from .checks import plain_bytes as _plain_bytes
 from .checks import space_name as _space_name
 from ._handle import NativeHandle
 from ._test_hooks import TestHooks
@@ -103,7 +106,7 @@ class AddressSpace(TestHooks, NativeHandle):
         handle = ctypes.c_void_p()
         _native.check(lib.vta_space_create(ctypes.byref(c), ctypes.byref(handle)))
         self._lib = lib
-        self._handle = handle.value
+        self._own(handle.value)
         self._closed = False
         kind, dev = ctypes.c_int32(), ctypes.c_int32()
         _native.check(lib.vta_space_backend(self._handle, ctypes.byref(kind), ctypes.byref(dev)))
@@ -134,6 +137,12 @@ class AddressSpace(TestHooks, NativeHandle):
         if self._handle is None or self._closed:
             return
         self._closed = True
+        if self._forked():
+            # The pages, mappings, streams and session are the parent's (the child has copies of
+            # its descriptors and shares its memory): closing them here would harm the parent,
+            # and the core's stream threads do not exist in a child. The child forgets the handle.
+            self._handle = None
+            return
         source = self._source
         if source is not None:
             source.stop()
@@ -156,6 +165,9 @@ class AddressSpace(TestHooks, NativeHandle):
                 + (f" {source}>" if source else ">"))
 
     def _h(self) -> int:
+        if self._forked():
+            raise ClosedError(f"this address space belongs to process {self._owner_pid}, which forked this one: "
+                              "a forked child shares its pages and must not use it; create a new one after fork")
         if self._handle is None or self._closed:
             raise ClosedError("the address space is closed")
         return self._handle
@@ -245,18 +257,19 @@ class AddressSpace(TestHooks, NativeHandle):
         end = off + n
         if end <= _MAX_U64 and not self._lib.vta_read(self._h(), addr, end, None, 0):
             return
-        _native.check(self._lib.vta_read(self._h(), addr, off, None, 0))  # a bad address or offset says so
+        # A bad address says so (probed at offset 0: probing at ``off`` would report a far
+        # offset as an access of 0 bytes, not of the n asked for).
+        _native.check(self._lib.vta_read(self._h(), addr, 0, None, 0))
         raise InvalidArgumentError(
             f"{verb} of {n} bytes at offset {off} from {addr:#x} runs past the end of its allocation")
 
     def write(self, address: int, data: Any, offset: int = 0) -> None:
-        """Copy ``data`` (any bytes-like object) into the allocation at ``address + offset``."""
+        """Copy ``data`` (any bytes-like object of plain data: bytes, bytearray, numeric arrays)
+        into the allocation at ``address + offset``; a buffer of Python objects, pointers or
+        structures is an InvalidArgumentError."""
         addr = _as_u64(address, "address")
         off = _as_u64(offset, "offset")
-        try:
-            view = memoryview(data).cast("B")
-        except TypeError:
-            raise InvalidArgumentError(f"data must be bytes-like, not {type(data).__name__}") from None
+        view = _plain_bytes(data)  # refuses object arrays, pointers and structures (no raw pointers written)
         n = view.nbytes
         if n == 0:
             _native.check(self._lib.vta_write(self._h(), addr, off, None, 0))

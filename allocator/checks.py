@@ -1,8 +1,9 @@
 """Argument checks shared by the classes that hand Python values to the C ABI.
 
 Owns: :func:`as_u64` (an integer argument as an unsigned 64-bit value), ``MAX_U64``, and
-:func:`quote` (how an error message quotes what a caller passed, bounded in length), and
-:func:`space_name` (what a space may be called).
+:func:`quote` (how an error message quotes what a caller passed, bounded in length),
+:func:`space_name` (what a space may be called), and :func:`plain_bytes` (the bytes of a buffer
+holding plain data, never Python object references or pointers).
 Invariant: a bad value raises InvalidArgumentError naming the argument, before any call
 into C; nothing here touches the native library, so every allocator module may use it.
 """
@@ -15,7 +16,7 @@ from typing import Any
 
 from .errors import InvalidArgumentError
 
-__all__ = ["as_u64", "MAX_U64", "quote", "space_name", "MAX_NAME_CHARS"]
+__all__ = ["as_u64", "MAX_U64", "quote", "space_name", "MAX_NAME_CHARS", "plain_bytes"]
 
 MAX_U64 = (1 << 64) - 1
 MAX_NAME_CHARS = 64
@@ -67,3 +68,28 @@ def space_name(value: Any, what: str = "name") -> str:
         raise InvalidArgumentError(f"{what} {quote(value, 80)}: use letters, digits and . _ - : / @ +, "
                                    "starting with a letter or digit")
     return value
+
+
+# One item of plain data in the buffer protocol's struct syntax: numbers, booleans, chars,
+# bytes and padding, in any byte order and count. Not 'O' (a Python object reference: numpy's
+# object arrays), 'P' and '&' (pointers), nor 'T{...}' (structures, which may hold either).
+_PLAIN_FORMAT = re.compile(r"[@=<>!]?\d*(?:[bBhHiIlLqQnNefdg?csx]|Z[fdg])")
+
+
+def plain_bytes(data: Any, what: str = "data") -> memoryview:
+    """``data``'s bytes as a flat, C-contiguous memoryview of unsigned bytes; InvalidArgumentError
+    for what is not a buffer, not contiguous, or not plain data (object references, pointers,
+    structures): copying those bytes would write raw object pointers."""
+    try:
+        view = memoryview(data)
+    except TypeError:
+        raise InvalidArgumentError(f"{what} must be bytes-like, not {type(data).__name__}") from None
+    if not _PLAIN_FORMAT.fullmatch(view.format):
+        raise InvalidArgumentError(
+            f"{what} must hold plain data (numbers or bytes), not items of format {quote(view.format, 40)} "
+            f"({type(data).__name__}): object references, pointers and structures are refused; "
+            "view plain structured data as bytes first")
+    try:
+        return view.cast("B")
+    except TypeError:
+        raise InvalidArgumentError(f"{what} must be a C-contiguous buffer") from None

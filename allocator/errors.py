@@ -15,6 +15,7 @@ __all__ = [
     "HostPoolExhaustedError",
     "InvalidArgumentError",
     "ClosedError",
+    "NotCopyableError",
     "BackendUnavailableError",
     "DriverError",
     "InternalError",
@@ -48,6 +49,12 @@ class InvalidArgumentError(VtallocError, ValueError):
 
 class ClosedError(VtallocError, RuntimeError):
     """The address space (or client) was closed."""
+
+
+class NotCopyableError(VtallocError, TypeError):
+    """The object owns a native handle (an address space, a page pool, a service session), so it
+    cannot be copied, deep-copied or pickled: two Python owners of one handle would both close it.
+    Build a new one instead."""
 
 
 class BackendUnavailableError(VtallocError, RuntimeError):

@@ -4,7 +4,8 @@ Owns: one native ``vta_pool`` handle. Pages are never mapped in this process; ea
 returns a fresh file descriptor that the caller owns (send it with SCM_RIGHTS, then close
 it). Page ids are never reused within a pool. ``close()`` releases every page; a page a
 client has imported stays alive in that client until the client releases it (driver and
-kernel reference counting), so closing the pool revokes nothing already handed out.
+kernel reference counting), so closing the pool revokes nothing already handed out. Not
+copyable or picklable (NotCopyableError); a forked child can neither use nor close it (_handle.py).
 """
 
 from __future__ import annotations
@@ -44,13 +45,16 @@ class PagePool(NativeHandle):
         c = _native.make_config(config)
         handle = ctypes.c_void_p()
         _native.check(self._lib.vta_pool_create(ctypes.byref(c), ctypes.byref(handle)))
-        self._handle = handle.value
+        self._own(handle.value)
         self._closed = False
         info = self.info()
         self.backend, self.device = info.backend, info.device
         self.page_bytes, self.capacity_bytes = info.page_bytes, info.capacity_bytes
 
     def _h(self) -> int:
+        if self._forked():
+            raise ClosedError(f"this page pool belongs to process {self._owner_pid}, which forked this one; "
+                              "create a new one after fork")
         if self._handle is None or self._closed:
             raise ClosedError("the page pool is closed")
         return self._handle
@@ -80,5 +84,8 @@ class PagePool(NativeHandle):
         if self._handle is None or self._closed:
             return
         self._closed = True
+        if self._forked():  # the pages are the parent's: a child forgets the handle, releases nothing
+            self._handle = None
+            return
         _native.check(self._lib.vta_pool_close(self._handle))
 

@@ -30,6 +30,7 @@ import time
 import weakref
 from typing import Any, Callable
 
+from vtalloc.allocator._handle import Unique
 from vtalloc.allocator.checks import as_u64
 from vtalloc.allocator.config import Config
 from vtalloc.allocator.errors import ClosedError, InvalidArgumentError, OutOfMemoryError
@@ -59,7 +60,7 @@ _PAGE_USE = {"allocated": pages_pb2.PAGE_USE_RESIDENT, "cached": pages_pb2.PAGE_
              "free": pages_pb2.PAGE_USE_UNMAPPED, "in_flight": pages_pb2.PAGE_USE_IN_FLIGHT}
 
 
-class LeaseSource(PageSource):
+class LeaseSource(Unique, PageSource):
     def __init__(self, address: str | None, *, evict_handler: EvictHandler,
                  lease_batch_pages: int = DEFAULT_LEASE_BATCH_PAGES, keep_free_pages: int | None = None,
                  rpc_timeout_s: float = DEFAULT_RPC_TIMEOUT_S,

@@ -19,6 +19,7 @@ from typing import Any
 
 import grpc
 
+from vtalloc.allocator._handle import Unique
 from vtalloc.allocator.errors import VtallocError
 from vtalloc.server.proto.vtalloc.v1 import pages_pb2
 
@@ -36,7 +37,7 @@ THREAD_JOIN_S = 5.0        # how long closing waits for each thread
 _REPORT_THREAD = "vtalloc-report"
 
 
-class Link:
+class Link(Unique):
     """The mutable session state the background threads share with the lease."""
 
     def __init__(self, session: ServiceSession) -> None:

@@ -24,6 +24,7 @@ from typing import Any
 
 import grpc
 
+from vtalloc.allocator._handle import Unique
 from vtalloc.allocator.errors import ClosedError, VtallocError
 from vtalloc.server.proto.vtalloc.v1 import admin_pb2_grpc, pages_pb2, pages_pb2_grpc
 from vtalloc.server.protocol.address import UNIX_SCHEME, default_socket_path, parse_address, side_channel_path
@@ -90,7 +91,7 @@ def _unavailable(path: str, e: OSError) -> VtallocError:
     return ServiceUnavailableError(f"no vtalloc daemon answers at {path} ({e.strerror or e}); start one with `vtalloc serve`")
 
 
-class ServiceSession:
+class ServiceSession(Unique):
     def __init__(self, address: str | None = None, *, kind: str = "client",
                  timeout_s: float = DEFAULT_RPC_TIMEOUT_S) -> None:
         self.address = address or UNIX_SCHEME + default_socket_path()

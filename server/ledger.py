@@ -270,9 +270,9 @@ class Ledger:
                 raise NotFoundError(f"session {s.session_id} has ended")
             if len(self._owner) + len(page_ids) + self._inherited.pages > self.geometry.capacity_pages:
                 raise InternalError("the ledger would hold more pages than the node's capacity")
+            if twice := [p for p in page_ids if p in self._owner]:  # checked first: a refusal records none
+                raise InternalError(f"page {twice[0]} handed out twice")
             for p in page_ids:
-                if p in self._owner:
-                    raise InternalError(f"page {p} handed out twice")
                 self._owner[p] = s
                 s.pages[p] = "delivering"
 

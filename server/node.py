@@ -8,7 +8,8 @@ that come back or whose session ended, asking sessions to evict when the node ru
 and the decision when one does not answer in time (Note [Missed eviction deadline]).
 
 Invariants: a page is in the page pool exactly while the ledger has an owner for it (pages are
-created after the ledger admits a lease and released as soon as the ledger lets go of them);
+created after the ledger admits a lease and released as soon as the ledger lets go of them, or
+at once when creating, recording or delivering a lease fails in any way);
 a session ends, and its pages go back to the page pool, as soon as its connection closes or its
 process exits (EOF or pidfd readable), whichever comes first. Returned pages are released,
 never handed to another session, so no bytes cross between sessions (memfd pages start
@@ -321,11 +322,16 @@ class Node:
         try:
             for _ in range(pages):
                 created.append(self.pool.create_page())
-        except OutOfMemoryError:
+            self.ledger.add_pages(s, created)
+        except BaseException as e:
+            # Any failure, not only out-of-memory (a driver error, a cancellation): the pages
+            # created so far are on no session's books, so they go back to the page pool now;
+            # kept, the ledger would count them free while the pool holds them (the daemon then
+            # never leased again).
             self._release(created)
-            self.ledger.count_node_short()
+            if isinstance(e, OutOfMemoryError):
+                self.ledger.count_node_short()
             raise
-        self.ledger.add_pages(s, created)
         self.on_holdings_changed()  # recorded before delivery: a crash from here on never under-counts
         lease_id = self.ledger.new_lease_id()
         try:

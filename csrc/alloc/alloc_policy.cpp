@@ -301,6 +301,8 @@ void AllocPolicy::release_block(uintptr_t address, uint64_t size) {
                     " of it cached: the rest is on pages and extents live allocations touch), " + mib(pending_.bytes()) +
                     " awaiting stream completion, host pool " + mib(port_->host_pool_used_bytes()) + " of " +
                     mib(port_->host_pool_capacity_bytes()) + " used";
+  std::string refusal = pages_.take_driver_refusal();
+  if (!refusal.empty()) msg += "; the driver refused a new page: " + refusal;
   throw OutOfMemory(msg, requested, capacity_, mapped);
 }
 

@@ -12,11 +12,15 @@
 // asynchronous and ordering bugs show. Host-located pages (PageLocation::host) are memfds
 // too, counted apart from the simulated device memory. Copies and test kernels run under the
 // fault guard of host_kernels.hpp: an access to an unmapped address is counted, not fatal
-// (unlike CUDA, where it poisons the context).
+// (unlike CUDA, where it poisons the context). Each page costs one descriptor (its memfd),
+// exports and imports one more each: the first host backend of a process raises the soft
+// RLIMIT_NOFILE to the hard limit, and running out of descriptors is VTA_ERR_OUT_OF_MEMORY with
+// the reason (docs/design.md, "Host backend fidelity").
 // Invariant: every fd, mapping and reservation it creates is in its tables and counted in
 // global_counters() until released.
 #include <fcntl.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -27,6 +31,7 @@
 #include <iterator>
 #include <map>
 #include <mutex>
+#include <new>
 #include <unordered_map>
 
 #include "backend/backend.hpp"
@@ -42,6 +47,36 @@ constexpr uint64_t kDefaultHostGranularity = 2ull << 20;
 
 Status os_error(const char* what) {
   return Status(VTA_ERR_DRIVER, std::string("host backend: ") + what + ": " + std::strerror(errno));
+}
+
+// A call that needed a new descriptor (memfd_create, dup) failed. Out of descriptors (EMFILE:
+// this process's RLIMIT_NOFILE; ENFILE: the system's table) is running out of a resource each
+// page costs, so it is an out-of-memory with the reason, which callers handle as one (release
+// what they created, evict, refuse the lease); anything else stays a driver error.
+Status descriptor_error(const char* what) {
+  int e = errno;
+  if (e != EMFILE && e != ENFILE) return os_error(what);
+  struct rlimit rl {};
+  std::string limit = getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY
+                          ? std::to_string(static_cast<unsigned long long>(rl.rlim_cur))
+                          : std::string("?");
+  return Status(VTA_ERR_OUT_OF_MEMORY,
+                std::string("host backend: out of file descriptors (") + what + ": " + std::strerror(e) +
+                    "; RLIMIT_NOFILE " + limit + "): the host backend holds one descriptor per page; raise the "
+                    "hard limit (ulimit -Hn) or use fewer, larger pages");
+}
+
+// The soft RLIMIT_NOFILE (often 1024) raised to the hard limit, once per process, when the
+// first host backend starts: each host page is a descriptor, so the soft limit would cap a space
+// near 2 GiB of 2 MiB pages. Best effort: a refusal leaves the limit as it was.
+void raise_descriptor_limit_once() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    struct rlimit rl {};
+    if (getrlimit(RLIMIT_NOFILE, &rl) != 0 || rl.rlim_cur >= rl.rlim_max) return;
+    rl.rlim_cur = rl.rlim_max;
+    (void)setrlimit(RLIMIT_NOFILE, &rl);
+  });
 }
 
 class HostBackend final : public Backend {
@@ -116,14 +151,13 @@ class HostBackend final : public Backend {
     if (device && used_ + bytes > capacity_)
       return Status(VTA_ERR_OUT_OF_MEMORY, "host backend: simulated device memory exhausted");
     int fd = memfd_create("vtalloc-page", MFD_CLOEXEC);
-    if (fd < 0) return os_error("memfd_create");
+    if (fd < 0) return descriptor_error("memfd_create");
     if (ftruncate(fd, static_cast<off_t>(bytes)) != 0) {
       Status s = os_error("ftruncate");
       close(fd);
       return s;
     }
-    *out = adopt_locked(fd, bytes, device);
-    return Status::ok();
+    return adopt_locked(fd, bytes, device, out);
   }
 
   Status release_page(PageHandle page) override {
@@ -283,7 +317,7 @@ class HostBackend final : public Backend {
     auto it = pages_.find(page);
     if (it == pages_.end() || it->second.released) return bad("export_page: unknown page handle");
     int dup_fd = fcntl_dup(it->second.fd);
-    if (dup_fd < 0) return os_error("dup");
+    if (dup_fd < 0) return descriptor_error("dup");
     *fd = dup_fd;
     return Status::ok();
   }
@@ -298,9 +332,8 @@ class HostBackend final : public Backend {
     if (used_ + bytes > capacity_)
       return Status(VTA_ERR_OUT_OF_MEMORY, "host backend: simulated device memory exhausted");
     int dup_fd = fcntl_dup(fd);
-    if (dup_fd < 0) return os_error("dup");
-    *out = adopt_locked(dup_fd, bytes, true);
-    return Status::ok();
+    if (dup_fd < 0) return descriptor_error("dup");
+    return adopt_locked(dup_fd, bytes, true, out);
   }
 
  private:
@@ -319,13 +352,20 @@ class HostBackend final : public Backend {
   static Status bad(const std::string& msg) { return Status(VTA_ERR_INVALID_ARGUMENT, "host backend: " + msg); }
   static int fcntl_dup(int fd) { return fcntl(fd, F_DUPFD_CLOEXEC, 0); }
 
-  PageHandle adopt_locked(int fd, size_t bytes, bool device) {
+  // Takes ownership of fd: on failure (no memory for the book entry) it is closed.
+  Status adopt_locked(int fd, size_t bytes, bool device, PageHandle* out) {
     PageHandle h = ++next_object_;
-    pages_[h] = Page{fd, bytes, 0, false, device};
+    try {
+      pages_[h] = Page{fd, bytes, 0, false, device};
+    } catch (const std::bad_alloc&) {
+      close(fd);
+      return Status(VTA_ERR_OUT_OF_MEMORY, "host backend: no memory to record a page");
+    }
     if (device) used_ += bytes;
     global_counters().live_pages++;
     global_counters().live_page_bytes += static_cast<int64_t>(bytes);
-    return h;
+    *out = h;
+    return Status::ok();
   }
 
   // A released page's memory lives until its last mapping goes, as with cuMemRelease.
@@ -391,6 +431,7 @@ Status make_host_backend(const BackendOptions& options, std::unique_ptr<Backend>
   if (gran % static_cast<uint64_t>(os_page) != 0 || (gran & (gran - 1)) != 0)
     return Status(VTA_ERR_INVALID_ARGUMENT, "host granularity must be a power of two and a multiple of the OS page size");
   uint64_t cap = options.host_device_bytes ? options.host_device_bytes : kDefaultHostCapacity;
+  raise_descriptor_limit_once();
   out->reset(new HostBackend(cap, gran));
   return Status::ok();
 }

@@ -81,7 +81,7 @@ vta_status_t vta_space_create(const vta_config_t* config, vta_space_t** out) {
 vta_status_t vta_space_close(vta_space_t* space) {
   return guarded([&] {
     need(space, "address space handle");
-    if (!space->impl) return;  // idempotent
+    if (!space->impl || space->forked()) return;  // idempotent; in a forked child the parent's: nothing
     space->impl->close();
   });
 }
@@ -89,6 +89,7 @@ vta_status_t vta_space_close(vta_space_t* space) {
 void vta_space_destroy(vta_space_t* space) {
   if (!space) return;
   try {
+    if (space->forked()) (void)space->impl.release();  // the parent's: leaked in the child, never torn down
     delete space;  // ~AddressSpace closes if needed
   } catch (...) {
   }

@@ -3,9 +3,11 @@
 // Owns: the vta_pool handle. Same rules as capi.cpp: every body runs under guarded().
 #include <algorithm>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "space/address_space.hpp"
+#include "capi/fork_generation.hpp"
 #include "capi/guard.hpp"
 #include "capi/space_handle.hpp"
 #include "vmm/page_pool.hpp"
@@ -13,6 +15,8 @@
 
 struct vta_pool {
   std::unique_ptr<vta::PagePool> impl;
+  uint64_t generation = vta::capi::fork_generation();  // see fork_generation.hpp
+  bool forked() const { return generation != vta::capi::fork_generation(); }
 };
 
 namespace {
@@ -21,6 +25,7 @@ using vta::capi::need;
 
 vta::PagePool& open_pool(vta_pool_t* pool) {
   if (!pool || !pool->impl) vta::fail(VTA_ERR_INVALID_ARGUMENT, "null page pool handle");
+  if (pool->forked()) vta::fail(VTA_ERR_CLOSED, std::string("this page pool") + vta::capi::kForkedMessage);
   return *pool->impl;
 }
 }  // namespace
@@ -36,11 +41,15 @@ vta_status_t vta_pool_create(const vta_config_t* config, vta_pool_t** out) {
 }
 
 vta_status_t vta_pool_close(vta_pool_t* pool) {
-  return guarded([&] { open_pool(pool).close(); });
+  return guarded([&] {
+    if (pool && pool->forked()) return;  // the parent's pages: a child closes nothing
+    open_pool(pool).close();
+  });
 }
 
 void vta_pool_destroy(vta_pool_t* pool) {
   try {
+    if (pool && pool->forked()) (void)pool->impl.release();  // leaked in the child, never torn down
     delete pool;
   } catch (...) {
   }

@@ -62,6 +62,7 @@ bool HostPool::create_mapped(uint32_t npages, Slot* out) {
     check(backend_.reserve(window_bytes_, page_, &window_));
     free_window_.insert(window_, window_bytes_);
   }
+  created_.reserve(created_.size() + 1);  // before the page exists: recording it cannot throw then
   uintptr_t at = 0;
   if (!free_window_.take_best_fit(bytes, &at)) return false;
   PageHandle h = 0;

@@ -110,7 +110,7 @@ void AddressSpace::import_page(int fd, uint64_t tag) {
     fail(VTA_ERR_INVALID_ARGUMENT, "import_page: this space already holds a page with tag " + std::to_string(tag));
   PageHandle h = 0;
   check(backend_->import_page(fd, page_bytes_, &h));
-  pages_.adopt_page(h, tag);
+  pages_.adopt_page(h, tag);  // releases h itself if it cannot record it
 }
 
 std::vector<uint64_t> AddressSpace::return_pages(uint64_t max_pages) {

@@ -45,7 +45,12 @@ uint64_t PagePool::create_page() {
                       pages_.size() * page_bytes_);
   check(s);
   uint64_t id = next_id_++;
-  pages_[id] = h;
+  try {
+    pages_[id] = h;
+  } catch (...) {  // not recorded: not held either (a leaked handle would be held forever)
+    (void)backend_->release_page(h);
+    throw;
+  }
   return id;
 }
 

@@ -32,9 +32,13 @@ bool PageTable::acquire_page(int32_t* id) {
   if (pages_held_ >= capacity_pages_) return false;
   PageHandle h = 0;
   Status s = backend_.create_page(page_bytes_, PageLocation::device, &h);
-  if (s.code() == VTA_ERR_OUT_OF_MEMORY) return false;
+  if (s.code() == VTA_ERR_OUT_OF_MEMORY) {
+    driver_refusal_ = s.message();
+    return false;
+  }
   check(s);
-  *id = new_slot(h, 0);
+  *id = new_slot_or_release(h, 0, 1);
+  driver_refusal_.clear();  // the driver gave a page: an earlier refusal no longer explains an OOM
   return true;
 }
 
@@ -53,15 +57,19 @@ bool PageTable::acquire_extent(uint32_t npages, int32_t* id, bool* driver_oom) {
   PageHandle h = 0;
   Status s = backend_.create_page(uint64_t{npages} * page_bytes_, PageLocation::device, &h);
   if (s.code() == VTA_ERR_OUT_OF_MEMORY) {
+    driver_refusal_ = s.message();
     *driver_oom = true;
     return false;
   }
   check(s);
-  *id = new_slot(h, 0, npages);
+  *id = new_slot_or_release(h, 0, npages);
+  driver_refusal_.clear();
   return true;
 }
 
 int32_t PageTable::new_slot(PageHandle handle, uint64_t tag, uint32_t npages) {
+  // What may throw (no memory) comes before any change: a refusal leaves the books as they were.
+  if (npages > 1) extent_ids_.reserve(extent_ids_.size() + 1);
   int32_t slot;
   if (!free_slots_.empty()) {
     slot = free_slots_.back();
@@ -79,6 +87,21 @@ int32_t PageTable::new_slot(PageHandle handle, uint64_t tag, uint32_t npages) {
     extent_ids_.push_back(slot);
   }
   return slot;
+}
+
+int32_t PageTable::new_slot_or_release(PageHandle handle, uint64_t tag, uint32_t npages) {
+  try {
+    return new_slot(handle, tag, npages);
+  } catch (...) {  // no slot (no memory): the handle is in no book, so it goes back at once
+    (void)backend_.release_page(handle);
+    throw;
+  }
+}
+
+std::string PageTable::take_driver_refusal() {
+  std::string r;
+  r.swap(driver_refusal_);
+  return r;
 }
 
 void PageTable::push_free(int32_t id) {
@@ -101,7 +124,13 @@ void PageTable::release_slot(int32_t id) {
 }
 
 void PageTable::adopt_page(PageHandle handle, uint64_t tag) {
-  push_free(new_slot(handle, tag));
+  try {
+    free_pages_.reserve(free_pages_.size() + 1);  // push_free below cannot throw then
+  } catch (...) {
+    (void)backend_.release_page(handle);
+    throw;
+  }
+  push_free(new_slot_or_release(handle, tag, 1));
   ++capacity_pages_;
 }
 

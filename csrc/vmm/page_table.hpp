@@ -26,6 +26,7 @@
 #include <iterator>
 #include <map>
 #include <unordered_map>
+#include <string>
 #include <vector>
 
 #include "backend/backend.hpp"
@@ -70,6 +71,9 @@ class PageTable {
   // A cut between the virtual pages before and at `va` splits no mapped handle.
   bool handle_boundary(uintptr_t va) const;
   int32_t new_slot(PageHandle handle, uint64_t tag, uint32_t npages = 1);
+  // The reason the driver last refused to create a page (out of memory, or out of descriptors
+  // on the host backend), cleared when taken: an out-of-memory error carries it.
+  std::string take_driver_refusal();
   uintptr_t address_of(int32_t id) const { return pages_[id].va; }  // first virtual page, or 0
   uint32_t pages_of(int32_t id) const { return pages_[id].npages; }
   uint64_t bytes_of(int32_t id) const { return uint64_t{pages_[id].npages} * page_bytes_; }
@@ -140,6 +144,8 @@ class PageTable {
   };
 
   void release_slot(int32_t id);  // release the (unmapped, free) handle and forget it
+  // new_slot that releases `handle` if it cannot be recorded: a created page is held or gone.
+  int32_t new_slot_or_release(PageHandle handle, uint64_t tag, uint32_t npages);
   bool release_one_free(bool extents);
   void push_free(int32_t id);
 
@@ -149,6 +155,7 @@ class PageTable {
   std::vector<Page> pages_;
   std::vector<int32_t> free_slots_;    // unused slots in pages_
   std::vector<int32_t> free_pages_;    // held, unmapped one-page handles
+  std::string driver_refusal_;         // see take_driver_refusal()
   std::vector<int32_t> free_extents_;  // held, unmapped extents
   std::vector<int32_t> extent_ids_;    // every held extent
   uint64_t free_page_count_ = 0;       // pages in free_pages_ and free_extents_

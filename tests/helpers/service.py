@@ -73,8 +73,9 @@ class Daemon:
     """``vtalloc serve --backend host`` on ``<base>/run/vtalloc.sock``."""
 
     def __init__(self, base: Path | None = None, *, capacity: str = "64MiB", args: tuple[str, ...] = (),
-                 evict_deadline: float = 1.0, env: dict[str, str] | None = None) -> None:
+                 evict_deadline: float = 1.0, env: dict[str, str] | None = None, nofile: int | None = None) -> None:
         self.env = env or {}
+        self.nofile = nofile  # RLIMIT_NOFILE (soft and hard) of the daemon process, or inherited
         self.base = base or short_dir()
         self._own_base = base is None
         self.socket = str(self.base / "run" / "vtalloc.sock")
@@ -92,7 +93,8 @@ class Daemon:
         self._log = open(self.stderr_path, "w")
         try:
             self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=self._log,
-                                         text=True, start_new_session=True, env=child_env(**self.env))
+                                         text=True, start_new_session=True, env=child_env(**self.env),
+                                         preexec_fn=None if self.nofile is None else self._limit_nofile)
         except BaseException:
             self._log.close()
             raise
@@ -102,6 +104,11 @@ class Daemon:
             self.stop()
             raise RuntimeError(f"the daemon did not start:\n{self.log()}") from None
         return self
+
+    def _limit_nofile(self) -> None:  # in the child, before exec
+        import resource
+
+        resource.setrlimit(resource.RLIMIT_NOFILE, (self.nofile, self.nofile))
 
     @property
     def pid(self) -> int:
