@@ -24,12 +24,8 @@ judged then. If it misses:
   already mapped in another process), reclaims its pages, and serves the lease;
 - otherwise (the requester is borrowing above its minimum), the lease fails with
   RESOURCE_EXHAUSTED (NodeShortError) and the laggard keeps running.
-The deadline counts only time the daemon could listen: a client's answer that the daemon
-could not process because its own event loop stalled must not make the client late. So
-:class:`LoopStalls` measures how long the loop could not run (a tick every STALL_TICK_S),
-and a deadline is extended by the stalls within it, plus STALL_GRACE_S to process the
-answers that queued up meanwhile, then re-checked before anyone is judged; when the lease's
-own deadline leaves no room for that, nobody is judged (the lease fails, nobody is killed).
+The daemon's own stalls never make a client late: loop_stalls.wait_judged extends the
+deadline by them and re-checks; with no room left before the lease's deadline, nobody is judged.
 After a kill the lease waits up to KILL_WAIT_S more for the
 laggard's pages. Every miss and every kill is counted (metrics, stats). ``vtalloc serve --no-kill`` makes
 every miss fail the lease. Pages the laggard returns late still go back to the page pool.
@@ -50,6 +46,7 @@ from vtalloc.allocator.pool import PagePool
 
 from .ledger import Ledger
 from .limits import RefusalLog, SessionLimits, UidSlots
+from .loop_stalls import LoopStalls, wait_judged
 from .protocol.errors import FailedPreconditionError, LimitExceededError, NodeShortError, ServiceUnavailableError, echo
 from .protocol.side_channel import MAX_FDS_PER_MESSAGE, PROTOCOL_VERSION, ProtocolError, version_of
 from .quota import Quota
@@ -57,7 +54,7 @@ from .records import SESSION_KINDS, EvictTicket, Session
 from .side_channel import AcceptFailures, AsyncConnection, Closer, peer_credentials, peer_pidfd
 from .state_file import process_start_ticks
 
-__all__ = ["Node", "EvictEvent", "QuotaEvent", "ShutdownEvent", "EvictOutcome", "LoopStalls"]
+__all__ = ["Node", "EvictEvent", "QuotaEvent", "ShutdownEvent", "EvictOutcome"]
 
 log = logging.getLogger("vtalloc.server")
 
@@ -66,47 +63,6 @@ REFUSE_SEND_TIMEOUT_S = 0.1  # a refusal is one small datagram on a new connecti
                              # a refused new connection's hello is waited for this long
 KILL_WAIT_S = 2.0
 REPLY_MARGIN_S = 0.2  # a lease stops waiting this long before its RPC's deadline, to answer in time
-STALL_TICK_S = 0.05   # LoopStalls' tick; a tick later than this plus STALL_SLACK_S is a stall
-STALL_SLACK_S = 0.05
-STALL_GRACE_S = 0.2   # after a stall, answers queued during it get this long to be processed
-
-
-class LoopStalls:
-    """Seconds the event loop could not run since start() (Note [Missed eviction deadline])."""
-
-    def __init__(self) -> None:
-        self._total = 0.0
-        self._last: float | None = None
-        self._task: asyncio.Task | None = None
-
-    def start(self) -> None:
-        if self._task is None:
-            loop = asyncio.get_running_loop()
-            self._last = loop.time()
-            self._task = loop.create_task(self._tick())
-
-    def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            self._task = None
-
-    async def _tick(self) -> None:
-        loop = asyncio.get_running_loop()
-        while True:
-            await asyncio.sleep(STALL_TICK_S)
-            now = loop.time()
-            self._total += self._gap(now)
-            self._last = now
-
-    def _gap(self, now: float) -> float:
-        gap = now - self._last - STALL_TICK_S if self._last is not None else 0.0
-        return gap if gap > STALL_SLACK_S else 0.0
-
-    def stalled(self, now: float) -> float:
-        """Stalled seconds up to ``now`` (loop time), the stall still going on included."""
-        return self._total + self._gap(now)
-
-
 @dataclass(frozen=True)
 class EvictEvent:
     request_id: int
@@ -190,25 +146,6 @@ class Node:
                 return predicate()
         return True
 
-    async def _wait_judged(self, predicate: Callable[[], bool], end: float, limit: float) -> bool | None:
-        """_wait until loop time ``end``, extended by the loop's own stalls meanwhile (plus
-        STALL_GRACE_S each time), never past ``limit``: True when ``predicate()`` held, False
-        when it did not by the extended end, None when ``limit`` left no room to extend
-        (the daemon stalled: nobody can be judged late)."""
-        loop = asyncio.get_running_loop()
-        mark = self.stalls.stalled(loop.time())
-        while True:
-            if await self._wait(predicate, end - loop.time()):
-                return True
-            now = loop.time()
-            stalled = self.stalls.stalled(now) - mark
-            if stalled <= 0:
-                return False
-            mark += stalled
-            end = max(end + stalled, now + STALL_GRACE_S)
-            if end > limit:
-                return True if await self._wait(predicate, limit - loop.time()) else None
-
     # -- connections ------------------------------------------------------------------------
     async def serve_side_channel(self, listener: socket.socket) -> None:
         """Accept connections until cancelled; each becomes a session after its hello.
@@ -242,10 +179,7 @@ class Node:
         held: list[UidSlots] = []
         try:
             await self._take(self._pending, held, conn, pid, uid)
-            try:
-                hello = await conn.recv(self.limits.hello_timeout_s)
-            except asyncio.TimeoutError:
-                raise TimeoutError(f"no hello within {self.limits.hello_timeout_s:g} s (--hello-timeout)") from None
+            hello = await conn.recv(self.limits.hello_timeout_s)
             if hello.get("t") != "hello" or version_of(hello) != PROTOCOL_VERSION:
                 raise ProtocolError(f"expected hello v{PROTOCOL_VERSION}, got {echo(hello.get('t'))} "
                                     f"v{echo(hello.get('v'))}")
@@ -286,12 +220,8 @@ class Node:
                 self._end(peer, clean=False)
             if pidfd is not None and peer is None:
                 os.close(pidfd)
-
-            def give_back() -> None:  # once the connection is closed: what a uid leaves in the Closer is bounded
-                for slots in held:
-                    slots.give_back(uid)
-
-            conn.close(then=give_back)
+            # The slots come back once the connection is closed: what a uid leaves in the Closer is bounded.
+            conn.close(then=lambda: [slots.give_back(uid) for slots in held])
 
     async def _take(self, slots: UidSlots, held: list[UidSlots], conn: AsyncConnection, pid: int, uid: int) -> None:
         """A slot of ``slots`` for ``uid`` (added to ``held``), or: log, tell the client why
@@ -447,7 +377,7 @@ class Node:
         def enough() -> bool:
             return self.ledger.free_pages() >= pages
 
-        answered = await self._wait_judged(enough, evict_by, deadline)
+        answered = await wait_judged(self._wait, self.stalls, enough, evict_by, deadline)
         if answered is not False:
             for t in tickets:
                 self.ledger.close_eviction(t, judge=False)
@@ -510,8 +440,8 @@ class Node:
         if t is None:
             raise FailedPreconditionError(f"session {session_id} has ended")
         end = loop.time() + deadline_s
-        answered = await self._wait_judged(lambda: t.returned >= t.asked or not target.live, end,
-                                           end + deadline_s)  # stalls extend it up to twice the deadline
+        answered = await wait_judged(self._wait, self.stalls, lambda: t.returned >= t.asked or not target.live,
+                                     end, end + deadline_s)  # stalls extend it up to twice the deadline
         returned = t.returned
         missed = self.ledger.close_eviction(t, judge=answered is False)
         killed = False

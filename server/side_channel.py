@@ -120,6 +120,8 @@ class AsyncConnection:
         self._loop.add_reader(fd, readable)
         try:
             data, fds, flags = await asyncio.wait_for(fut, timeout_s)
+        except asyncio.TimeoutError:
+            raise TimeoutError(f"nothing received within {timeout_s:g} s") from None
         finally:
             if not self.closed:
                 self._loop.remove_reader(fd)

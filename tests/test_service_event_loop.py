@@ -24,7 +24,8 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from helpers.service import NOGROUP, ClientProc, Daemon, Observer, short_dir, wait_until
 from helpers.spaces import PAGE
 
-from vtalloc.server.node import STALL_GRACE_S, LoopStalls, Node
+from vtalloc.server.loop_stalls import STALL_GRACE_S, LoopStalls, wait_judged
+from vtalloc.server.node import Node
 from vtalloc.server.protocol.side_channel import PROTOCOL_VERSION, encode
 from vtalloc.server.side_channel import Closer
 
@@ -193,7 +194,7 @@ async def _answer_after_a_stall(node: Node, stall_s: float, end_in_s: float, lim
     loop.call_later(0.05, time.sleep, stall_s)          # the daemon stalls (any cause)
     now = loop.time()
     try:
-        return await node._wait_judged(lambda: answered, now + end_in_s, now + limit_in_s)
+        return await wait_judged(node._wait, node.stalls, lambda: answered, now + end_in_s, now + limit_in_s)
     finally:
         node.stalls.stop()
 
@@ -213,7 +214,7 @@ def test_no_answer_is_still_late():
         loop = asyncio.get_running_loop()
         t0 = loop.time()
         try:
-            assert await node._wait_judged(lambda: False, t0 + 0.2, t0 + 5) is False
+            assert await wait_judged(node._wait, node.stalls, lambda: False, t0 + 0.2, t0 + 5) is False
         finally:
             node.stalls.stop()
         assert loop.time() - t0 < 0.2 + STALL_GRACE_S + 0.3
