@@ -122,7 +122,11 @@ def register(app: typer.Typer, *, fail: Callable[[str, int], NoReturn], console:
                                             "before the daemon drops it."),
         max_message_bytes: str = typer.Option("4MiB", help="Largest gRPC request the daemon reads (2MiB .. 1GiB); "
                                               "a larger one gets RESOURCE_EXHAUSTED."),
-        max_concurrent_rpcs: int = typer.Option(4096, help="gRPC calls served at once; more get RESOURCE_EXHAUSTED."),
+        max_concurrent_rpcs: int = typer.Option(4096, help="gRPC calls of non-admin uids served at once, counted "
+                                                "after each uid's own limit; more get RESOURCE_EXHAUSTED."),
+        max_rpcs_per_uid: int = typer.Option(512, help="gRPC calls one uid may have in progress at once (root's "
+                                             "too; calls without a session share one such limit); more get "
+                                             "RESOURCE_EXHAUSTED."),
         log_level: str = typer.Option("info", help="debug, info, warning or error."),
     ) -> None:
         """Run the per-node daemon: lease pages to clients, enforce quotas, reclaim crashed clients' pages.
@@ -145,7 +149,8 @@ def register(app: typer.Typer, *, fail: Callable[[str, int], NoReturn], console:
                 evict_deadline_s=evict_deadline, kill_on_missed_deadline=kill,
                 max_message_bytes=max_message_bytes, max_concurrent_rpcs=max_concurrent_rpcs,
                 limits=SessionLimits(max_sessions_per_uid=max_sessions_per_uid,
-                                     max_pending_per_uid=max_pending_per_uid, hello_timeout_s=hello_timeout))
+                                     max_pending_per_uid=max_pending_per_uid, hello_timeout_s=hello_timeout,
+                                     max_rpcs_per_uid=max_rpcs_per_uid))
             if log_level.lower() not in ("debug", "info", "warning", "error"):
                 raise InvalidArgumentError(f"--log-level: {log_level!r} is not debug, info, warning or error")
         except InvalidArgumentError as e:
