@@ -170,6 +170,7 @@ class _BoundedServer(ThreadingMixIn, WSGIServer):
     METRICS_REQUEST_DEADLINE_S; connections over the bound are closed at once (and counted)."""
 
     daemon_threads = True
+    block_on_close = False   # stopping never waits for a connection (each ends by its deadline anyway)
     max_connections = METRICS_MAX_CONNECTIONS
     deadline_s = METRICS_REQUEST_DEADLINE_S
 

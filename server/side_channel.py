@@ -115,13 +115,20 @@ class AsyncConnection:
             except OSError as e:
                 fut.set_exception(EOFError(f"side channel: {e}"))
                 return
+            if fut.done():  # cancelled meanwhile: nobody will take what came
+                self._closer.close(self._uid, received[1])
+                return
             fut.set_result(received)
 
         self._loop.add_reader(fd, readable)
         try:
             data, fds, flags = await asyncio.wait_for(fut, timeout_s)
-        except asyncio.TimeoutError:
-            raise TimeoutError(f"nothing received within {timeout_s:g} s") from None
+        except BaseException as e:
+            if fut.done() and not fut.cancelled() and fut.exception() is None:
+                self._closer.close(self._uid, fut.result()[1])  # received, then the wait was cancelled
+            if isinstance(e, asyncio.TimeoutError):
+                raise TimeoutError(f"nothing received within {timeout_s:g} s") from None
+            raise
         finally:
             if not self.closed:
                 self._loop.remove_reader(fd)

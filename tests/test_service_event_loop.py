@@ -236,3 +236,41 @@ def test_loop_stalls_are_measured():
         stalls.stop()
 
     asyncio.run(main())
+
+
+def test_descriptors_received_as_the_wait_is_cancelled_are_closed(monkeypatch):
+    """A datagram with descriptors received in the same loop turn as the receive is cancelled
+    (a session ending as its peer exits) used to be dropped unclosed: the daemon kept them."""
+    from vtalloc.server import side_channel
+    from vtalloc.server.side_channel import AsyncConnection
+
+    async def main():
+        loop = asyncio.get_running_loop()
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        r, w = os.pipe()
+        closer = Closer()
+        conn = AsyncConnection(ours, loop, closer, 7)
+        task = loop.create_task(conn.recv(None))
+        real = side_channel.recv_datagram
+
+        def recv_then_cancel(sock, max_fds):
+            loop.call_soon(task.cancel)          # runs before the task resumes with what came
+            return real(sock, max_fds)
+
+        monkeypatch.setattr(side_channel, "recv_datagram", recv_then_cancel)
+        await asyncio.sleep(0)
+        socket.send_fds(theirs, [b'{"t":"bye"}'], [r])
+        os.close(r)
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        for _ in range(100):                     # the daemon's copy, closed by the Closer
+            if closer.pending == 0:
+                break
+            await asyncio.sleep(0.01)
+        with pytest.raises(BrokenPipeError):     # no read end is left anywhere
+            os.write(w, b"x")
+        os.close(w)
+        conn.close()
+        theirs.close()
+
+    asyncio.run(main())
