@@ -101,7 +101,9 @@ def register(app: typer.Typer, *, fail: Callable[[str, int], NoReturn], console:
                                                     "(default: the client's own default)."),
         metrics_port: Optional[int] = typer.Option(None, help="Serve Prometheus metrics on this port (0: any free "
                                                    "port, printed in the ready line)."),
-        metrics_addr: str = typer.Option("127.0.0.1", help="Address the metrics server binds."),
+        metrics_addr: str = typer.Option("127.0.0.1", help="Address the metrics server binds (on 127.0.0.1 "
+                                         "every local user can reach it, not only --group; at most 16 "
+                                         "connections, idle 5 s, 10 s each)."),
         group: Optional[str] = typer.Option(None, help="Group allowed to reach the sockets (directory mode 0750)."),
         admin_uid: list[int] = typer.Option([], help="A uid allowed admin calls, besides root and the daemon's own "
                                             "(repeatable)."),
