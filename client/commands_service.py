@@ -101,7 +101,9 @@ def register(app: typer.Typer, *, fail: Callable[[str, int], NoReturn], console:
                                                     "(default: the client's own default)."),
         metrics_port: Optional[int] = typer.Option(None, help="Serve Prometheus metrics on this port (0: any free "
                                                    "port, printed in the ready line)."),
-        metrics_addr: str = typer.Option("127.0.0.1", help="Address the metrics server binds."),
+        metrics_addr: str = typer.Option("127.0.0.1", help="Address the metrics server binds (on 127.0.0.1 "
+                                         "every local user can reach it, not only --group; at most 16 "
+                                         "connections, idle 5 s, 10 s each)."),
         group: Optional[str] = typer.Option(None, help="Group allowed to reach the sockets (directory mode 0750)."),
         admin_uid: list[int] = typer.Option([], help="A uid allowed admin calls, besides root and the daemon's own "
                                             "(repeatable)."),
@@ -122,7 +124,11 @@ def register(app: typer.Typer, *, fail: Callable[[str, int], NoReturn], console:
                                             "before the daemon drops it."),
         max_message_bytes: str = typer.Option("4MiB", help="Largest gRPC request the daemon reads (2MiB .. 1GiB); "
                                               "a larger one gets RESOURCE_EXHAUSTED."),
-        max_concurrent_rpcs: int = typer.Option(4096, help="gRPC calls served at once; more get RESOURCE_EXHAUSTED."),
+        max_concurrent_rpcs: int = typer.Option(4096, help="gRPC calls of non-admin uids served at once, counted "
+                                                "after each uid's own limit; more get RESOURCE_EXHAUSTED."),
+        max_rpcs_per_uid: int = typer.Option(512, help="gRPC calls one uid may have in progress at once (root's "
+                                             "too; calls without a session share one such limit); more get "
+                                             "RESOURCE_EXHAUSTED."),
         log_level: str = typer.Option("info", help="debug, info, warning or error."),
     ) -> None:
         """Run the per-node daemon: lease pages to clients, enforce quotas, reclaim crashed clients' pages.
@@ -145,7 +151,8 @@ def register(app: typer.Typer, *, fail: Callable[[str, int], NoReturn], console:
                 evict_deadline_s=evict_deadline, kill_on_missed_deadline=kill,
                 max_message_bytes=max_message_bytes, max_concurrent_rpcs=max_concurrent_rpcs,
                 limits=SessionLimits(max_sessions_per_uid=max_sessions_per_uid,
-                                     max_pending_per_uid=max_pending_per_uid, hello_timeout_s=hello_timeout))
+                                     max_pending_per_uid=max_pending_per_uid, hello_timeout_s=hello_timeout,
+                                     max_rpcs_per_uid=max_rpcs_per_uid))
             if log_level.lower() not in ("debug", "info", "warning", "error"):
                 raise InvalidArgumentError(f"--log-level: {log_level!r} is not debug, info, warning or error")
         except InvalidArgumentError as e:

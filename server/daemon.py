@@ -36,7 +36,7 @@ from vtalloc.allocator.pool import PagePool
 
 from .errors import ErrorInterceptor
 from .ledger import Ledger, NodeGeometry
-from .limits import SessionLimits
+from .limits import RpcLimiter, RpcSlots, SessionLimits
 from .node import Node
 from .proto.vtalloc.v1 import admin_pb2_grpc, pages_pb2_grpc
 from .protocol.address import UNIX_SCHEME, parse_address, side_channel_path
@@ -81,9 +81,10 @@ class DaemonConfig:
     evict_deadline_s: float = 2.0          # how long a client has to answer an eviction request
     kill_on_missed_deadline: bool = True   # see node.py, Note [Missed eviction deadline]
     max_message_bytes: int | str = 4 << 20  # larger requests get RESOURCE_EXHAUSTED from gRPC itself
-    max_concurrent_rpcs: int = 4096        # more at once get RESOURCE_EXHAUSTED from gRPC itself
-    limits: SessionLimits = field(default_factory=SessionLimits)  # sessions and pending connections per
-                                           # uid, the hello timeout (limits.py; docs/service.md, "Limits")
+    max_concurrent_rpcs: int = 4096        # calls of non-admin uids at once, after each uid's own limit
+                                           # (limits.py, Note [Calls per uid]); more get RESOURCE_EXHAUSTED
+    limits: SessionLimits = field(default_factory=SessionLimits)  # sessions, pending connections and calls
+                                           # per uid, the hello timeout (limits.py; docs/service.md, "Limits")
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "socket_path", parse_address(self.socket_path))
@@ -207,11 +208,16 @@ async def serve(config: DaemonConfig, *, on_ready: Callable[[dict], None] | None
         inherited_bytes = keeper.adopt()  # before any lease: what a previous daemon's clients still hold
         node.on_holdings_changed = keeper.save
 
+        def identify(token: str) -> tuple[int, bool]:
+            s = ledger.authenticate(token)
+            return s.uid, ledger.is_admin(s)
+
+        # Not gRPC's maximum_concurrent_rpcs: it counts calls before their caller is known.
+        rpc_slots = RpcSlots(config.limits.max_rpcs_per_uid, config.max_concurrent_rpcs)
         server = grpc.aio.server(
-            interceptors=[ErrorInterceptor()],
+            interceptors=[RpcLimiter(rpc_slots, identify), ErrorInterceptor()],
             options=[("grpc.max_receive_message_length", config.max_message_bytes),
-                     ("grpc.max_send_message_length", MAX_REPLY_BYTES)],
-            maximum_concurrent_rpcs=config.max_concurrent_rpcs)
+                     ("grpc.max_send_message_length", MAX_REPLY_BYTES)])
         pages_pb2_grpc.add_PagesServicer_to_server(PagesService(node), server)
         admin_pb2_grpc.add_AdminServicer_to_server(AdminService(node), server)
         health_servicer = health.aio.HealthServicer()

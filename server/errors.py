@@ -36,10 +36,13 @@ from .protocol.errors import (
 __all__ = [
     "ServiceError", "UnauthenticatedError", "PermissionDeniedError", "NotFoundError",
     "FailedPreconditionError", "ServiceUnavailableError", "QuotaExceededError", "NodeShortError",
-    "LimitExceededError", "status_for", "error_from_rpc", "ErrorInterceptor", "ERROR_KIND_KEY",
+    "LimitExceededError", "status_for", "error_from_rpc", "ErrorInterceptor", "ERROR_KIND_KEY", "abort",
+    "Continuation",
 ]
 
 log = logging.getLogger("vtalloc.server")
+# What a server interceptor's intercept_service gets to find the next handler.
+Continuation = Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]]
 MAX_STATUS_CHARS = 1024  # the longest status message sent (gRPC's metadata limit is 8-16 KiB)
 
 
@@ -63,7 +66,8 @@ def _safe_deserializer(inner: Callable[[bytes], Any] | None) -> Callable[[bytes]
     return deserialize
 
 
-async def _abort(context: grpc.aio.ServicerContext, exc: BaseException, method: str) -> None:
+async def abort(context: grpc.aio.ServicerContext, exc: BaseException, method: str) -> None:
+    """End the call with ``exc``'s status code and class name (ERROR_KIND_KEY)."""
     code = status_for(exc)
     if code == grpc.StatusCode.INTERNAL and not isinstance(exc, VtallocError):
         log.error("%s failed unexpectedly", method, exc_info=exc)
@@ -82,11 +86,8 @@ class ErrorInterceptor(grpc.aio.ServerInterceptor):
     def __init__(self, prefix: str = "/vtalloc.v1.") -> None:
         self._prefix = prefix
 
-    async def intercept_service(
-        self,
-        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
-        details: grpc.HandlerCallDetails,
-    ) -> grpc.RpcMethodHandler:
+    async def intercept_service(self, continuation: Continuation,
+                                details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler:
         handler = await continuation(details)
         if handler is None or not details.method.startswith(self._prefix):
             return handler
@@ -103,7 +104,7 @@ class ErrorInterceptor(grpc.aio.ServerInterceptor):
                 except (grpc.aio.AbortError, grpc.aio.UsageError):
                     raise
                 except Exception as e:  # noqa: BLE001 - every error is mapped, none crashes the daemon
-                    await _abort(context, e, method)
+                    await abort(context, e, method)
 
             return grpc.unary_unary_rpc_method_handler(
                 unary_unary, request_deserializer=deserializer, response_serializer=handler.response_serializer)
@@ -119,7 +120,7 @@ class ErrorInterceptor(grpc.aio.ServerInterceptor):
                 except (grpc.aio.AbortError, grpc.aio.UsageError):
                     raise
                 except Exception as e:  # noqa: BLE001
-                    await _abort(context, e, method)
+                    await abort(context, e, method)
 
             return grpc.unary_stream_rpc_method_handler(
                 unary_stream, request_deserializer=deserializer, response_serializer=handler.response_serializer)

@@ -4,7 +4,8 @@ Owns: the inherited holders (one per process, from the state file, state_file.py
 list the state file records (what this daemon's sessions hold, and what it inherited).
 Invariants: no I/O and no lock of its own: the ledger calls it under its lock; a holder's
 bytes count as whole pages of this daemon (a page size changed across the restart rounds up)
-until the ledger forgets it (its process exited).
+until the ledger forgets it (its process exited); bytes summed per process saturate at
+MAX_HOLDER_BYTES, the state file's bound, so what is written back is always loadable.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Iterable
 
-from .records import Holder, Session
+from .records import Holder, Session, add_bytes
 
 __all__ = ["Inherited"]
 
@@ -27,7 +28,7 @@ class Inherited:
 
     def add(self, h: Holder) -> None:
         old = self._by_pid.get(h.pid)
-        self._by_pid[h.pid] = dataclasses.replace(h, bytes=h.bytes + (old.bytes if old else 0))
+        self._by_pid[h.pid] = dataclasses.replace(h, bytes=add_bytes(h.bytes, old.bytes if old else 0))
 
     def forget(self, pid: int) -> int:
         """Process ``pid`` is gone; returns how many pages it held."""
@@ -49,5 +50,5 @@ class Inherited:
             if s.pages:
                 old = held.get((s.pid, s.start_ticks))
                 held[s.pid, s.start_ticks] = Holder(s.pid, s.start_ticks, s.uid,
-                                                    len(s.pages) * self.page_bytes + (old.bytes if old else 0))
+                                                    add_bytes(len(s.pages) * self.page_bytes, old.bytes if old else 0))
         return sorted(held.values(), key=lambda h: (h.pid, h.start_ticks))

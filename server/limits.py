@@ -1,13 +1,30 @@
 """The operator's limits on side-channel connections, and their per-uid accounting.
 
 Owns: :class:`SessionLimits` (sessions per uid, pending connections per uid, the hello
-timeout; validated here, built once from DaemonConfig), :class:`UidSlots` (how many of each
-a uid holds now) and :class:`RefusalLog` (one warning per uid and limit, then at most one
-per REFUSAL_LOG_EVERY_S with the count since). The refusal itself (a ``refused`` message
-naming LimitExceededError, then the connection closes) is sent by node.py.
+timeout, gRPC calls per uid; validated here, built once from DaemonConfig), :class:`UidSlots`
+(how many of each a uid holds now), :class:`RefusalLog` (one warning per uid and limit, then
+at most one per REFUSAL_LOG_EVERY_S with the count since) and :class:`RpcLimiter`, the gRPC
+interceptor that counts calls per caller before they count against the node's total
+(Note [Calls per uid]). The side-channel refusal itself (a ``refused`` message naming
+LimitExceededError, then the connection closes) is sent by node.py.
 Invariants: a slot is taken only if it is under its limit and given back exactly once
 (node.py takes and gives back in one task's try/finally); the limits apply to every uid,
 root and admins included: they count per uid, so one uid's sessions never use another's.
+
+Note [Calls per uid]
+--------------------
+gRPC's own ``maximum_concurrent_rpcs`` counts a call as soon as its headers arrive, before
+its caller is known, so one uid (with or without a session) could hold every slot and
+everyone, root included, got RESOURCE_EXHAUSTED. The daemon does not use it. A call takes a
+slot when its handler starts (its request has arrived): first one of its caller's
+(``--max-rpcs-per-uid``; the caller is the uid of the session named by its token, which the
+kernel gave on the side channel, or "no session" for every call without a live session, one
+shared bucket), then one of the node's (``--max-concurrent-rpcs``), except for admin uids
+(root, the daemon's, ``--admin-uid``), whose calls count only against their own uid: no other
+uid can starve them. Both come back when the call ends, however it ends. Health's ``Check``
+(answered from memory at once) counts against neither, so no flood of other calls makes the
+daemon look down. A call over a limit ends with RESOURCE_EXHAUSTED naming
+LimitExceededError and the limit.
 """
 
 from __future__ import annotations
@@ -16,13 +33,18 @@ import collections
 import logging
 import time
 from dataclasses import dataclass
-from typing import Callable
+from typing import Any, AsyncIterator, Callable
+
+import grpc
 
 from vtalloc.allocator.errors import InvalidArgumentError
 
-from .protocol.errors import LimitExceededError
+from .errors import Continuation, abort
+from .protocol.errors import LimitExceededError, UnauthenticatedError
+from .protocol.rpc import SESSION_KEY
 
-__all__ = ["SessionLimits", "UidSlots", "RefusalLog", "REFUSAL_LOG_EVERY_S"]
+__all__ = ["SessionLimits", "UidSlots", "RefusalLog", "REFUSAL_LOG_EVERY_S", "RpcSlots", "RpcLimiter",
+           "NO_SESSION", "UNCOUNTED_METHODS"]
 
 log = logging.getLogger("vtalloc.server")
 
@@ -39,9 +61,11 @@ class SessionLimits:
     max_sessions_per_uid: int = 256
     max_pending_per_uid: int = 16
     hello_timeout_s: float = 2.0
+    max_rpcs_per_uid: int = 512             # gRPC calls at once (Note [Calls per uid]); a session's
+                                            # Watch is one, so above max_sessions_per_uid by default
 
     def __post_init__(self) -> None:
-        for name in ("max_sessions_per_uid", "max_pending_per_uid"):
+        for name in ("max_sessions_per_uid", "max_pending_per_uid", "max_rpcs_per_uid"):
             v = getattr(self, name)
             if type(v) is not int or not 1 <= v <= _MAX_SLOTS:
                 raise InvalidArgumentError(f"{name} must be an integer 1 .. {_MAX_SLOTS}, got {v!r}")
@@ -83,13 +107,123 @@ class RefusalLog:
         self._clock = clock
         self._last: dict[tuple[int, str], tuple[float, int]] = {}  # -> (logged at, refused since)
 
-    def refused(self, uid: int, pid: int, slots: UidSlots, why: str) -> None:
+    def refused(self, uid: int, pid: int, slots: UidSlots, why: str, *, who: str | None = None) -> None:
+        """``who``: what was refused (default: a side-channel connection from ``pid``, ``uid``)."""
         key = (uid, slots.option)
         now = self._clock()
         at, since = self._last.get(key, (None, 0))
         if at is None or now - at >= REFUSAL_LOG_EVERY_S:
             more = f" ({since} more refused since the last line)" if since else ""
-            log.warning("side channel from pid %d uid %d refused: %s%s", pid, uid, why, more)
+            log.warning("%s refused: %s%s", who or f"side channel from pid {pid} uid {uid}", why, more)
             self._last[key] = (now, 0)
         else:
             self._last[key] = (at, since + 1)
+
+
+NO_SESSION = -1   # the caller of every call without a live session (UidSlots key)
+UNCOUNTED_METHODS = frozenset({"/grpc.health.v1.Health/Check"})
+
+
+class RpcSlots:
+    """Calls in progress per caller and in all (Note [Calls per uid]); not thread-safe: the event loop's."""
+
+    def __init__(self, per_uid: int, total: int) -> None:
+        self.per_uid = UidSlots("gRPC calls in progress", "--max-rpcs-per-uid", per_uid)
+        self.total_limit = total
+        self.total = 0                       # calls of non-admin callers
+
+    def take(self, caller: int, admin: bool) -> None:
+        if caller == NO_SESSION and self.per_uid.held(caller) >= self.per_uid.limit:
+            raise LimitExceededError(
+                f"{self.per_uid.held(caller)} gRPC calls without a session are in progress on this vtalloc daemon, "
+                f"their limit (--max-rpcs-per-uid {self.per_uid.limit}); try again later")
+        self.per_uid.take(caller)
+        if admin:
+            return
+        if self.total >= self.total_limit:
+            self.per_uid.give_back(caller)
+            raise LimitExceededError(
+                f"{self.total} gRPC calls are in progress on this vtalloc daemon, its limit "
+                f"(--max-concurrent-rpcs {self.total_limit}); try again later, or ask the node's operator to raise it")
+        self.total += 1
+
+    def give_back(self, caller: int, admin: bool) -> None:
+        self.per_uid.give_back(caller)
+        if not admin:
+            self.total -= 1
+
+
+class RpcLimiter(grpc.aio.ServerInterceptor):
+    """Takes a slot of :class:`RpcSlots` when a call's handler starts, gives it back when it ends."""
+
+    def __init__(self, slots: RpcSlots, identify: Callable[[str | None], tuple[int, bool]]) -> None:
+        self.slots = slots
+        self._identify = identify            # token -> (uid, admin); raises UnauthenticatedError
+        self._refusals = RefusalLog()
+
+    def _caller(self, metadata: Any) -> tuple[int, bool]:
+        token = None
+        for key, value in metadata or ():
+            if key == SESSION_KEY:
+                token = value if isinstance(value, str) else None
+        if token is None:
+            return NO_SESSION, False
+        try:
+            return self._identify(token)
+        except UnauthenticatedError:
+            return NO_SESSION, False
+
+    async def intercept_service(self, continuation: Continuation,
+                                details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler:
+        handler = await continuation(details)
+        if handler is None or details.method in UNCOUNTED_METHODS:
+            return handler
+        method, metadata, slots = details.method, details.invocation_metadata, self.slots
+
+        async def enter(context: grpc.aio.ServicerContext) -> tuple[int, bool]:
+            """The caller's slots, or the call ends here (abort raises)."""
+            caller, admin = self._caller(metadata)
+            try:
+                slots.take(caller, admin)
+            except LimitExceededError as e:
+                who = "gRPC call without a session" if caller == NO_SESSION else f"gRPC call of uid {caller}"
+                self._refusals.refused(caller, 0, slots.per_uid, f"{method}: {e}", who=who)
+                await abort(context, e, method)
+            return caller, admin
+
+        def unary(inner: Callable) -> Callable:
+            async def call(request: Any, context: grpc.aio.ServicerContext) -> Any:
+                held = await enter(context)
+                try:
+                    result = inner(request, context)
+                    return await result if hasattr(result, "__await__") else result
+                finally:
+                    slots.give_back(*held)
+            return call
+
+        def stream(inner: Callable) -> Callable:
+            async def call(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
+                held = await enter(context)
+                try:
+                    result = inner(request, context)
+                    if hasattr(result, "__aiter__"):
+                        async for item in result:
+                            yield item
+                    elif hasattr(result, "__await__"):
+                        await result  # a handler that writes with context.write
+                    else:
+                        for item in result:
+                            yield item
+                finally:
+                    slots.give_back(*held)
+            return call
+
+        for kind, wrap, make in (("unary_unary", unary, grpc.unary_unary_rpc_method_handler),
+                                 ("stream_unary", unary, grpc.stream_unary_rpc_method_handler),
+                                 ("unary_stream", stream, grpc.unary_stream_rpc_method_handler),
+                                 ("stream_stream", stream, grpc.stream_stream_rpc_method_handler)):
+            inner = getattr(handler, kind)
+            if inner is not None:
+                return make(wrap(inner), request_deserializer=handler.request_deserializer,
+                            response_serializer=handler.response_serializer)
+        return handler

@@ -7,13 +7,22 @@ standard ``process_*`` metrics). Invariants: every ``vtalloc_*`` series carries 
 ``backend`` and ``device`` labels; a page mapped under live allocations is "resident" here as
 in the CLI and the protobuf (ClientReport.pages_resident, PAGE_USE_RESIDENT); a scrape reads one
 consistent ledger snapshot and changes nothing; counters only ever grow (client-reported
-counters are summed as deltas).
+counters are summed as deltas); the HTTP server holds at most METRICS_MAX_CONNECTIONS
+connections (more are closed at once), each for at most METRICS_REQUEST_DEADLINE_S and
+idle at most METRICS_IDLE_TIMEOUT_S, one request per connection: whoever reaches the port
+(any local user, on the default 127.0.0.1) cannot make the daemon hold more descriptors or
+threads than that.
 """
 
 from __future__ import annotations
 
+import logging
+import socket
+import threading
 import time
+from socketserver import ThreadingMixIn
 from typing import Iterator
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 from prometheus_client import ProcessCollector
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily
@@ -24,7 +33,15 @@ from vtalloc.allocator.errors import InternalError
 from .ledger import Ledger
 from .protocol.rpc import NODE_COUNTERS
 
-__all__ = ["LedgerCollector", "make_registry", "start_metrics_server", "version", "NODE_LABELS"]
+__all__ = ["LedgerCollector", "make_registry", "start_metrics_server", "version", "NODE_LABELS",
+           "METRICS_MAX_CONNECTIONS", "METRICS_IDLE_TIMEOUT_S", "METRICS_REQUEST_DEADLINE_S"]
+
+log = logging.getLogger("vtalloc.server")
+
+METRICS_MAX_CONNECTIONS = 16      # a scraper needs one; a few for people with curl
+METRICS_IDLE_TIMEOUT_S = 5.0      # a connection that sends nothing this long is closed
+METRICS_REQUEST_DEADLINE_S = 10.0  # and none is held longer, however slowly it sends
+_REFUSAL_LOG_EVERY_S = 10.0
 
 # (node counter, metric name without _total, help); every node counter (NODE_COUNTERS, the
 # proto's list) has its metric: a counter added to the proto without one fails the import.
@@ -139,8 +156,95 @@ def make_registry(ledger: Ledger) -> CollectorRegistry:
     return registry
 
 
-def start_metrics_server(ledger: Ledger, port: int, addr: str = "127.0.0.1"):
-    """Serve /metrics on ``addr:port`` (0: any free port); returns (http server, thread)."""
-    from prometheus_client import start_http_server
+class _Handler(WSGIRequestHandler):
+    """One request per connection (HTTP/1.0), idle at most METRICS_IDLE_TIMEOUT_S; no access log."""
 
-    return start_http_server(port, addr=addr, registry=make_registry(ledger))
+    timeout = METRICS_IDLE_TIMEOUT_S
+
+    def log_message(self, format: str, *args: object) -> None:  # noqa: A002 - the base class's name
+        pass
+
+
+class _BoundedServer(ThreadingMixIn, WSGIServer):
+    """A thread per connection, at most METRICS_MAX_CONNECTIONS of them, each closed by
+    METRICS_REQUEST_DEADLINE_S; connections over the bound are closed at once (and counted)."""
+
+    daemon_threads = True
+    block_on_close = False   # stopping never waits for a connection (each ends by its deadline anyway)
+    max_connections = METRICS_MAX_CONNECTIONS
+    deadline_s = METRICS_REQUEST_DEADLINE_S
+
+    def __init__(self, *args, **kwargs) -> None:
+        self._lock = threading.Lock()
+        self.active = 0
+        self.refused = 0
+        self._logged_at: float | None = None
+        self._refused_since_log = 0
+        super().__init__(*args, **kwargs)
+
+    def verify_request(self, request, client_address) -> bool:
+        with self._lock:
+            if self.active < self.max_connections:
+                self.active += 1
+                return True
+            self.refused += 1
+            now = time.monotonic()
+            if self._logged_at is not None and now - self._logged_at < _REFUSAL_LOG_EVERY_S:
+                self._refused_since_log += 1
+                return False
+            more = f" ({self._refused_since_log} more since the last line)" if self._refused_since_log else ""
+            self._logged_at, self._refused_since_log = now, 0
+        log.warning("metrics: connection from %s closed at once: %d connections open, the limit%s",
+                    client_address[0] if client_address else "?", self.max_connections, more)
+        return False
+
+    def process_request(self, request, client_address) -> None:
+        try:
+            super().process_request(request, client_address)
+        except BaseException:  # no thread to serve it: the slot comes back, the socket is closed
+            self._done(request)
+            raise
+
+    def process_request_thread(self, request, client_address) -> None:
+        # Past the deadline the connection is shut down, which ends any read or write on it.
+        timer = threading.Timer(self.deadline_s, _shut, (request,))
+        timer.daemon = True
+        try:
+            timer.start()
+            super().process_request_thread(request, client_address)
+        finally:
+            timer.cancel()
+            self._done(None)
+
+    def _done(self, request) -> None:
+        with self._lock:
+            self.active -= 1
+        if request is not None:
+            self.shutdown_request(request)
+
+    def handle_error(self, request, client_address) -> None:
+        """A client that timed out, hung up or sent garbage: its connection ends, nothing more."""
+        log.debug("metrics: connection from %s ended with an error", client_address, exc_info=True)
+
+
+def _shut(sock: socket.socket) -> None:
+    try:
+        sock.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass
+
+
+def start_metrics_server(ledger: Ledger, port: int, addr: str = "127.0.0.1"):
+    """Serve /metrics on ``addr:port`` (0: any free port), within the bounds above; returns
+    (http server, thread)."""
+    from prometheus_client import make_wsgi_app
+
+    family = socket.AF_INET6 if ":" in addr else socket.AF_INET
+
+    class Server(_BoundedServer):
+        address_family = family
+
+    httpd = make_server(addr, port, make_wsgi_app(make_registry(ledger)), Server, handler_class=_Handler)
+    thread = threading.Thread(target=httpd.serve_forever, name="vtalloc-metrics", daemon=True)
+    thread.start()
+    return httpd, thread

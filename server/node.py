@@ -25,6 +25,8 @@ judged then. If it misses:
   already mapped in another process), reclaims its pages, and serves the lease;
 - otherwise (the requester is borrowing above its minimum), the lease fails with
   RESOURCE_EXHAUSTED (NodeShortError) and the laggard keeps running.
+The daemon's own stalls never make a client late: loop_stalls.wait_judged extends the
+deadline by them and re-checks; with no room left before the lease's deadline, nobody is judged.
 After a kill the lease waits up to KILL_WAIT_S more for the
 laggard's pages. Every miss and every kill is counted (metrics, stats). ``vtalloc serve --no-kill`` makes
 every miss fail the lease. Pages the laggard returns late still go back to the page pool.
@@ -45,11 +47,12 @@ from vtalloc.allocator.pool import PagePool
 
 from .ledger import Ledger
 from .limits import RefusalLog, SessionLimits, UidSlots
+from .loop_stalls import LoopStalls, wait_judged
 from .protocol.errors import FailedPreconditionError, LimitExceededError, NodeShortError, ServiceUnavailableError, echo
 from .protocol.side_channel import MAX_FDS_PER_MESSAGE, PROTOCOL_VERSION, ProtocolError, version_of
 from .quota import Quota
 from .records import SESSION_KINDS, EvictTicket, Session
-from .side_channel import AcceptFailures, AsyncConnection, peer_credentials, peer_pidfd
+from .side_channel import AcceptFailures, AsyncConnection, Closer, peer_credentials, peer_pidfd
 from .state_file import process_start_ticks
 
 __all__ = ["Node", "EvictEvent", "QuotaEvent", "ShutdownEvent", "EvictOutcome"]
@@ -61,8 +64,6 @@ REFUSE_SEND_TIMEOUT_S = 0.1  # a refusal is one small datagram on a new connecti
                              # a refused new connection's hello is waited for this long
 KILL_WAIT_S = 2.0
 REPLY_MARGIN_S = 0.2  # a lease stops waiting this long before its RPC's deadline, to answer in time
-
-
 @dataclass(frozen=True)
 class EvictEvent:
     request_id: int
@@ -110,6 +111,8 @@ class Node:
                                  limits.max_pending_per_uid)
         self._sessions = UidSlots("open sessions", "--max-sessions-per-uid", limits.max_sessions_per_uid)
         self._refusals = RefusalLog()
+        self._closer = Closer()
+        self.stalls = LoopStalls()
         self._peers: dict[str, _Peer] = {}
         self._wake: asyncio.Future[None] | None = None
         self._tasks: set[asyncio.Task] = set()
@@ -152,6 +155,7 @@ class Node:
         loop = asyncio.get_running_loop()
         listener.setblocking(False)
         failures = AcceptFailures()
+        self.stalls.start()
         while True:
             try:
                 sock, _ = await loop.sock_accept(listener)
@@ -168,9 +172,9 @@ class Node:
         try:
             pid, uid, gid = peer_credentials(sock)
         except OSError:
-            sock.close()
+            self._closer.close(-1, [sock.detach()])  # never on the loop: side_channel.py, Note [Closing off the loop]
             return
-        conn = AsyncConnection(sock, loop)
+        conn = AsyncConnection(sock, loop, self._closer, uid)
         pidfd = None
         peer: _Peer | None = None
         held: list[UidSlots] = []
@@ -207,7 +211,7 @@ class Node:
             pass  # refused and logged by _take
         except (ProtocolError, asyncio.TimeoutError, TimeoutError) as e:
             self.ledger.count_protocol_error()
-            log.warning("side channel from pid %d uid %d dropped: %s", pid, uid, e)
+            log.warning("side channel from pid %d uid %d dropped: %s", pid, uid, str(e) or type(e).__name__)
         except (EOFError, OSError):
             pass
         except Exception:  # noqa: BLE001 - a bug here ends this connection, never the daemon
@@ -215,11 +219,10 @@ class Node:
         finally:
             if peer is not None:
                 self._end(peer, clean=False)
-            conn.close()
             if pidfd is not None and peer is None:
                 os.close(pidfd)
-            for slots in held:
-                slots.give_back(uid)
+            # The slots come back once the connection is closed: what a uid leaves in the Closer is bounded.
+            conn.close(then=lambda: [slots.give_back(uid) for slots in held])
 
     async def _take(self, slots: UidSlots, held: list[UidSlots], conn: AsyncConnection, pid: int, uid: int) -> None:
         """A slot of ``slots`` for ``uid`` (added to ``held``), or: log, tell the client why
@@ -380,9 +383,13 @@ class Node:
         def enough() -> bool:
             return self.ledger.free_pages() >= pages
 
-        if await self._wait(enough, evict_by - loop.time()):
+        answered = await wait_judged(self._wait, self.stalls, enough, evict_by, deadline)
+        if answered is not False:
             for t in tickets:
                 self.ledger.close_eviction(t, judge=False)
+            if answered is None:
+                log.warning("the daemon's event loop stalled during an eviction request; nobody is judged late, "
+                            "and the lease of %d pages for %s fails", pages, requester.principal)
             return
         missed = [t for t in tickets if self.ledger.close_eviction(t, judge=True)]
         if not missed:
@@ -439,9 +446,10 @@ class Node:
         if t is None:
             raise FailedPreconditionError(f"session {session_id} has ended")
         end = loop.time() + deadline_s
-        await self._wait(lambda: t.returned >= t.asked or not target.live, end - loop.time())
+        answered = await wait_judged(self._wait, self.stalls, lambda: t.returned >= t.asked or not target.live,
+                                     end, end + deadline_s)  # stalls extend it up to twice the deadline
         returned = t.returned
-        missed = self.ledger.close_eviction(t, judge=True)
+        missed = self.ledger.close_eviction(t, judge=answered is False)
         killed = False
         if missed and kill_on_miss:
             peer = self._peers.get(target.session_id)
@@ -487,6 +495,7 @@ class Node:
     async def close(self) -> None:
         """End every session (their mapped pages stay valid in the clients) and the page pool."""
         self._closing = True
+        self.stalls.stop()
         for peer in list(self._peers.values()):
             self._end(peer, clean=True)
         for task in list(self._tasks):

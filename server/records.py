@@ -13,7 +13,8 @@ from dataclasses import dataclass, field
 from .protocol.rpc import MAX_LEASE_PAGES, MAX_RETURN_PAGES, NODE_COUNTERS
 from .views import ClientReport
 
-__all__ = ["SESSION_KINDS", "NodeGeometry", "NodeCounters", "SessionCounters", "Session", "EvictTicket", "Holder"]
+__all__ = ["SESSION_KINDS", "NodeGeometry", "NodeCounters", "SessionCounters", "Session", "EvictTicket", "Holder",
+           "MAX_HOLDER_BYTES", "add_bytes"]
 
 SESSION_KINDS = ("client", "observer")
 # The node's counters: one int field per field of pages.proto's Counters message.
@@ -90,4 +91,12 @@ class Holder:
     pid: int
     start_ticks: int                                      # field 22 of /proc/<pid>/stat when recorded
     uid: int
-    bytes: int
+    bytes: int                                            # at most MAX_HOLDER_BYTES
+
+
+MAX_HOLDER_BYTES = 2 ** 63 - 1  # every field of a state-file entry is 0 .. this (state_file.py); sums saturate
+
+
+def add_bytes(a: int, b: int) -> int:
+    """``a + b``, at most MAX_HOLDER_BYTES (a holder's bytes, summed from entries or sessions)."""
+    return min(a + b, MAX_HOLDER_BYTES)

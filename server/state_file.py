@@ -9,7 +9,10 @@ another process, or a file from before a reboot, never counts.
 Invariants: loading never raises and never trusts a file it did not write: one that is
 unreadable, not valid JSON, of another format, boot, backend or device, owned by another uid,
 open to other users, or too large is ignored whole (logged); a malformed entry is dropped
-alone (logged). Writing is skipped when the content has not changed. No fsync: the file
+alone (logged); entries for one pid are merged (the same process: bytes added, saturating at
+2**63-1, logged when they do; another start time or uid: the later one dropped, logged), so
+what is loaded is within the bounds the loader checks, and so is what is written back.
+Writing is skipped when the content has not changed; a failed write leaves no temporary file. No fsync: the file
 only has to survive the daemon's death (the kernel keeps its page cache), and after a crash
 of the machine no process it names is left.
 """
@@ -22,7 +25,7 @@ import os
 import stat
 from dataclasses import asdict
 
-from .records import Holder
+from .records import MAX_HOLDER_BYTES, Holder, add_bytes
 
 __all__ = ["STATE_FORMAT", "Holder", "StateFile", "boot_id", "process_start_ticks"]
 
@@ -30,7 +33,7 @@ log = logging.getLogger("vtalloc.server")
 
 STATE_FORMAT = "vtalloc.state/v1"
 _MAX_STATE_BYTES = 4 << 20            # far above any real node's (one short entry per process)
-_MAX_VALUE = 2 ** 63 - 1
+_MAX_VALUE = MAX_HOLDER_BYTES
 
 
 def boot_id() -> str:
@@ -88,13 +91,26 @@ class StateFile:
             log.warning("state file %s is for %s:%s, another device than this daemon's %s:%s; ignored", self.path,
                         doc.get("backend"), doc.get("device"), backend, device)
             return []
-        holders = []
+        by_pid: dict[int, Holder] = {}
         for i, entry in enumerate(doc.get("holders") or []):
             try:
-                holders.append(_holder(entry))
+                h = _holder(entry)
             except ValueError as e:
                 log.error("state file %s: entry %d dropped: %s", self.path, i, e)
-        return holders
+                continue
+            old = by_pid.get(h.pid)
+            if old is None:
+                by_pid[h.pid] = h
+            elif (old.start_ticks, old.uid) != (h.start_ticks, h.uid):
+                log.error("state file %s: entry %d dropped: pid %d is named before with another start time or uid",
+                          self.path, i, h.pid)
+            else:
+                total = add_bytes(old.bytes, h.bytes)
+                if total < old.bytes + h.bytes:
+                    log.error("state file %s: entry %d: pid %d's entries add up past %d bytes; counted as %d",
+                              self.path, i, h.pid, _MAX_VALUE, total)
+                by_pid[h.pid] = Holder(h.pid, h.start_ticks, h.uid, total)
+        return list(by_pid.values())
 
     def _read(self) -> dict:
         fd = os.open(self.path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
@@ -133,12 +149,19 @@ class StateFile:
         tmp = f"{self.path}.{os.getpid()}.tmp"
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
         try:
-            os.fchmod(fd, 0o600)
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view):]
-        finally:
-            os.close(fd)
-        os.replace(tmp, self.path)
+            try:
+                os.fchmod(fd, 0o600)
+                view = memoryview(data)
+                while view:
+                    view = view[os.write(fd, view):]
+            finally:
+                os.close(fd)
+            os.replace(tmp, self.path)
+        except BaseException:  # ENOSPC, EIO, a failed rename...: the temporary file goes too
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
+            raise
         self._last = data
         return True

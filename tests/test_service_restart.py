@@ -282,3 +282,62 @@ def test_without_pidfd_an_inherited_exit_is_seen_by_polling_proc(tmp_path, monke
     finally:
         sleeper.kill()
         sleeper.wait()
+
+
+def _write_holders(path, holders: list[dict]) -> None:
+    doc = {"format": STATE_FORMAT, "boot_id": boot_id(), "daemon_pid": 1, "backend": "host", "device": 0,
+           "holders": holders}
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as f:
+        json.dump(doc, f)
+
+
+def test_entries_for_one_pid_add_up_within_the_loaders_bounds(tmp_path, caplog):
+    """Issue 23: two entries of 2**63-1 bytes for one pid were summed to 2**64-2 and written back
+    out of the loader's own bounds (the next daemon then dropped the entry: nothing inherited)."""
+    from vtalloc.server.inherited import Inherited
+    from vtalloc.server.records import MAX_HOLDER_BYTES
+
+    path = str(tmp_path / "x.state")
+    me = {"pid": os.getpid(), "start_ticks": process_start_ticks(os.getpid()), "uid": os.getuid()}
+    other = dict(me, start_ticks=me["start_ticks"] + 1)
+    _write_holders(path, [dict(me, bytes=MAX_HOLDER_BYTES), dict(me, bytes=MAX_HOLDER_BYTES),
+                        dict(other, bytes=5)])
+    sf = StateFile(path)
+    with caplog.at_level(logging.ERROR, logger="vtalloc.server"):
+        loaded = sf.load("host", 0)
+    assert loaded == [Holder(**me, bytes=MAX_HOLDER_BYTES)]
+    assert f"add up past {MAX_HOLDER_BYTES} bytes" in caplog.text
+    assert "entry 2 dropped: pid" in caplog.text and "another start time" in caplog.text
+    inherited = Inherited(PAGE_MIB * MiB)
+    for h in loaded + loaded:          # a holder added twice still saturates
+        inherited.add(h)
+    written = inherited.holders([])
+    assert written == [Holder(**me, bytes=MAX_HOLDER_BYTES)]
+    sf.write("host", 0, written)
+    assert max(h["bytes"] for h in read_state(path)["holders"]) <= MAX_HOLDER_BYTES
+    caplog.clear()
+    with caplog.at_level(logging.ERROR, logger="vtalloc.server"):
+        assert StateFile(path).load("host", 0) == written     # loadable again, nothing dropped
+    assert "dropped" not in caplog.text
+
+
+@pytest.mark.parametrize("fail", ["write", "replace"])
+def test_a_failed_state_file_write_leaves_no_temporary_file(tmp_path, monkeypatch, fail):
+    import errno
+
+    from vtalloc.server import state_file
+
+    sf = StateFile(str(tmp_path / "x.state"))
+    me = Holder(os.getpid(), process_start_ticks(os.getpid()), os.getuid(), 5 * MiB)
+
+    def no_space(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(state_file.os, fail, no_space)
+    with pytest.raises(OSError, match="No space"):
+        sf.write("host", 0, [me])
+    monkeypatch.undo()
+    assert os.listdir(tmp_path) == []
+    assert sf.write("host", 0, [me]) is True        # not remembered as written
+    assert sorted(os.listdir(tmp_path)) == ["x.state"]
