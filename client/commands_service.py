@@ -32,7 +32,9 @@ __all__ = ["register", "Backend"]
 Backend = enum.Enum("Backend", {b: b for b in BACKENDS}, type=str)  # type: ignore[misc]
 
 _SOCKET_HELP = "The daemon's socket (unix:///path or a path). Default: $VTALLOC_SOCKET, else vtalloc.sock " \
-               "in $XDG_RUNTIME_DIR/vtalloc, /run/vtalloc (root) or /tmp/vtalloc-<uid>."
+               "in $XDG_RUNTIME_DIR/vtalloc, /run/vtalloc (root) or /tmp/vtalloc-<uid>. Clients use it only if " \
+               "its directory, the sockets and the daemon are their own uid's, root's or a uid in " \
+               "$VTALLOC_DAEMON_UIDS."
 
 
 def register(app: typer.Typer, *, fail: Callable[[str, int], NoReturn], console: Console,
@@ -409,22 +411,29 @@ def register(app: typer.Typer, *, fail: Callable[[str, int], NoReturn], console:
         from vtalloc.server.protocol.address import UNIX_SCHEME, default_socket_path, parse_address
         from vtalloc.server.protocol.rpc import SERVICE_NAMES
 
+        from .session import verify_daemon
+
         path = parse_address(socket or default_socket_path())
-        services: dict[str, str] = {}
-        with grpc.insecure_channel(UNIX_SCHEME + path) as channel:
-            stub = health_pb2_grpc.HealthStub(channel)
-            for name in ("", *SERVICE_NAMES):
-                try:
-                    r = stub.Check(health_pb2.HealthCheckRequest(service=name), timeout=timeout)
-                    services[name or "(server)"] = health_pb2.HealthCheckResponse.ServingStatus.Name(r.status)
-                except grpc.RpcError as e:
-                    services[name or "(server)"] = "UNREACHABLE" if e.code() == grpc.StatusCode.UNAVAILABLE \
-                        else e.code().name
+        services: dict[str, str] = {"(server)": "UNREACHABLE"}
         side_ok, side_error = True, None
         try:
-            open_session(socket, timeout).close()
+            verify_daemon(path, timeout)  # nothing is sent to a daemon this user does not trust
         except VtallocError as e:
             side_ok, side_error = False, str(e)
+        if side_ok:
+            with grpc.insecure_channel(UNIX_SCHEME + path) as channel:
+                stub = health_pb2_grpc.HealthStub(channel)
+                for name in ("", *SERVICE_NAMES):
+                    try:
+                        r = stub.Check(health_pb2.HealthCheckRequest(service=name), timeout=timeout)
+                        services[name or "(server)"] = health_pb2.HealthCheckResponse.ServingStatus.Name(r.status)
+                    except grpc.RpcError as e:
+                        services[name or "(server)"] = "UNREACHABLE" if e.code() == grpc.StatusCode.UNAVAILABLE \
+                            else e.code().name
+            try:
+                open_session(socket, timeout).close()
+            except VtallocError as e:
+                side_ok, side_error = False, str(e)
         status = services["(server)"] if side_ok else "UNREACHABLE"
         doc = {"schema": render.HEALTH_SCHEMA, "address": UNIX_SCHEME + path, "status": status,
                "services": services, "side_channel": side_ok, "error": side_error}

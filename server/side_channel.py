@@ -1,7 +1,7 @@
 """The daemon's end of the side channel: peer identity and one connection on the event loop.
 
-Owns: the socket calls only the daemon makes: peer identity (``SO_PEERCRED``, and a pidfd
-from ``SO_PEERPIDFD`` or ``pidfd_open``) and :class:`AsyncConnection` (non-blocking receive
+Owns: the socket calls only the daemon makes: peer identity (``SO_PEERCRED`` through
+protocol/rendezvous.py, which clients use too, and a pidfd from ``SO_PEERPIDFD`` or ``pidfd_open``) and :class:`AsyncConnection` (non-blocking receive
 and bounded send on the event loop). The wire format both ends speak is in
 vtalloc.server.protocol.side_channel. A connection *is* a session: the daemon ends the
 session (and takes its pages back) when the connection closes or the peer process exits.
@@ -31,6 +31,7 @@ import struct
 import time
 from typing import Any
 
+from .protocol.rendezvous import peer_credentials
 from .protocol.side_channel import FD_BYTES, encode, parse_datagram, recv_datagram, send_datagram
 
 __all__ = ["peer_credentials", "peer_pidfd", "AsyncConnection", "AcceptFailures"]
@@ -42,14 +43,8 @@ ACCEPT_BACKOFF_MAX_S = 0.5
 ACCEPT_LOG_EVERY_S = 10.0
 
 _SO_PEERPIDFD = getattr(socket, "SO_PEERPIDFD", 77)  # Linux >= 6.5; older Pythons lack the name
-_CRED = struct.Struct("3i")                          # struct ucred: pid, uid, gid
 # A client may send no descriptors; room for a few lets recvmsg see (and refuse) any it sends.
 _STRAY_FDS_SEEN = 4
-
-
-def peer_credentials(sock: socket.socket) -> tuple[int, int, int]:
-    """(pid, uid, gid) of the process that connected, as the kernel recorded them."""
-    return _CRED.unpack(sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _CRED.size))
 
 
 def peer_pidfd(sock: socket.socket, pid: int) -> int | None:
