@@ -1,6 +1,6 @@
-"""Trust at the rendezvous (issue 23, item 1): a client uses only a socket directory, sockets
+"""Trust at the rendezvous (issue 23, items 1 and 8): a client uses only a socket directory, sockets
 and a daemon of its own uid, root's or a uid it names ($VTALLOC_DAEMON_UIDS), and checks them
-before it sends a byte.
+before it sends a byte; the daemon uses an existing directory only as it is.
 
 Other uids (ATTACKER has no passwd entry: root may run processes as any uid) need root; those
 tests skip otherwise. Each attack is made against a real daemon (or a fake listener, to see that
@@ -13,6 +13,7 @@ import json
 import os
 import shutil
 import socket
+import stat
 import subprocess
 import sys
 import textwrap
@@ -198,3 +199,65 @@ def test_health_checks_the_rendezvous_before_asking(daemon):
         os.chmod(run, 0o750)
     doc = json.loads(r.stdout)
     assert r.returncode == 1 and doc["status"] == "UNREACHABLE" and "writable by group" in doc["error"]
+
+
+# -- the daemon's side (items 1 and 8) ------------------------------------------------------------
+
+def serve(sock: Path, *args: str) -> subprocess.CompletedProcess:
+    """``vtalloc serve`` that must refuse to start (a timeout means it served)."""
+    return subprocess.run([sys.executable, "-m", "vtalloc.client.cli", "serve", "--backend", "host",
+                           "--capacity", "16MiB", "--socket", str(sock), *args],
+                          capture_output=True, text=True, timeout=60, env=child_env())
+
+
+def said(r: subprocess.CompletedProcess) -> str:
+    """stderr as one line (the console wraps it at 80 columns)."""
+    return " ".join(r.stderr.split())
+
+
+def _mode_and_group(path: Path) -> tuple[int, int]:
+    st = os.lstat(path)
+    return stat.S_IMODE(st.st_mode), st.st_gid
+
+
+@needs_root
+@pytest.mark.parametrize("mode, gid, why", [
+    (0o700, NOGROUP, "members of --group nogroup cannot enter it"),  # private: never loosened
+    (0o750, 0, "belongs to group root (gid 0), not to --group nogroup"),  # never chgrp'ed
+])
+def test_serve_group_never_changes_a_directory_it_did_not_create(run_dir, mode, gid, why):
+    make_dir(run_dir, mode, gid=gid)
+    r = serve(run_dir / "vtalloc.sock", "--group", "nogroup")
+    assert r.returncode == 1 and why in said(r) and "Traceback" not in r.stderr, r.stderr
+    assert _mode_and_group(run_dir) == (mode, gid) and not os.listdir(run_dir)
+
+
+@needs_root
+def test_serve_group_uses_a_fitting_directory_as_it_is(run_dir):
+    make_dir(run_dir, 0o710, gid=NOGROUP)  # enterable by the group, as its owner chose
+    with Daemon(run_dir.parent, capacity="16MiB", args=("--group", "nogroup")):
+        assert _mode_and_group(run_dir) == (0o710, NOGROUP)
+    assert _mode_and_group(run_dir) == (0o710, NOGROUP)
+
+
+@pytest.mark.parametrize("mode", [0o770, 0o730])
+def test_serve_refuses_a_directory_writable_by_its_group(run_dir, mode):
+    make_dir(run_dir, mode)
+    r = serve(run_dir / "vtalloc.sock")
+    assert r.returncode == 1 and f"mode 0{mode:o}: writable by group" in said(r), r.stderr
+    assert stat.S_IMODE(os.lstat(run_dir).st_mode) == mode and not os.listdir(run_dir)
+
+
+def test_serve_refuses_a_symlinked_directory(run_dir):
+    real = make_dir(run_dir.parent / "real", 0o750)
+    run_dir.symlink_to(real)
+    r = serve(run_dir / "vtalloc.sock")
+    assert r.returncode == 1 and "is a symbolic link" in said(r), r.stderr
+    assert not os.listdir(real)
+
+
+@needs_root
+def test_serve_refuses_a_directory_of_another_uid(run_dir):
+    make_dir(run_dir, 0o750, uid=ATTACKER)
+    r = serve(run_dir / "vtalloc.sock")
+    assert r.returncode == 1 and f"belongs to uid {ATTACKER}" in said(r), r.stderr
