@@ -104,7 +104,9 @@ def register(app: typer.Typer, *, fail: Callable[[str, int], NoReturn], console:
         metrics_port: Optional[int] = typer.Option(None, help="Serve Prometheus metrics on this port (0: any free "
                                                    "port, printed in the ready line)."),
         metrics_addr: str = typer.Option("127.0.0.1", help="Address the metrics server binds."),
-        group: Optional[str] = typer.Option(None, help="Group allowed to reach the sockets (directory mode 0750)."),
+        group: Optional[str] = typer.Option(None, help="Group allowed to reach the sockets: a socket directory the "
+                                            "daemon creates gets it (mode 0750); an existing one is never changed "
+                                            "and must have it already."),
         admin_uid: list[int] = typer.Option([], help="A uid allowed admin calls, besides root and the daemon's own "
                                             "(repeatable)."),
         quota: list[str] = typer.Option([], help="PRINCIPAL=MIN:MAX, e.g. uid:1000=1GiB:8GiB (repeatable)."),
@@ -161,6 +163,10 @@ def register(app: typer.Typer, *, fail: Callable[[str, int], NoReturn], console:
 
         try:
             run_daemon(config, log_level=log_level, then=note)
+        except InvalidArgumentError as e:  # an option the backend judged (page size, capacity, quotas)
+            if is_debug():
+                raise
+            fail(str(e), 2)
         except (VtallocError, OSError) as e:  # the socket directory, another daemon, the backend: runtime
             if is_debug():
                 raise
