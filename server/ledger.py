@@ -74,11 +74,7 @@ class Ledger:
         self._started = clock()
         self._lock = threading.RLock()
         cap = geometry.capacity_bytes
-        self._default_quota = default_quota or Quota("", 0, cap)
-        if self._default_quota.min_bytes > cap:
-            raise InvalidArgumentError(
-                f"the default quota's minimum ({self._default_quota.min_bytes} bytes) is more than the node's "
-                f"capacity ({cap} bytes): a guarantee the node cannot keep")
+        self._default_quota = (default_quota or Quota("", 0, cap)).keepable(cap)
         self._quotas: dict[str, Quota] = {}
         self._principals = principals
         self._admin_uids = frozenset(admin_uids)
