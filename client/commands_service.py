@@ -32,7 +32,9 @@ __all__ = ["register", "Backend"]
 Backend = enum.Enum("Backend", {b: b for b in BACKENDS}, type=str)  # type: ignore[misc]
 
 _SOCKET_HELP = "The daemon's socket (unix:///path or a path). Default: $VTALLOC_SOCKET, else vtalloc.sock " \
-               "in $XDG_RUNTIME_DIR/vtalloc, /run/vtalloc (root) or /tmp/vtalloc-<uid>."
+               "in $XDG_RUNTIME_DIR/vtalloc, /run/vtalloc (root) or /tmp/vtalloc-<uid>. Clients use it only if " \
+               "its directory, the sockets and the daemon are their own uid's, root's or a uid in " \
+               "$VTALLOC_DAEMON_UIDS."
 
 
 def register(app: typer.Typer, *, fail: Callable[[str, int], NoReturn], console: Console,
@@ -104,7 +106,9 @@ def register(app: typer.Typer, *, fail: Callable[[str, int], NoReturn], console:
         metrics_addr: str = typer.Option("127.0.0.1", help="Address the metrics server binds (on 127.0.0.1 "
                                          "every local user can reach it, not only --group; at most 16 "
                                          "connections, idle 5 s, 10 s each)."),
-        group: Optional[str] = typer.Option(None, help="Group allowed to reach the sockets (directory mode 0750)."),
+        group: Optional[str] = typer.Option(None, help="Group allowed to reach the sockets: a socket directory the "
+                                            "daemon creates gets it (mode 0750); an existing one is never changed "
+                                            "and must have it already."),
         admin_uid: list[int] = typer.Option([], help="A uid allowed admin calls, besides root and the daemon's own "
                                             "(repeatable)."),
         quota: list[str] = typer.Option([], help="PRINCIPAL=MIN:MAX, e.g. uid:1000=1GiB:8GiB (repeatable)."),
@@ -166,6 +170,10 @@ def register(app: typer.Typer, *, fail: Callable[[str, int], NoReturn], console:
 
         try:
             run_daemon(config, log_level=log_level, then=note)
+        except InvalidArgumentError as e:  # an option the backend judged (page size, capacity, quotas)
+            if is_debug():
+                raise
+            fail(str(e), 2)
         except (VtallocError, OSError) as e:  # the socket directory, another daemon, the backend: runtime
             if is_debug():
                 raise
@@ -416,22 +424,29 @@ def register(app: typer.Typer, *, fail: Callable[[str, int], NoReturn], console:
         from vtalloc.server.protocol.address import UNIX_SCHEME, default_socket_path, parse_address
         from vtalloc.server.protocol.rpc import SERVICE_NAMES
 
+        from .session import verify_daemon
+
         path = parse_address(socket or default_socket_path())
-        services: dict[str, str] = {}
-        with grpc.insecure_channel(UNIX_SCHEME + path) as channel:
-            stub = health_pb2_grpc.HealthStub(channel)
-            for name in ("", *SERVICE_NAMES):
-                try:
-                    r = stub.Check(health_pb2.HealthCheckRequest(service=name), timeout=timeout)
-                    services[name or "(server)"] = health_pb2.HealthCheckResponse.ServingStatus.Name(r.status)
-                except grpc.RpcError as e:
-                    services[name or "(server)"] = "UNREACHABLE" if e.code() == grpc.StatusCode.UNAVAILABLE \
-                        else e.code().name
+        services: dict[str, str] = {"(server)": "UNREACHABLE"}
         side_ok, side_error = True, None
         try:
-            open_session(socket, timeout).close()
+            verify_daemon(path, timeout)  # nothing is sent to a daemon this user does not trust
         except VtallocError as e:
             side_ok, side_error = False, str(e)
+        if side_ok:
+            with grpc.insecure_channel(UNIX_SCHEME + path) as channel:
+                stub = health_pb2_grpc.HealthStub(channel)
+                for name in ("", *SERVICE_NAMES):
+                    try:
+                        r = stub.Check(health_pb2.HealthCheckRequest(service=name), timeout=timeout)
+                        services[name or "(server)"] = health_pb2.HealthCheckResponse.ServingStatus.Name(r.status)
+                    except grpc.RpcError as e:
+                        services[name or "(server)"] = "UNREACHABLE" if e.code() == grpc.StatusCode.UNAVAILABLE \
+                            else e.code().name
+            try:
+                open_session(socket, timeout).close()
+            except VtallocError as e:
+                side_ok, side_error = False, str(e)
         status = services["(server)"] if side_ok else "UNREACHABLE"
         doc = {"schema": render.HEALTH_SCHEMA, "address": UNIX_SCHEME + path, "status": status,
                "services": services, "side_channel": side_ok, "error": side_error}

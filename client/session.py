@@ -1,6 +1,7 @@
 """A session with the per-node daemon: the side-channel connection, the gRPC channel, the token.
 
-Owns: opening a session (connect the side channel, say hello, receive the session token and
+Owns: opening a session (check that the rendezvous is trusted, protocol/rendezvous.py;
+connect the side channel, say hello, receive the session token and
 the node's geometry), calling RPCs with the token and a timeout on every call, receiving the
 page descriptors a lease pushes, and ending the session (``bye``). Every gRPC failure is
 raised as the service's typed errors (vtalloc.server.protocol.errors); a daemon that is gone gives
@@ -20,7 +21,7 @@ import socket
 import threading
 import weakref
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Iterable
 
 import grpc
 
@@ -28,11 +29,13 @@ from vtalloc.allocator._handle import Unique
 from vtalloc.allocator.errors import ClosedError, VtallocError
 from vtalloc.server.proto.vtalloc.v1 import admin_pb2_grpc, pages_pb2, pages_pb2_grpc
 from vtalloc.server.protocol.address import UNIX_SCHEME, default_socket_path, parse_address, side_channel_path
-from vtalloc.server.protocol.errors import PermissionDeniedError, ServiceUnavailableError, error_by_name, error_from_rpc
+from vtalloc.server.protocol.errors import (PermissionDeniedError, ServiceUnavailableError, UntrustedRendezvousError,
+                                            error_by_name, error_from_rpc)
+from vtalloc.server.protocol.rendezvous import check_directory, check_peer, check_socket, trusted_uids
 from vtalloc.server.protocol.rpc import MAX_REPLY_BYTES, SESSION_KEY
 from vtalloc.server.protocol.side_channel import PROTOCOL_VERSION, ProtocolError, connect, recv_message, send_message
 
-__all__ = ["ServiceSession", "SessionHello", "DEFAULT_RPC_TIMEOUT_S"]
+__all__ = ["ServiceSession", "SessionHello", "DEFAULT_RPC_TIMEOUT_S", "verify_daemon"]
 
 DEFAULT_RPC_TIMEOUT_S = 5.0
 log = logging.getLogger("vtalloc.client")
@@ -91,9 +94,49 @@ def _unavailable(path: str, e: OSError) -> VtallocError:
     return ServiceUnavailableError(f"no vtalloc daemon answers at {path} ({e.strerror or e}); start one with `vtalloc serve`")
 
 
+def _connect_trusted(socket_path: str, side_path: str, trusted: frozenset[int], timeout_s: float) -> socket.socket:
+    """The side channel, connected, once the rendezvous is trusted: the directory (and its
+    ancestors), both socket files, and the uid of the process behind each socket (the gRPC
+    socket through a connection opened and closed for the check; nobody else can replace the
+    socket after it, since nobody else can write the directory). Nothing has been sent yet."""
+    where = side_path
+    try:
+        check_directory(os.path.dirname(socket_path), trusted)
+        for where in (side_path, socket_path):
+            check_socket(where, trusted)
+        where = side_path
+        sock = connect(side_path, timeout_s)
+        try:
+            check_peer(sock, side_path, trusted)
+            where = socket_path
+            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC) as probe:
+                probe.settimeout(timeout_s)
+                probe.connect(socket_path)
+                check_peer(probe, socket_path, trusted)
+        except BaseException:
+            sock.close()
+            raise
+    except UntrustedRendezvousError:
+        raise
+    except OSError as e:
+        raise _unavailable(where, e) from None
+    return sock
+
+
+def verify_daemon(address: str, timeout_s: float = DEFAULT_RPC_TIMEOUT_S, daemon_uids: Iterable[int] = ()) -> None:
+    """Check, sending nothing, that the daemon at ``address`` is one this user trusts (as a
+    session does before its hello); UntrustedRendezvousError or ServiceUnavailableError if not."""
+    socket_path = parse_address(address)
+    _connect_trusted(socket_path, side_channel_path(socket_path), trusted_uids(daemon_uids), timeout_s).close()
+
+
 class ServiceSession(Unique):
     def __init__(self, address: str | None = None, *, kind: str = "client",
-                 timeout_s: float = DEFAULT_RPC_TIMEOUT_S) -> None:
+                 timeout_s: float = DEFAULT_RPC_TIMEOUT_S, daemon_uids: Iterable[int] = ()) -> None:
+        """Open a session with the daemon at ``address`` (default: the default socket). Before
+        anything is sent, the socket directory, both sockets and the daemon's uid are checked
+        (protocol/rendezvous.py): they must be this user's, root's, or a uid in ``daemon_uids``
+        or ``$VTALLOC_DAEMON_UIDS``; otherwise UntrustedRendezvousError."""
         self.address = address or UNIX_SCHEME + default_socket_path()
         self.socket_path = parse_address(self.address)
         self.side_path = side_channel_path(self.socket_path)
@@ -105,10 +148,8 @@ class ServiceSession(Unique):
         self._lock = threading.Lock()
         self._sock: socket.socket | None = None
         self._channel: grpc.Channel | None = None
-        try:
-            self._sock = connect(self.side_path, timeout_s)
-        except OSError as e:
-            raise _unavailable(self.side_path, e) from None
+        self.daemon_uids = trusted_uids(daemon_uids)
+        self._sock = _connect_trusted(self.socket_path, self.side_path, self.daemon_uids, timeout_s)
         try:
             try:
                 send_message(self._sock, {"t": "hello", "v": PROTOCOL_VERSION, "kind": kind})

@@ -1,7 +1,10 @@
 """The daemon's lifecycle: configuration, socket directory, gRPC server, side channel, metrics.
 
-Owns: :class:`DaemonConfig` (a frozen dataclass, validated here), the socket directory
-(created 0750, never loosened: an existing directory open to other users is refused), the
+Owns: :class:`DaemonConfig` (a frozen dataclass, validated here; the options only the backend
+can judge are judged before anything is touched, so every bad option is an
+InvalidArgumentError), the socket directory (created 0750; one it did not create is used
+only as it is, never chmod'ed or chgrp'ed: one that does not fit is refused with the
+reason, an UntrustedRendezvousError), the
 single-daemon lock (``flock`` on ``<socket>.lock``, released by the kernel if we die, so a
 stale socket is safely removed), the gRPC server (health checking and reflection on) and
 an orderly stop on SIGTERM/SIGINT: health goes NOT_SERVING, clients are told on Watch,
@@ -40,6 +43,8 @@ from .limits import RpcLimiter, RpcSlots, SessionLimits
 from .node import Node
 from .proto.vtalloc.v1 import admin_pb2_grpc, pages_pb2_grpc
 from .protocol.address import UNIX_SCHEME, parse_address, side_channel_path
+from .protocol.errors import FailedPreconditionError, UntrustedRendezvousError
+from .protocol.rendezvous import MAX_UID, check_directory
 from .protocol.rpc import MAX_REPLY_BYTES, SERVICE_NAMES
 from .quota import PrincipalMap, Quota
 from .service import AdminService, PagesService
@@ -85,9 +90,25 @@ class DaemonConfig:
                                            # (limits.py, Note [Calls per uid]); more get RESOURCE_EXHAUSTED
     limits: SessionLimits = field(default_factory=SessionLimits)  # sessions, pending connections and calls
                                            # per uid, the hello timeout (limits.py; docs/service.md, "Limits")
+    group_gid: int = field(init=False, default=-1)  # ``group`` resolved (-1: none)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "socket_path", parse_address(self.socket_path))
+        if self.group is not None:
+            try:
+                object.__setattr__(self, "group_gid", grp.getgrnam(self.group).gr_gid)
+            except KeyError:
+                raise InvalidArgumentError(f"--group: no group {self.group!r} on this machine") from None
+        for uid in self.admin_uids:
+            if type(uid) is not int or not 0 <= uid <= MAX_UID:
+                raise InvalidArgumentError(f"--admin-uid: {uid!r} is not a uid (0 .. {MAX_UID})")
+        object.__setattr__(self, "admin_uids", tuple(sorted(set(self.admin_uids))))
+        seen: set[str] = set()
+        for q in self.quotas:
+            if q.principal in seen:
+                raise InvalidArgumentError(f"--quota: {q.principal} is given more than once; give each principal "
+                                           "one quota")
+            seen.add(q.principal)
         if not isinstance(self.pages, Config):
             raise InvalidArgumentError(f"pages must be a Config, not {type(self.pages).__name__}")
         if self.host_capacity is not None:
@@ -120,35 +141,45 @@ class DaemonConfig:
         return self.socket_path + ".state"
 
 
-def _prepare_directory(path: Path, group: str | None) -> int:
-    """Create the socket directory 0750 (group-owned by ``group``); refuse one open to others.
-
-    Returns the group's id (-1 for none), which the sockets get too (connecting needs write
-    permission on the socket file)."""
-    gid = -1
-    if group is not None:
-        try:
-            gid = grp.getgrnam(group).gr_gid
-        except KeyError:
-            raise InvalidArgumentError(f"no group {group!r}") from None
+def _prepare_directory(path: Path, gid: int, group: str | None) -> None:
+    """Create the socket directory 0750 (group ``gid`` when given), or use an existing one only
+    if it fits as it is: this daemon's own, not a link, not writable by group or others, not
+    open to others, and with ``--group`` that group's and enterable by it. A directory this
+    daemon did not create is never changed (mode or group): one that does not fit is refused,
+    with the reason, as is one under an ancestor others could change (protocol/rendezvous.py:
+    the checks clients make too)."""
     try:
         path.mkdir(parents=True, mode=_DIRECTORY_MODE)
         created = True
     except FileExistsError:
         created = False
-    st = path.stat()
-    if not stat.S_ISDIR(st.st_mode):
-        raise InvalidArgumentError(f"{path} is not a directory")
-    if st.st_uid != os.geteuid():
-        raise InvalidArgumentError(f"{path} belongs to uid {st.st_uid}, not to this daemon's uid {os.geteuid()}")
-    if not created and st.st_mode & 0o007:
-        raise InvalidArgumentError(
-            f"{path} is open to every user (mode {stat.S_IMODE(st.st_mode):o}); put the socket in a "
-            "private directory, e.g. the default under $XDG_RUNTIME_DIR or /run/vtalloc")
-    if gid != -1:
-        os.chown(path, -1, gid)
-    os.chmod(path, _DIRECTORY_MODE)
-    return gid
+    st = check_directory(str(path), frozenset({os.geteuid()}))
+    mode = stat.S_IMODE(st.st_mode)
+    if created:  # ours: the mode the umask left, and the group, are set here (it is empty yet)
+        if gid != -1:
+            os.chown(path, -1, gid)
+        os.chmod(path, _DIRECTORY_MODE)
+        return
+    if mode & 0o007:
+        raise UntrustedRendezvousError(
+            f"{path} is open to every user (mode {mode:04o}); the daemon does not change a directory it did not "
+            "create: put the socket in a private directory, e.g. the default under $XDG_RUNTIME_DIR or "
+            "/run/vtalloc, or make this one 0750 yourself")
+    if gid != -1 and st.st_gid != gid:
+        raise UntrustedRendezvousError(
+            f"{path} belongs to group {_group_name(st.st_gid)}, not to --group {group}; the daemon does not change "
+            f"a directory it did not create: chgrp it yourself, or use another directory")
+    if gid != -1 and not mode & stat.S_IXGRP:  # connecting needs search permission on the directory
+        raise UntrustedRendezvousError(
+            f"{path} has mode {mode:04o}: members of --group {group} cannot enter it; the daemon does not change "
+            "a directory it did not create: make it 0750 yourself, or use another directory")
+
+
+def _group_name(gid: int) -> str:
+    try:
+        return f"{grp.getgrgid(gid).gr_name} (gid {gid})"
+    except KeyError:
+        return f"gid {gid}"
 
 
 class _Lock:
@@ -161,7 +192,7 @@ class _Lock:
             fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             os.close(self.fd)
-            raise InvalidArgumentError(f"another vtalloc daemon already serves {path[:-len('.lock')]}") from None
+            raise FailedPreconditionError(f"another vtalloc daemon already serves {path[:-len('.lock')]}") from None
 
     def release(self) -> None:
         os.close(self.fd)
@@ -187,22 +218,25 @@ async def serve(config: DaemonConfig, *, on_ready: Callable[[dict], None] | None
     """Run the daemon until ``stop`` is set (or SIGTERM/SIGINT)."""
     loop = asyncio.get_running_loop()
     sock_path = Path(config.socket_path)
-    gid = _prepare_directory(sock_path.parent, config.group)
-    lock = _Lock(config.socket_path + ".lock")
-    page_pool = listener = metrics = keeper = None
+    gid = config.group_gid
+    # The options only the backend can judge (page size, capacity, quotas against it) first,
+    # before the directory is touched: InvalidArgumentError from here is a bad option.
+    page_pool = PagePool(config=config.pages)
+    lock = listener = metrics = keeper = None
     server = None
     side_task = None
     try:
-        for stale in (config.socket_path, config.side_channel_path):
-            if os.path.lexists(stale):
-                os.unlink(stale)
-        page_pool = PagePool(config=config.pages)
         info = page_pool.info()
         geometry = NodeGeometry(info.backend, info.device, info.page_bytes, info.capacity_bytes // info.page_bytes,
                                 config.host_capacity or 0, config.evict_deadline_s)
         admins = {0, os.geteuid(), *config.admin_uids}
         ledger = Ledger(geometry, default_quota=config.default_quota, quotas=config.quotas,
                         principals=config.principals, admin_uids=admins)
+        _prepare_directory(sock_path.parent, gid, config.group)
+        lock = _Lock(config.socket_path + ".lock")
+        for stale in (config.socket_path, config.side_channel_path):
+            if os.path.lexists(stale):
+                os.unlink(stale)
         node = Node(page_pool, ledger, kill_on_missed_deadline=config.kill_on_missed_deadline, limits=config.limits)
         keeper = StateKeeper(config.state_path, ledger, node.capacity_changed)
         inherited_bytes = keeper.adopt()  # before any lease: what a previous daemon's clients still hold
@@ -291,12 +325,13 @@ async def serve(config: DaemonConfig, *, on_ready: Callable[[dict], None] | None
             metrics[0].shutdown()
             metrics[0].server_close()
             metrics[1].join(timeout=_METRICS_JOIN_S)
-        for path in (config.socket_path, config.side_channel_path):
-            try:
-                os.unlink(path)
-            except FileNotFoundError:
-                pass
-        lock.release()
+        if lock is not None:  # the sockets are this daemon's only once it holds the lock
+            for path in (config.socket_path, config.side_channel_path):
+                try:
+                    os.unlink(path)
+                except FileNotFoundError:
+                    pass
+            lock.release()
         for sig in (signal.SIGTERM, signal.SIGINT):
             try:
                 loop.remove_signal_handler(sig)

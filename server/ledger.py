@@ -74,7 +74,7 @@ class Ledger:
         self._started = clock()
         self._lock = threading.RLock()
         cap = geometry.capacity_bytes
-        self._default_quota = default_quota or Quota("", 0, cap)
+        self._default_quota = (default_quota or Quota("", 0, cap)).keepable(cap)
         self._quotas: dict[str, Quota] = {}
         self._principals = principals
         self._admin_uids = frozenset(admin_uids)

@@ -37,6 +37,15 @@ class Quota:
         if self.max_bytes >= 1 << 64:
             raise InvalidArgumentError("quota maximum does not fit in 64 bits")
 
+    def keepable(self, capacity_bytes: int) -> "Quota":
+        """This quota, if a node of ``capacity_bytes`` can keep its minimum; else InvalidArgumentError."""
+        if self.min_bytes > capacity_bytes:
+            raise InvalidArgumentError(
+                f"the {'default quota' if not self.principal else 'quota of ' + self.principal}'s minimum "
+                f"({self.min_bytes} bytes) is more than the node's capacity ({capacity_bytes} bytes): a guarantee "
+                "the node cannot keep")
+        return self
+
     def for_principal(self, principal: str) -> "Quota":
         return Quota(principal, self.min_bytes, self.max_bytes)
 

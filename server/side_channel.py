@@ -1,9 +1,10 @@
 """The daemon's end of the side channel: peer identity and one connection on the event loop.
 
-Owns: the socket calls only the daemon makes: peer identity (``SO_PEERCRED``, and a pidfd
-from ``SO_PEERPIDFD`` or ``pidfd_open``), :class:`AsyncConnection` (non-blocking receive
-and bounded send on the event loop) and :class:`Closer`, which closes what a peer could have
-put descriptors into, off the event loop (Note [Closing off the loop]). The wire format both ends speak is in
+Owns: the socket calls only the daemon makes: peer identity (``SO_PEERCRED`` through
+protocol/rendezvous.py, which clients use too, and a pidfd from ``SO_PEERPIDFD`` or
+``pidfd_open``), :class:`AsyncConnection` (non-blocking receive and bounded send on the event
+loop) and :class:`Closer`, which closes what a peer could have put descriptors into, off the
+event loop (Note [Closing off the loop]). The wire format both ends speak is in
 vtalloc.server.protocol.side_channel. A connection *is* a session: the daemon ends the
 session (and takes its pages back) when the connection closes or the peer process exits.
 :class:`AcceptFailures` paces and logs a failing ``accept`` (Note [Accept errors]).
@@ -51,6 +52,7 @@ import time
 from collections import deque
 from typing import Any, Callable
 
+from .protocol.rendezvous import peer_credentials
 from .protocol.side_channel import FD_BYTES, ProtocolError, encode, parse_datagram, recv_datagram, send_datagram
 
 __all__ = ["peer_credentials", "peer_pidfd", "AsyncConnection", "AcceptFailures", "Closer", "CLOSER_THREADS",
@@ -65,16 +67,10 @@ ACCEPT_LOG_EVERY_S = 10.0
 CLOSER_THREADS = 16
 
 _SO_PEERPIDFD = getattr(socket, "SO_PEERPIDFD", 77)  # Linux >= 6.5; older Pythons lack the name
-_CRED = struct.Struct("3i")                          # struct ucred: pid, uid, gid
 # A client may send no descriptors, but the receive buffer has room for the most one datagram
 # can carry (the kernel's SCM_MAX_FD): descriptors that do not fit would be dropped by the
 # kernel in the receiving thread, the event loop's (Note [Closing off the loop]).
 SCM_MAX_FD = 253
-
-
-def peer_credentials(sock: socket.socket) -> tuple[int, int, int]:
-    """(pid, uid, gid) of the process that connected, as the kernel recorded them."""
-    return _CRED.unpack(sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _CRED.size))
 
 
 def peer_pidfd(sock: socket.socket, pid: int) -> int | None:

@@ -136,6 +136,25 @@ def test_usage_errors_exit_2(tmp_path):
         assert r.exit_code == 2, (args, r.stdout, r.stderr)
 
 
+@pytest.mark.parametrize("args, says", [
+    (["--page-size", "1000"], "not a multiple of the host granularity"),           # the backend judges it
+    (["--capacity", "1"], "at least one page"),
+    (["--group", "nosuch-vt"], "no group 'nosuch-vt'"),
+    (["--admin-uid", "-1"], "--admin-uid: -1 is not a uid"),
+    (["--admin-uid", "99999999999"], "--admin-uid: 99999999999 is not a uid"),
+    (["--quota", "uid:7=0:1GiB", "--quota", "uid:7=0:2GiB"], "uid:7 is given more than once"),
+    (["--capacity", "64MiB", "--default-quota", "128MiB:1GiB"], "the default quota's minimum"),
+    (["--capacity", "64MiB", "--quota", "uid:7=128MiB:1GiB"], "quota minimums would add up"),
+])
+def test_every_bad_serve_option_is_a_usage_error_that_touches_nothing(tmp_path, args, says):
+    # Issue 23, item 9: these exited 1 or were accepted; the socket directory is not even made.
+    run = tmp_path / "run"
+    r = subprocess.run([sys.executable, "-m", "vtalloc.client.cli", "serve", "--backend", "host", "--socket",
+                        str(run / "v.sock"), *args], capture_output=True, text=True, timeout=60, env=child_env())
+    assert r.returncode == 2 and says in " ".join(r.stderr.split()), r.stderr
+    assert "Traceback" not in r.stderr and not run.exists()
+
+
 def test_stats_of_a_process_without_a_daemon(tmp_path, monkeypatch):
     runtime = tmp_path / "rt"
     monkeypatch.setenv("VTALLOC_RUNTIME_DIR", str(runtime))

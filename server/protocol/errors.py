@@ -30,7 +30,8 @@ from vtalloc.allocator.errors import (
 __all__ = [
     "ServiceError", "UnauthenticatedError", "PermissionDeniedError", "NotFoundError",
     "FailedPreconditionError", "ServiceUnavailableError", "QuotaExceededError", "NodeShortError",
-    "LimitExceededError", "status_for", "error_from_rpc", "error_by_name", "ERROR_KIND_KEY", "ECHO_CHARS", "echo",
+    "LimitExceededError", "UntrustedRendezvousError", "status_for", "error_from_rpc",
+    "error_by_name", "ERROR_KIND_KEY", "ECHO_CHARS", "echo",
 ]
 
 # Trailing metadata naming the exception class, so a client raises exactly that class.
@@ -72,6 +73,12 @@ class LimitExceededError(ServiceError, RuntimeError):
     """An operator's limit of the daemon refused this: sessions or pending connections per
     uid, a request's size, concurrent calls (the message names the limit; docs/service.md,
     "Limits"). The daemon keeps serving; try again once under the limit."""
+
+
+class UntrustedRendezvousError(ServiceError, PermissionError):
+    """The socket directory, a socket in it or the process serving it is not one this end
+    trusts (another user could have put it there): nothing was sent or mapped. The message
+    says what was found (owner, mode, uid); protocol/rendezvous.py makes the checks."""
 
 
 class QuotaExceededError(OutOfMemoryError):

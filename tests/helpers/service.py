@@ -69,13 +69,30 @@ def _stop(proc: subprocess.Popen, sig: int = signal.SIGTERM, timeout_s: float = 
             stream.close()
 
 
+# `vtalloc serve` as another uid: import what the daemon uses first (as a ClientProc does), then drop.
+_SERVE_AS = """
+import asyncio, grp, json, logging, os, pwd, signal, sys
+import grpc, grpc_health.v1.health, grpc_reflection.v1alpha.reflection
+import vtalloc.client.cli as cli, vtalloc.server.daemon, vtalloc.server.limits, vtalloc.server.quota
+import vtalloc.server.protocol.address, vtalloc.server.state_keeper, zoneinfo, email.parser, importlib.metadata
+import contextlib, io
+with contextlib.redirect_stdout(io.StringIO()), contextlib.suppress(SystemExit):
+    cli.main(["serve", "--help"])  # the imports of parsing the options
+uid, gid = (int(x) for x in sys.argv[1].split(":"))
+os.setgroups([]); os.setgid(gid); os.setuid(uid)
+cli.main(sys.argv[2:])
+"""
+
+
 class Daemon:
     """``vtalloc serve --backend host`` on ``<base>/run/vtalloc.sock``."""
 
     def __init__(self, base: Path | None = None, *, capacity: str = "64MiB", args: tuple[str, ...] = (),
-                 evict_deadline: float = 1.0, env: dict[str, str] | None = None, nofile: int | None = None) -> None:
+                 evict_deadline: float = 1.0, env: dict[str, str] | None = None, nofile: int | None = None,
+                 user: int | None = None, group: int | None = None) -> None:
         self.env = env or {}
         self.nofile = nofile  # RLIMIT_NOFILE (soft and hard) of the daemon process, or inherited
+        self.user, self.group = user, group  # run the daemon as this uid and gid (the test must be root)
         self.base = base or short_dir()
         self._own_base = base is None
         self.socket = str(self.base / "run" / "vtalloc.sock")
@@ -88,8 +105,12 @@ class Daemon:
         self.stderr_path = self.base / f"daemon-{time.monotonic_ns()}.log"
 
     def start(self) -> "Daemon":
-        cmd = [sys.executable, "-m", "vtalloc.client.cli", "serve", "--socket", self.socket, "--backend", "host",
-               "--capacity", self.capacity, "--evict-deadline", str(self.evict_deadline), *self.args]
+        args = ["serve", "--socket", self.socket, "--backend", "host", "--capacity", self.capacity,
+                "--evict-deadline", str(self.evict_deadline), *self.args]
+        cmd = [sys.executable, "-m", "vtalloc.client.cli", *args]
+        if self.user is not None:  # the interpreter may be unreadable to that uid: start as root, then drop
+            cmd = [sys.executable, "-c", _SERVE_AS, f"{self.user}:{self.group if self.group is not None else self.user}",
+                   *args]
         self._log = open(self.stderr_path, "w")
         try:
             self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=self._log,
@@ -217,10 +238,10 @@ def wait_until(predicate: Callable[[], Any], timeout_s: float, interval_s: float
 class Observer:
     """An observer session in the test process, to read the daemon's stats (root: sees everything)."""
 
-    def __init__(self, address: str) -> None:
+    def __init__(self, address: str, **kwargs: Any) -> None:
         from vtalloc.client.session import ServiceSession
 
-        self.session = ServiceSession(address, kind="observer", timeout_s=5.0)
+        self.session = ServiceSession(address, kind="observer", timeout_s=5.0, **kwargs)
 
     def stats(self) -> Any:
         from vtalloc.server.proto.vtalloc.v1 import pages_pb2
