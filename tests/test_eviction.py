@@ -346,12 +346,18 @@ def test_an_offloaded_page_keeps_its_device_page_until_memory_is_needed(mode):
         assert st.num_unmap_calls == unmaps and st.host_pool_used_bytes == 0
         assert s.read(a, 4 * MiB) == pattern(21, 4 * MiB)
         s.offload(a)
-        b = s.malloc(6 * MiB)  # needs a's device pages: they are released now
+        b = s.malloc(6 * MiB)  # needs a device page of a's: released now
+        # The malloc waits only for the page it takes; a's other page may still be on its way out.
+        wait_until(lambda: s.residency(a) == "evicted")
         st = s.stats()
         assert s.residency(a) == "evicted" and st.pages_resident == 3 and st.host_pool_used_bytes == 4 * MiB
+        # b took one of a's device pages at least (both, when both had left before it asked):
+        # only those come back by copy.
+        released = [p for p in s.pages() if p.state == "evicted" and p.page_id is None]
+        assert 1 <= len(released) <= 2
         s.free(b)
         s.ensure_resident(a)
-        assert s.stats().bytes_restored_total == 4 * MiB
+        assert s.stats().bytes_restored_total == len(released) * 2 * MiB
         assert s.read(a, 4 * MiB) == pattern(21, 4 * MiB)
         s.free(a)
 
