@@ -39,7 +39,6 @@ import logging
 import os
 import signal
 import socket
-from dataclasses import dataclass
 from typing import AsyncIterator, Callable
 
 from vtalloc.allocator.errors import InvalidArgumentError, OutOfMemoryError
@@ -48,6 +47,7 @@ from vtalloc.allocator.pool import PagePool
 from .ledger import Ledger
 from .limits import RefusalLog, SessionLimits, UidSlots
 from .loop_stalls import LoopStalls, wait_judged
+from .node_events import EvictEvent, EvictOutcome, QuotaEvent, ShutdownEvent
 from .protocol.errors import FailedPreconditionError, LimitExceededError, NodeShortError, ServiceUnavailableError, echo
 from .protocol.side_channel import MAX_FDS_PER_MESSAGE, PROTOCOL_VERSION, ProtocolError, version_of
 from .quota import Quota
@@ -64,31 +64,6 @@ REFUSE_SEND_TIMEOUT_S = 0.1  # a refusal is one small datagram on a new connecti
                              # a refused new connection's hello is waited for this long
 KILL_WAIT_S = 2.0
 REPLY_MARGIN_S = 0.2  # a lease stops waiting this long before its RPC's deadline, to answer in time
-@dataclass(frozen=True)
-class EvictEvent:
-    request_id: int
-    pages: int
-    deadline_s: float
-
-
-@dataclass(frozen=True)
-class QuotaEvent:
-    quota: Quota
-
-
-@dataclass(frozen=True)
-class ShutdownEvent:
-    reason: str
-
-
-@dataclass(frozen=True)
-class EvictOutcome:
-    asked: int
-    returned: int
-    missed: bool
-    killed: bool
-
-
 class _Peer:
     """One session's connection, pidfd and event queue."""
 

@@ -118,8 +118,8 @@ def test_a_lingering_socket_sent_with_a_hello_does_not_stall_the_daemon(nested):
 def test_a_client_answering_in_time_is_not_killed_while_the_daemon_closes_a_lingering_socket():
     """Before the fix the linger stalled the loop past the deadline, the client's answer waited
     unprocessed, and the daemon judged it late and killed it (the requester needed its guarantee)."""
-    base = short_dir()                                 # other uids can write there
-    os.chmod(base, 0o777)
+    base = short_dir()                                 # other uids can write there (sticky, as /tmp:
+    os.chmod(base, 0o1777)                             # clients and the daemon refuse it otherwise)
     marker = base / "asked"
     args = ("--group", "nogroup", "--quota", f"uid:{UID_B}=8MiB:32MiB")
     with Daemon(base, capacity="32MiB", args=args, evict_deadline=1.5) as d, Observer(d.address) as obs, \
