@@ -371,6 +371,13 @@ class PagedActivations:
         if not isinstance(saved, _Saved):
             return saved  # passed through at pack time
         with self._lock:
+            on_demand = saved.state == "offloaded" and not self.pager.is_resident(saved.handle)
+        t0 = time.perf_counter()
+        tensor = self.pager.unpack(saved.handle)  # an error (no room to restore) leaves no trace here
+        waited = time.perf_counter() - t0
+        with self._lock:
+            if on_demand:
+                self._counts["on_demand"] += 1
             if saved.iteration == self._iteration:
                 self._rec_unpacks.append(saved.index)
                 if self._following:
@@ -379,12 +386,6 @@ class PagedActivations:
                     if pos >= len(expect) or expect[pos] != saved.index:
                         self._fall_back()
                     self._unpack_pos += 1
-            if saved.state == "offloaded" and not self.pager.is_resident(saved.handle):
-                self._counts["on_demand"] += 1
-        t0 = time.perf_counter()
-        tensor = self.pager.unpack(saved.handle)
-        waited = time.perf_counter() - t0
-        with self._lock:
             self._wait_s += waited
             if saved.state in ("resident", "prefetched"):
                 self._resident_bytes -= saved.nbytes

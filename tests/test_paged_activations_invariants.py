@@ -52,11 +52,14 @@ class HeldIsResident(RuleBasedStateMachine):
     def unpack(self, pick: int) -> None:
         saved, value = self.packed.pop(pick % len(self.packed))
         paged = not isinstance(saved, torch.Tensor)  # a tensor: left to autograd (no room in the space)
+        recorded = list(self.pager._rec_unpacks)
         try:
             tensor = self.pager._unpack(saved)
         except MemoryError:
             # What is held fills the space and no page can move to bring this one back: an OOM
-            # in backward, typed; the tensor stays packed and intact.
+            # in backward, typed; the tensor stays packed and intact, and the unpack order
+            # learnt for the schedule does not count it.
+            assert self.pager._rec_unpacks == recorded
             self.packed.append((saved, value))
             return
         self.held.append((tensor, value, paged))
