@@ -2,8 +2,9 @@
 against PyTorch's own allocators.
 
 Owns: the host replay of one trace on a fresh host-backend ``AddressSpace`` (a tight ctypes loop
-over ``vta_malloc`` / ``vta_free``), the search for the smallest capacity that replays a trace
-with no OOM, the per-trace figures (peak live, page-rounded peak, min capacity and its bound,
+over ``vta_malloc`` / ``vta_free``), the smallest capacity that replays a trace with no OOM
+(searched by capacity_search.py, which the simulation of PyTorch's allocators shares), the
+per-trace figures (peak live, page-rounded peak, min capacity and its bound,
 peak mapped, driver calls, modeled H100 driver time, CPU time per op), the JSON record and its
 Markdown table, ``--compare`` of two records (the gate an allocation-policy change must pass),
 and the GPU mode ``--torch``: the same trace through ``torch.empty`` / ``del`` under the native
@@ -14,7 +15,7 @@ at its first OOM; frees follow the trace's order; nothing writes the bytes; no f
 that was not measured in the run (a modeled H100 time is the cost model's prediction, and is
 named so); trace stream 0 is the space's default stream, each other trace stream one host stream
 of the space (destroyed before the space closes).
-Why this file is long: the host replay, the capacity search, the GPU mode (its device-agnostic
+Why this file is long: the host replay, the GPU mode (its device-agnostic
 body, the torch device and the per-allocator processes) and --compare share one trace model and
 one record format; split, each half would have to restate them.
 
@@ -48,6 +49,7 @@ if str(HERE) not in sys.path:
     sys.path.insert(0, str(HERE))  # trace_format and provenance sit beside this file
 
 import trace_format  # noqa: E402
+from capacity_search import BenchError, search_min  # noqa: E402
 
 MiB = 1 << 20
 # The page-rounded peak: a property of the trace, whatever the Config (what whole-page rounding of
@@ -72,10 +74,6 @@ BENCH_OWNED = {"backend": "the bench replays on the host backend (--torch for a 
 
 class UsageError(ValueError):
     """A bad command line: main() reports it and exits 2."""
-
-
-class BenchError(RuntimeError):
-    """A replay that cannot give the figure asked for (no capacity replays the trace, say)."""
 
 
 class HostMemoryLimit(BenchError):
@@ -257,62 +255,6 @@ def replay_host(compiled: Compiled, config: Any, capacity: int, host_limit: int 
                       modeled_ns=None if m0 is None or m1 is None else m1 - m0)
     finally:
         space.close()
-
-
-# -- the capacity search (shared by the host and the GPU modes) ---------------------------------------
-
-class OutOfTime(Exception):
-    """The search's deadline passed before a try."""
-
-
-@dataclasses.dataclass(frozen=True)
-class Search:
-    units: int | None           # the smallest capacity (in units) that replayed; None: none found in time
-    exact: bool                 # units - 1 was tried and failed (or units is the lower end)
-    largest_failing: int | None
-    tries: tuple[tuple[int, bool], ...]
-
-
-def search_min(fits: Callable[[int], bool], lo: int, *, limit: int, guess: int | None = None,
-               deadline: float | None = None) -> Search:
-    """The smallest number of units >= ``lo`` for which ``fits`` is true, assuming it stays true
-    above (a capacity that replays a trace also replays it with more). ``lo`` first; if it fails,
-    ``guess`` (or lo + lo/16) and on up, the step doubling, to ``limit``; then bisection. Each
-    try is one call of ``fits``. Past ``deadline`` (time.monotonic()) it stops with what it knows.
-    BenchError when not even ``limit`` fits."""
-    tries: list[tuple[int, bool]] = []
-
-    def attempt(u: int) -> bool:
-        if deadline is not None and time.monotonic() > deadline:
-            raise OutOfTime
-        ok = fits(u)
-        tries.append((u, ok))
-        return ok
-
-    bad: int | None = None
-    good: int | None = None
-    try:
-        if attempt(lo):
-            return Search(lo, True, None, tuple(tries))
-        bad = lo
-        step = max(1, lo // 16)
-        hi = guess if guess is not None and lo < guess <= limit else min(lo + step, limit)
-        while not attempt(hi):
-            bad = hi
-            if hi >= limit:
-                raise BenchError(f"no capacity up to {limit} units replays the trace")
-            step *= 2
-            hi = min(hi + step, limit)
-        good = hi
-        while good - bad > 1:
-            mid = (good + bad) // 2
-            if attempt(mid):
-                good = mid
-            else:
-                bad = mid
-        return Search(good, True, bad, tuple(tries))
-    except OutOfTime:
-        return Search(good, False, bad, tuple(tries))
 
 
 # -- one trace on the host ---------------------------------------------------------------------------

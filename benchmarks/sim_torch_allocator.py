@@ -79,6 +79,7 @@ if str(HERE) not in sys.path:
     sys.path.insert(0, str(HERE))  # trace_format and provenance sit beside this file
 
 import trace_format  # noqa: E402
+from capacity_search import BenchError, search_min  # noqa: E402
 from provenance import git_info, machine_info  # noqa: E402
 
 MiB = 1 << 20
@@ -452,11 +453,12 @@ def replay(events: Iterable[tuple], policy: str, capacity: int | None) -> dict[s
 
 
 def min_capacity(events: tuple[tuple, ...], policy: str, peak_live: int, first_guess: int) -> dict[str, Any]:
-    """The smallest capacity (a multiple of SEARCH_UNIT) that replays with no OOM, by binary search:
-    capacity 0 fails, ``first_guess`` (the uncapped peak reserved) is tried first and doubled until it
-    succeeds. The answer succeeds and one unit less fails (a caching allocator need not be monotone in
-    its capacity: every smaller capacity from a large page under peak live is then replayed too, and
-    those that succeed are listed in ``scan_below``)."""
+    """The smallest capacity (a multiple of SEARCH_UNIT) that replays with no OOM, by the search
+    bench_trace.py uses for vtalloc (capacity_search.search_min): one unit first, then
+    ``first_guess`` (the uncapped peak reserved) and up, then bisection. The answer succeeds and
+    one unit less fails (a caching allocator need not be monotone in its capacity: every smaller
+    capacity from a large page under peak live is then replayed too, and those that succeed are
+    listed in ``scan_below``)."""
     tries: list[dict[str, Any]] = []
 
     def fits(units: int) -> bool:
@@ -465,17 +467,12 @@ def min_capacity(events: tuple[tuple, ...], policy: str, peak_live: int, first_g
                       "peak_reserved_bytes": r["peak_reserved_bytes"]})
         return bool(r["ok"])
 
-    lo, hi = 0, max(1, -(-first_guess // SEARCH_UNIT))
-    while not fits(hi):
-        lo, hi = hi, hi * 2
-        if hi * SEARCH_UNIT > 64 * max(peak_live, GiB):
-            raise RuntimeError(f"{policy}: no capacity up to {hi * SEARCH_UNIT} B replays the trace")
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        if fits(mid):
-            hi = mid
-        else:
-            lo = mid
+    try:
+        found = search_min(fits, 1, limit=64 * max(peak_live, GiB) // SEARCH_UNIT,
+                           guess=max(1, -(-first_guess // SEARCH_UNIT)))
+    except BenchError as e:
+        raise BenchError(f"{policy}: {e}") from None
+    hi, lo = found.units, found.largest_failing or 0
     at = next(t for t in reversed(tries) if t["capacity_bytes"] == hi * SEARCH_UNIT)
     # The check of monotonicity: every unit from a page under peak live up to the answer, replayed.
     start = max(1, (peak_live - K_LARGE_BUFFER) // SEARCH_UNIT)
