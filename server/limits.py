@@ -41,7 +41,7 @@ from vtalloc.allocator.errors import InvalidArgumentError
 
 from .errors import Continuation, abort
 from .protocol.errors import LimitExceededError, UnauthenticatedError
-from .protocol.rpc import SESSION_KEY
+from .protocol.rpc import session_token
 
 __all__ = ["SessionLimits", "UidSlots", "RefusalLog", "REFUSAL_LOG_EVERY_S", "RpcSlots", "RpcLimiter",
            "NO_SESSION", "UNCOUNTED_METHODS"]
@@ -162,10 +162,7 @@ class RpcLimiter(grpc.aio.ServerInterceptor):
         self._refusals = RefusalLog()
 
     def _caller(self, metadata: Any) -> tuple[int, bool]:
-        token = None
-        for key, value in metadata or ():
-            if key == SESSION_KEY:
-                token = value if isinstance(value, str) else None
+        token = session_token(metadata)
         if token is None:
             return NO_SESSION, False
         try:

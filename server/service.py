@@ -16,7 +16,7 @@ import grpc
 from .ledger import Ledger
 from .node import EvictEvent, Node, QuotaEvent, ShutdownEvent
 from .proto.vtalloc.v1 import admin_pb2, admin_pb2_grpc, pages_pb2, pages_pb2_grpc
-from .protocol.rpc import SESSION_KEY
+from .protocol.rpc import session_token
 from .quota import Quota
 from .records import Session
 from .views import PAGE_STATES, PAGE_USES, ClientReport, PageUseReport
@@ -58,11 +58,7 @@ def _package_version() -> str:
 
 
 def _session(ledger: Ledger, context: grpc.aio.ServicerContext) -> Session:
-    token = None
-    for key, value in context.invocation_metadata() or ():
-        if key == SESSION_KEY:
-            token = value if isinstance(value, str) else None
-    return ledger.authenticate(token)
+    return ledger.authenticate(session_token(context.invocation_metadata()))
 
 
 class PagesService(pages_pb2_grpc.PagesServicer):
