@@ -111,6 +111,7 @@ _PROTOTYPES = {
     "vta_torch_stats": (i32, [i32, _P(_native.VtaStats)]),
     "vta_torch_reset_peak_stats": (i32, [i32]),
     "vta_torch_trim": (i32, [i32, _P(u64)]),
+    "vta_torch_release_offloaded": (i32, [i32, _P(u64)]),
     "vta_torch_failures": (i32, [i32, _P(VtaTorchFailures), ctypes.c_char_p, u64]),
     "vta_torch_release": (i32, []),
     "vta_torch_exception_kind": (i32, []),
@@ -212,6 +213,14 @@ def trim(device: int | None = None) -> int:
     check_device(device, every=True)
     out = u64()
     check(lib().vta_torch_trim(ALL_DEVICES if device is None else device, ctypes.byref(out)))
+    return out.value
+
+
+def release_offloaded(device: int | None = None) -> int:
+    """Unmap the device pages offloaded allocations still hold: one device, or every device (None)."""
+    check_device(device, every=True)
+    out = u64()
+    check(lib().vta_torch_release_offloaded(ALL_DEVICES if device is None else device, ctypes.byref(out)))
     return out.value
 
 

@@ -52,6 +52,10 @@ from .errors import InvalidArgumentError, OutOfMemoryError
 __all__ = ["PagedActivations", "PagedStats", "HostPager", "DevicePager", "paged_activations"]
 
 DEFAULT_MIN_BYTES = 1024  # smaller saved tensors are left as they are: paging them costs more than it saves
+# Device pages offloaded tensors still hold are unmapped once they pass budget / this: the
+# space's mapped bytes stay within the budget plus a quarter, at one release per quarter budget
+# of offloads (each release waits once for the streams that may touch those pages).
+RELEASE_SLACK_DIVISOR = 4
 
 
 @dataclasses.dataclass(frozen=True)
@@ -64,6 +68,7 @@ class PagedStats:
     passed_through: int        # saved tensors left as they are (parameters, tiny, other device, no room)
     passed_through_no_room: int  # of those, the pager had no room to take them (OutOfMemoryError at pack)
     offloads: int              # evictions started behind the forward pass
+    releases: int              # times the device pages offloaded tensors still held were unmapped
     prefetches: int            # restores started ahead of the backward pass
     on_demand: int             # unpacks that found their tensor not resident and had to restore it
     unpack_wait_s: float       # time unpacks spent waiting for bytes
@@ -79,6 +84,8 @@ class Pager(Protocol):
     def prefetch(self, handle: Any) -> None: ...
     def is_resident(self, handle: Any) -> bool: ...
     def unpack(self, handle: Any) -> Any: ...                   # waits; -> tensor
+    # Optional: unmap the device pages offloaded tensors still hold; -> bytes released.
+    def release_offloaded(self) -> int: ...
 
 
 def _storage_span(tensor: Any) -> int:
@@ -124,6 +131,9 @@ class HostPager:
 
     def is_resident(self, handle: Any) -> bool:
         return self.space.residency(handle[1]) == "resident"
+
+    def release_offloaded(self) -> int:
+        return self.space.release_offloaded()
 
     def unpack(self, handle: Any) -> Any:
         # Resident, and not evictable any more: autograd holds the value now, and neither pressure
@@ -188,6 +198,9 @@ class DevicePager:
     def is_resident(self, handle: Any) -> bool:
         return self._shim.residency_op(handle[2], self._shim.OP_RESIDENCY, handle[1]) == "resident"
 
+    def release_offloaded(self) -> int:
+        return self._shim.release_offloaded()
+
     def unpack(self, handle: Any) -> Any:
         self._shim.residency_op(handle[2], self._shim.OP_ENSURE_RESIDENT, handle[1], self._stream(handle[2]))
         # Not evictable any more: autograd holds the value now, and neither pressure nor the
@@ -237,8 +250,11 @@ class PagedActivations:
         self._following = False                           # this iteration follows the schedule
         self._unpack_pos = 0
         self._resident_bytes = 0                          # packed, not consumed, resident or prefetched
+        self._held_bytes = 0                              # offloaded since the last release: device pages may still hold them
+        self._release_at = max(self.budget // RELEASE_SLACK_DIVISOR, 1)  # release when _held_bytes passes this
         self._counts = dict(iterations=0, scheduled_iterations=0, fallback_iterations=0, packed=0, packed_bytes=0,
-                            passed_through=0, passed_through_no_room=0, offloads=0, prefetches=0, on_demand=0)
+                            passed_through=0, passed_through_no_room=0, offloads=0, releases=0, prefetches=0,
+                            on_demand=0)
         self._wait_s = 0.0
 
     # -- context ---------------------------------------------------------------------------
@@ -361,11 +377,32 @@ class PagedActivations:
             s.state = "offloaded"
             s.kept = s.nbytes - away
             self._resident_bytes -= away - was_away
+            self._held_bytes += away - was_away
             queue.popleft()
             if s.kept:
                 stuck.append(ref)
         # What could not move (yet) goes back to the front, in pack order, for the next pass.
         queue.extendleft(reversed(stuck))
+        if self._held_bytes > self._release_at:
+            self._release_held()
+
+    def _release_held(self) -> None:
+        # An offload leaves its device page held (a restore before memory runs short then costs
+        # no copy); the oldest tensors are the last backward needs, so holding them only keeps
+        # the space's mapped bytes at everything saved rather than at the budget. Once the
+        # offloaded bytes since the last release pass the slack, one call unmaps them all: one
+        # wait for the streams that may touch them per slack's worth of offloads, not one per
+        # tensor.
+        # Copies still in flight keep their pages until a later release: what was not released
+        # stays counted, and the next release comes after another slack's worth of offloads.
+        release = getattr(self.pager, "release_offloaded", None)
+        if release is None:
+            self._held_bytes = 0
+            return
+        released = release()
+        self._counts["releases"] += 1
+        self._held_bytes = max(self._held_bytes - released, 0)
+        self._release_at = self._held_bytes + max(self.budget // RELEASE_SLACK_DIVISOR, 1)
 
     def _unpack(self, saved: Any) -> Any:
         if not isinstance(saved, _Saved):

@@ -162,6 +162,13 @@ vta_status_t vta_trim(vta_space_t* space, uint64_t* out_released) {
   });
 }
 
+vta_status_t vta_release_offloaded(vta_space_t* space, uint64_t* out_released) {
+  return guarded([&] {
+    uint64_t r = open_space(space).release_offloaded();
+    if (out_released) *out_released = r;
+  });
+}
+
 vta_status_t vta_synchronize(vta_space_t* space) {
   return guarded([&] { open_space(space).synchronize(); });
 }

@@ -266,6 +266,17 @@ vta_status_t vta_torch_trim(int32_t device, uint64_t* out_released) {
   });
 }
 
+vta_status_t vta_torch_release_offloaded(int32_t device, uint64_t* out_released) {
+  return guarded([&] {
+    uint64_t released = 0;
+    for_devices(device, [&](int, AddressSpace& space) {
+      CudaContextGuard guard(space.backend_kind() == VTA_BACKEND_CUDA);
+      released += space.release_offloaded();
+    });
+    if (out_released) *out_released = released;
+  });
+}
+
 // Residency of the allocations behind torch's tensors (paged_activations on CUDA). The
 // space must exist already: these calls never create one.
 vta_status_t vta_torch_residency_op(int32_t device, int32_t op, uint64_t address, uint64_t stream,

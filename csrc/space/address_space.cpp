@@ -99,6 +99,16 @@ uint64_t AddressSpace::trim() {
   return pages_.release_free_pages();
 }
 
+uint64_t AddressSpace::release_offloaded() {
+  std::lock_guard<std::mutex> lk(mu_);
+  check_open_locked();
+  residency_.drain_inflight(false);  // copies already done become evicted; none is waited for
+  uint64_t before = pages_.pages_mapped();
+  residency_.release_evicted();
+  uint64_t after = pages_.pages_mapped();
+  return (before > after ? before - after : 0) * page_bytes_;
+}
+
 void AddressSpace::import_page(int fd, uint64_t tag) {
   std::lock_guard<std::mutex> lk(mu_);
   check_open_locked();

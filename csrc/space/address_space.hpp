@@ -50,6 +50,9 @@ class AddressSpace {
   void write(uintptr_t address, uint64_t offset, const void* src, uint64_t nbytes);
   void read(uintptr_t address, uint64_t offset, void* dst, uint64_t nbytes);
   uint64_t trim();
+  // The device pages that offloaded allocations still hold, released (their bytes are safe on
+  // the host): one wait for the streams that may touch them, no wait for copies in flight.
+  uint64_t release_offloaded();
   void synchronize();
   void close();
 

@@ -212,6 +212,10 @@ VTA_API vta_status_t vta_read(vta_space_t* space, uint64_t address, uint64_t off
 /* Release cached pages: unmap free ranges and give unmapped pages back to the backend. */
 VTA_API vta_status_t vta_trim(vta_space_t* space, uint64_t* out_released_bytes);
 VTA_API vta_status_t vta_synchronize(vta_space_t* space);
+/* Unmap the device pages that offloaded allocations still hold (their bytes are on the host):
+ * one wait for the streams that may touch them, none for copies still in flight (those pages
+ * stay held). Reports the mapped bytes released. */
+VTA_API vta_status_t vta_release_offloaded(vta_space_t* space, uint64_t* out_released_bytes);
 
 VTA_API vta_status_t vta_stats(vta_space_t* space, vta_stats_t* out);
 VTA_API vta_status_t vta_reset_peak_stats(vta_space_t* space);
