@@ -183,12 +183,12 @@ class Node:
         peer: _Peer | None = None
         held: list[UidSlots] = []
         try:
+            await self._take(self._pending, held, conn, pid, key)  # an unidentified peer's, too: its uid's
             if unknown is not None:
                 await self._refuse(conn, pid, uid, self._unidentified, True, PermissionDeniedError(
                     f"the vtalloc daemon cannot tell which cgroup pid {pid} is in, so it cannot tell whose quota it "
                     f"would use (--principal-by pod): {unknown}"))
                 return
-            await self._take(self._pending, held, conn, pid, key)
             hello = await conn.recv(self.limits.hello_timeout_s)
             if hello.get("t") != "hello" or version_of(hello) != PROTOCOL_VERSION:
                 raise ProtocolError(f"expected hello v{PROTOCOL_VERSION}, got {echo(hello.get('t'))} "
