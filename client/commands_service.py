@@ -116,6 +116,16 @@ def register(app: typer.Typer, *, fail: Callable[[str, int], NoReturn], console:
                                                     "(default 0:capacity)."),
         principal: list[str] = typer.Option([], help="NAME=UID[,UID...]: these uids count as one principal "
                                             "(repeatable)."),
+        principal_by: str = typer.Option("uid", help="How a client is identified for quotas, limits and who sees "
+                                         "whose sessions: uid (its Unix uid), or pod (a client whose cgroup v2 "
+                                         "path is a Kubernetes pod's, systemd or cgroupfs kubelet layout, is "
+                                         "principal pod:<pod UID>, its pod's containers together; others stay "
+                                         "uid:<n>). With pod, a session also sees only its own uid's sessions, and "
+                                         "an admin uid is admin only in the daemon's own cgroup or an "
+                                         "--admin-cgroup. See docs/kubernetes.md."),
+        admin_cgroup: list[str] = typer.Option([], help="With --principal-by pod: a cgroup path (and everything "
+                                               "below it, e.g. /user.slice) whose admin uids may make admin calls, "
+                                               "besides the daemon's own cgroup (repeatable)."),
         evict_deadline: float = typer.Option(2.0, help="Seconds a client has to answer an eviction request."),
         kill: bool = typer.Option(True, "--kill/--no-kill", help="Kill a client that misses an eviction deadline "
                                   "when that is needed to honour another principal's guaranteed minimum."),
@@ -154,6 +164,7 @@ def register(app: typer.Typer, *, fail: Callable[[str, int], NoReturn], console:
                 quotas=tuple(parse_named_quota(q) for q in quota), principals=parse_principal_map(principal),
                 evict_deadline_s=evict_deadline, kill_on_missed_deadline=kill,
                 max_message_bytes=max_message_bytes, max_concurrent_rpcs=max_concurrent_rpcs,
+                principal_by=principal_by, admin_cgroups=tuple(admin_cgroup),
                 limits=SessionLimits(max_sessions_per_uid=max_sessions_per_uid,
                                      max_pending_per_uid=max_pending_per_uid, hello_timeout_s=hello_timeout,
                                      max_rpcs_per_uid=max_rpcs_per_uid))

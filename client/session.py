@@ -1,7 +1,8 @@
 """A session with the per-node daemon: the side-channel connection, the gRPC channel, the token.
 
 Owns: opening a session (check that the rendezvous is trusted, protocol/rendezvous.py;
-connect the side channel, say hello, receive the session token and
+connect the side channel, say hello (with the quota the process declares in
+``$VTALLOC_QUOTA_MIN``/``$VTALLOC_QUOTA_MAX``, protocol/declared_quota.py), receive the session token and
 the node's geometry), calling RPCs with the token and a timeout on every call, receiving the
 page descriptors a lease pushes, and ending the session (``bye``). Every gRPC failure is
 raised as the service's typed errors (vtalloc.server.protocol.errors); a daemon that is gone gives
@@ -29,6 +30,7 @@ from vtalloc.allocator._handle import Unique
 from vtalloc.allocator.errors import ClosedError, VtallocError
 from vtalloc.server.proto.vtalloc.v1 import admin_pb2_grpc, pages_pb2, pages_pb2_grpc
 from vtalloc.server.protocol.address import UNIX_SCHEME, default_socket_path, parse_address, side_channel_path
+from vtalloc.server.protocol.declared_quota import declared_from_env, hello_field
 from vtalloc.server.protocol.errors import (PermissionDeniedError, ServiceUnavailableError, UntrustedRendezvousError,
                                             error_by_name, error_from_rpc)
 from vtalloc.server.protocol.rendezvous import check_directory, check_peer, check_socket, trusted_uids
@@ -149,10 +151,12 @@ class ServiceSession(Unique):
         self._sock: socket.socket | None = None
         self._channel: grpc.Channel | None = None
         self.daemon_uids = trusted_uids(daemon_uids)
+        # $VTALLOC_QUOTA_MIN/MAX (a pod's own limits): checked before anything is sent; a client's only
+        declared = declared_from_env() if kind == "client" else None
         self._sock = _connect_trusted(self.socket_path, self.side_path, self.daemon_uids, timeout_s)
         try:
             try:
-                send_message(self._sock, {"t": "hello", "v": PROTOCOL_VERSION, "kind": kind})
+                send_message(self._sock, {"t": "hello", "v": PROTOCOL_VERSION, "kind": kind, **hello_field(declared)})
             except OSError:
                 pass  # refused before the hello arrived (a limit): the reason waits to be read
             msg, fds = recv_message(self._sock, timeout_s, max_fds=0)

@@ -41,6 +41,7 @@ from .errors import ErrorInterceptor
 from .ledger import Ledger, NodeGeometry
 from .limits import RpcLimiter, RpcSlots, SessionLimits
 from .node import Node
+from .principals import PRINCIPAL_MODES, limit_key, own_cgroup
 from .proto.vtalloc.v1 import admin_pb2_grpc, pages_pb2_grpc
 from .protocol.address import UNIX_SCHEME, parse_address, side_channel_path
 from .protocol.errors import FailedPreconditionError, UntrustedRendezvousError
@@ -90,6 +91,10 @@ class DaemonConfig:
                                            # (limits.py, Note [Calls per uid]); more get RESOURCE_EXHAUSTED
     limits: SessionLimits = field(default_factory=SessionLimits)  # sessions, pending connections and calls
                                            # per uid, the hello timeout (limits.py; docs/service.md, "Limits")
+    principal_by: str = "uid"              # "uid", or "pod": a client in a kubelet pod's cgroup is its pod
+                                           # (principals.py; docs/kubernetes.md)
+    admin_cgroups: tuple[str, ...] = ()    # with "pod": cgroups (and below) whose admin uids are admins,
+                                           # besides the daemon's own cgroup
     group_gid: int = field(init=False, default=-1)  # ``group`` resolved (-1: none)
 
     def __post_init__(self) -> None:
@@ -109,6 +114,19 @@ class DaemonConfig:
                 raise InvalidArgumentError(f"--quota: {q.principal} is given more than once; give each principal "
                                            "one quota")
             seen.add(q.principal)
+        if self.principal_by not in PRINCIPAL_MODES:
+            raise InvalidArgumentError(f"--principal-by must be one of {', '.join(PRINCIPAL_MODES)}, "
+                                       f"got {self.principal_by!r}")
+        for c in self.admin_cgroups:
+            if not isinstance(c, str) or not c.startswith("/") or any(p in (".", "..") for p in c.split("/")) \
+                    or "\n" in c or len(c) > 4096:
+                raise InvalidArgumentError(f"--admin-cgroup: {c!r} is not an absolute cgroup path (e.g. /user.slice)")
+            if not c.strip("/"):
+                raise InvalidArgumentError("--admin-cgroup /: every pod is below the root cgroup, so every pod's root "
+                                           "would be an admin; name a subtree, e.g. /user.slice")
+        if self.admin_cgroups and self.principal_by != "pod":
+            raise InvalidArgumentError("--admin-cgroup needs --principal-by pod (in uid mode an admin uid is enough)")
+        object.__setattr__(self, "admin_cgroups", tuple(dict.fromkeys(self.admin_cgroups)))
         if not isinstance(self.pages, Config):
             raise InvalidArgumentError(f"pages must be a Config, not {type(self.pages).__name__}")
         if self.host_capacity is not None:
@@ -230,21 +248,28 @@ async def serve(config: DaemonConfig, *, on_ready: Callable[[dict], None] | None
         geometry = NodeGeometry(info.backend, info.device, info.page_bytes, info.capacity_bytes // info.page_bytes,
                                 config.host_capacity or 0, config.evict_deadline_s)
         admins = {0, os.geteuid(), *config.admin_uids}
+        admin_cgroups = None
+        if config.principal_by == "pod":
+            own = own_cgroup()
+            if not own:
+                raise FailedPreconditionError("--principal-by pod needs cgroup v2: /proc/self/cgroup has no '0::' line")
+            admin_cgroups = (own, *config.admin_cgroups)
         ledger = Ledger(geometry, default_quota=config.default_quota, quotas=config.quotas,
-                        principals=config.principals, admin_uids=admins)
+                        principals=config.principals, admin_uids=admins, admin_cgroups=admin_cgroups)
         _prepare_directory(sock_path.parent, gid, config.group)
         lock = _Lock(config.socket_path + ".lock")
         for stale in (config.socket_path, config.side_channel_path):
             if os.path.lexists(stale):
                 os.unlink(stale)
-        node = Node(page_pool, ledger, kill_on_missed_deadline=config.kill_on_missed_deadline, limits=config.limits)
+        node = Node(page_pool, ledger, kill_on_missed_deadline=config.kill_on_missed_deadline, limits=config.limits,
+                    principal_by=config.principal_by)
         keeper = StateKeeper(config.state_path, ledger, node.capacity_changed)
         inherited_bytes = keeper.adopt()  # before any lease: what a previous daemon's clients still hold
         node.on_holdings_changed = keeper.save
 
-        def identify(token: str) -> tuple[int, bool]:
+        def identify(token: str) -> tuple[int | str, bool]:
             s = ledger.authenticate(token)
-            return s.uid, ledger.is_admin(s)
+            return limit_key(s.uid, s.pod), ledger.is_admin(s)
 
         # Not gRPC's maximum_concurrent_rpcs: it counts calls before their caller is known.
         rpc_slots = RpcSlots(config.limits.max_rpcs_per_uid, config.max_concurrent_rpcs)

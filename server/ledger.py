@@ -4,6 +4,8 @@ Owns the service's bookkeeping and every rule about it, with no I/O, no gRPC and
 asyncio, so each rule is testable alone (tests/test_service_ledger.py). The node (node.py)
 does the I/O around it: it asks the ledger, creates or releases pages, and tells the ledger
 what happened. What it answers are the frozen views of views.py.
+Why this file is long: every rule about sessions, pages, quotas and who sees whom lives here,
+under one lock, so that each can be checked against the others in one place.
 
 Invariants (``check_invariants()``):
 - every leased page id has exactly one owner, a live session, and is in that session's pages;
@@ -13,6 +15,11 @@ Invariants (``check_invariants()``):
 - the quota minimums of all principals together fit in the node's capacity;
 - a principal's pages never exceed its maximum because of a lease the ledger admitted
   (lowering a maximum later refuses new leases; it takes nothing away).
+- a session sees, and acts on, only sessions of its own uid *and* principal (admins: all); under
+  ``--principal-by pod`` a session is admin only if its uid is and its cgroup is exactly the
+  daemon's own or under an ``--admin-cgroup`` (a pod's root is not the node's root);
+- a principal's quota is the operator's (its own, else the default) lowered, per field, by what its
+  live client sessions declared in their hellos (the lowest wins); a declaration never raises it.
 Reports are untrusted: reports.py keeps their values in range and their sums in a uint64.
 Page ids are never reused (the page pool hands out fresh ones), so an id seen once identifies a
 page for the daemon's lifetime. Thread safety: every public method takes one lock (the
@@ -39,7 +46,8 @@ from .protocol.errors import (
     UnauthenticatedError,
     echo,
 )
-from .quota import PrincipalMap, Quota, check_principal
+from .principals import under_cgroup
+from .quota import PrincipalMap, Quota, check_principal, pod_principal
 from .records import SESSION_KINDS, EvictTicket, Holder, NodeCounters, NodeGeometry, Session
 from .reports import check_report, take_report
 from .snapshot import device_view, page_views, pages_by_state, principal_view, session_view
@@ -68,7 +76,8 @@ _TOKEN_BYTES = 16                          # 128 random bits: the secret a call 
 class Ledger:
     def __init__(self, geometry: NodeGeometry, *, default_quota: Quota | None = None,
                  quotas: Iterable[Quota] = (), principals: PrincipalMap = PrincipalMap(),
-                 admin_uids: Iterable[int] = (0,), clock: Callable[[], float] = time.monotonic) -> None:
+                 admin_uids: Iterable[int] = (0,), admin_cgroups: tuple[str, ...] | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.geometry = geometry
         self._clock = clock
         self._started = clock()
@@ -78,6 +87,7 @@ class Ledger:
         self._quotas: dict[str, Quota] = {}
         self._principals = principals
         self._admin_uids = frozenset(admin_uids)
+        self._admin_cgroups = admin_cgroups      # None: uid mode, admin by uid alone
         self._sessions: dict[str, Session] = {}
         self._by_token: dict[str, Session] = {}
         self._owner: dict[int, Session] = {}
@@ -92,16 +102,22 @@ class Ledger:
             self.set_quota(q.principal, q.min_bytes, q.max_bytes)
 
     # -- sessions ---------------------------------------------------------------------------
-    def open_session(self, pid: int, uid: int, gid: int, kind: str, start_ticks: int = 0) -> Session:
+    def open_session(self, pid: int, uid: int, gid: int, kind: str, start_ticks: int = 0, *, cgroup: str = "",
+                     pod: str | None = None, declared: tuple[int | None, int | None] | None = None) -> Session:
+        """``pod``: the pod UID the kernel's cgroup path names (principals.py), which makes the
+        principal ``pod:<uid>``; else the uid's. ``declared``: (min, max) from the hello, which can
+        only lower the principal's quota (ignored for an observer)."""
         if kind not in SESSION_KINDS:
             raise InvalidArgumentError(f"session kind must be one of {', '.join(SESSION_KINDS)}, got {kind!r}")
+        principal = pod_principal(pod) if pod else self._principals.principal_for(uid)
         with self._lock:
             token = secrets.token_hex(_TOKEN_BYTES)
             sid = secrets.token_hex(_SESSION_ID_BYTES)
             while sid in self._sessions:  # a clash is unlikely, never allowed
                 sid = secrets.token_hex(_SESSION_ID_BYTES)
-            s = Session(sid, token, pid, uid, gid, self._principals.principal_for(uid), kind, self._clock(),
-                        start_ticks=start_ticks)
+            s = Session(sid, token, pid, uid, gid, check_principal(principal), kind, self._clock(),
+                        start_ticks=start_ticks, cgroup=cgroup, pod=pod,
+                        declared=declared if kind == "client" else None)
             self._sessions[sid] = s
             self._by_token[token] = s
             if kind == "client":
@@ -118,7 +134,16 @@ class Ledger:
             return s
 
     def is_admin(self, s: Session) -> bool:
-        return s.uid in self._admin_uids
+        if s.uid not in self._admin_uids:
+            return False
+        if self._admin_cgroups is None:
+            return True
+        own, *more = self._admin_cgroups  # the daemon's own cgroup exactly (it may be "/"), then subtrees
+        return bool(s.cgroup) and (s.cgroup == own or any(under_cgroup(s.cgroup, c) for c in more))
+
+    def _sees(self, caller: Session, s: Session) -> bool:
+        """Whether ``caller`` may see and act on ``s``: an admin, or the same uid and principal."""
+        return self.is_admin(caller) or (s.uid == caller.uid and s.principal == caller.principal)
 
     def require_admin(self, s: Session, what: str) -> None:
         if not self.is_admin(s):
@@ -130,8 +155,8 @@ class Ledger:
             s = self._sessions.get(session_id)
             if s is None or not s.live:
                 raise NotFoundError(f"no session {echo(session_id)}")
-            if s.uid != caller.uid and not self.is_admin(caller):
-                raise PermissionDeniedError(f"session {session_id} belongs to another uid")
+            if not self._sees(caller, s):
+                raise PermissionDeniedError(f"session {session_id} belongs to another uid or principal")
             return s
 
     def end_session(self, s: Session, *, clean: bool) -> list[int]:
@@ -167,8 +192,13 @@ class Ledger:
 
     # -- quotas -----------------------------------------------------------------------------
     def quota_of(self, principal: str) -> Quota:
+        """The principal's quota: the operator's, lowered by its live client sessions' declarations."""
         with self._lock:
-            return self._quotas.get(principal) or self._default_quota.for_principal(principal)
+            q = self._quotas.get(principal) or self._default_quota.for_principal(principal)
+            for s in self._sessions.values():
+                if s.declared is not None and s.principal == principal:
+                    q = q.lowered(*s.declared)
+            return q
 
     def quotas(self) -> tuple[Quota, ...]:
         with self._lock:
@@ -447,7 +477,7 @@ class Ledger:
             if target is None:
                 raise NotFoundError(f"no session {echo(session_id)}")
             return [target], 0, admin
-        seen = [s for s in clients if admin or s.uid == caller.uid]
+        seen = [s for s in clients if admin or self._sees(caller, s)]
         return seen, len(clients) - len(seen), admin
 
     def node_view(self, caller: Session | None, session_id: str = "") -> NodeView:

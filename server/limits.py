@@ -10,6 +10,9 @@ LimitExceededError, then the connection closes) is sent by node.py.
 Invariants: a slot is taken only if it is under its limit and given back exactly once
 (node.py takes and gives back in one task's try/finally); the limits apply to every uid,
 root and admins included: they count per uid, so one uid's sessions never use another's.
+Under ``--principal-by pod`` a pod's connections count per pod instead (the key is
+``pod:<uid>``, principals.py :func:`limit_key`): pods mostly share one uid (often root), and
+one pod must not use up the slots of the others; a process outside any pod counts per uid.
 
 Note [Calls per uid]
 --------------------
@@ -33,7 +36,7 @@ import collections
 import logging
 import time
 from dataclasses import dataclass
-from typing import Any, AsyncIterator, Callable
+from typing import Any, AsyncIterator, Callable, Hashable
 
 import grpc
 
@@ -43,7 +46,7 @@ from .errors import Continuation, abort
 from .protocol.errors import LimitExceededError, UnauthenticatedError
 from .protocol.rpc import session_token
 
-__all__ = ["SessionLimits", "UidSlots", "RefusalLog", "REFUSAL_LOG_EVERY_S", "RpcSlots", "RpcLimiter",
+__all__ = ["SessionLimits", "UidSlots", "who", "RefusalLog", "REFUSAL_LOG_EVERY_S", "RpcSlots", "RpcLimiter",
            "NO_SESSION", "UNCOUNTED_METHODS"]
 
 log = logging.getLogger("vtalloc.server")
@@ -74,29 +77,35 @@ class SessionLimits:
             raise InvalidArgumentError(f"hello timeout must be {low:g} .. {high:g} s, got {self.hello_timeout_s!r}")
 
 
+def who(key: Hashable) -> str:
+    """A limit's key in words: ``uid 1000`` for a uid, else the key (``pod:<uid>``)."""
+    return f"uid {key}" if isinstance(key, int) else str(key)
+
+
 class UidSlots:
-    """How many slots of one kind each uid holds, under one limit."""
+    """How many slots of one kind each caller holds, under one limit. The caller's key is its
+    uid, or under ``--principal-by pod`` its pod principal (principals.py :func:`limit_key`)."""
 
     def __init__(self, what: str, option: str, limit: int) -> None:
         self.what = what            # e.g. "open sessions"
         self.option = option        # the `vtalloc serve` option that sets the limit
         self.limit = limit
-        self._held: collections.Counter[int] = collections.Counter()
+        self._held: collections.Counter[Hashable] = collections.Counter()
 
-    def take(self, uid: int) -> None:
-        """Take a slot for ``uid``, or raise LimitExceededError naming the limit."""
+    def take(self, uid: Hashable) -> None:
+        """Take a slot for ``uid`` (a key), or raise LimitExceededError naming the limit."""
         if self._held[uid] >= self.limit:
             raise LimitExceededError(
-                f"uid {uid} already has {self._held[uid]} {self.what} on this vtalloc daemon, its limit "
+                f"{who(uid)} already has {self._held[uid]} {self.what} on this vtalloc daemon, its limit "
                 f"({self.option} {self.limit}); close some, or ask the node's operator to raise it")
         self._held[uid] += 1
 
-    def give_back(self, uid: int) -> None:
+    def give_back(self, uid: Hashable) -> None:
         self._held[uid] -= 1
         if self._held[uid] <= 0:
             del self._held[uid]
 
-    def held(self, uid: int) -> int:
+    def held(self, uid: Hashable) -> int:
         return self._held[uid]
 
 
@@ -105,9 +114,9 @@ class RefusalLog:
 
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self._clock = clock
-        self._last: dict[tuple[int, str], tuple[float, int]] = {}  # -> (logged at, refused since)
+        self._last: dict[tuple[Hashable, str], tuple[float, int]] = {}  # -> (logged at, refused since)
 
-    def refused(self, uid: int, pid: int, slots: UidSlots, why: str, *, who: str | None = None) -> None:
+    def refused(self, uid: Hashable, pid: int, slots: UidSlots, why: str, *, who: str | None = None) -> None:
         """``who``: what was refused (default: a side-channel connection from ``pid``, ``uid``)."""
         key = (uid, slots.option)
         now = self._clock()
@@ -132,7 +141,7 @@ class RpcSlots:
         self.total_limit = total
         self.total = 0                       # calls of non-admin callers
 
-    def take(self, caller: int, admin: bool) -> None:
+    def take(self, caller: Hashable, admin: bool) -> None:
         if caller == NO_SESSION and self.per_uid.held(caller) >= self.per_uid.limit:
             raise LimitExceededError(
                 f"{self.per_uid.held(caller)} gRPC calls without a session are in progress on this vtalloc daemon, "
@@ -147,7 +156,7 @@ class RpcSlots:
                 f"(--max-concurrent-rpcs {self.total_limit}); try again later, or ask the node's operator to raise it")
         self.total += 1
 
-    def give_back(self, caller: int, admin: bool) -> None:
+    def give_back(self, caller: Hashable, admin: bool) -> None:
         self.per_uid.give_back(caller)
         if not admin:
             self.total -= 1
@@ -156,12 +165,12 @@ class RpcSlots:
 class RpcLimiter(grpc.aio.ServerInterceptor):
     """Takes a slot of :class:`RpcSlots` when a call's handler starts, gives it back when it ends."""
 
-    def __init__(self, slots: RpcSlots, identify: Callable[[str | None], tuple[int, bool]]) -> None:
+    def __init__(self, slots: RpcSlots, identify: Callable[[str | None], tuple[Hashable, bool]]) -> None:
         self.slots = slots
-        self._identify = identify            # token -> (uid, admin); raises UnauthenticatedError
+        self._identify = identify            # token -> (limit key: uid or pod, admin); raises UnauthenticatedError
         self._refusals = RefusalLog()
 
-    def _caller(self, metadata: Any) -> tuple[int, bool]:
+    def _caller(self, metadata: Any) -> tuple[Hashable, bool]:
         token = session_token(metadata)
         if token is None:
             return NO_SESSION, False
@@ -177,14 +186,14 @@ class RpcLimiter(grpc.aio.ServerInterceptor):
             return handler
         method, metadata, slots = details.method, details.invocation_metadata, self.slots
 
-        async def enter(context: grpc.aio.ServicerContext) -> tuple[int, bool]:
+        async def enter(context: grpc.aio.ServicerContext) -> tuple[Hashable, bool]:
             """The caller's slots, or the call ends here (abort raises)."""
             caller, admin = self._caller(metadata)
             try:
                 slots.take(caller, admin)
             except LimitExceededError as e:
-                who = "gRPC call without a session" if caller == NO_SESSION else f"gRPC call of uid {caller}"
-                self._refusals.refused(caller, 0, slots.per_uid, f"{method}: {e}", who=who)
+                whose = "gRPC call without a session" if caller == NO_SESSION else f"gRPC call of {who(caller)}"
+                self._refusals.refused(caller, 0, slots.per_uid, f"{method}: {e}", who=whose)
                 await abort(context, e, method)
             return caller, admin
 

@@ -1,11 +1,15 @@
 """The node: the daemon's page pool, its sessions' connections, and the pressure protocol.
 
 Owns the I/O around the ledger, on the event loop: accepting side-channel connections
-(identity by SO_PEERCRED; never stopped by an accept error, side_channel.py Note [Accept
-errors]) within the operator's per-uid limits (limits.py: over one, the client is told
+(identity by SO_PEERCRED, and under ``--principal-by pod`` the cgroup of the process that
+connected, read once, principals.py; never stopped by an accept error, side_channel.py Note [Accept
+errors]) within the operator's per-uid (per-pod) limits (limits.py: over one, the client is told
 ``refused`` with LimitExceededError and the connection closes), creating pages and pushing their descriptors, releasing pages
 that come back or whose session ended, asking sessions to evict when the node runs short,
 and the decision when one does not answer in time (Note [Missed eviction deadline]).
+
+Why this file is long: a connection's lifetime, a lease's delivery and the pressure protocol
+share the peers and the wake-up future; split, each would reach into the others' state.
 
 Invariants: a page is in the page pool exactly while the ledger has an owner for it (pages are
 created after the ledger admits a lease and released as soon as the ledger lets go of them, or
@@ -45,10 +49,13 @@ from vtalloc.allocator.errors import InvalidArgumentError, OutOfMemoryError
 from vtalloc.allocator.pool import PagePool
 
 from .ledger import Ledger
-from .limits import RefusalLog, SessionLimits, UidSlots
+from .limits import RefusalLog, SessionLimits, UidSlots, who
 from .loop_stalls import LoopStalls, wait_judged
 from .node_events import EvictEvent, EvictOutcome, QuotaEvent, ShutdownEvent
-from .protocol.errors import FailedPreconditionError, LimitExceededError, NodeShortError, ServiceUnavailableError, echo
+from .principals import PeerIdentity, PeerIdentityError, boot_ticks_now, limit_key, peer_cgroup
+from .protocol.declared_quota import declared_from_hello
+from .protocol.errors import (FailedPreconditionError, LimitExceededError, NodeShortError, PermissionDeniedError,
+                              ServiceUnavailableError, echo)
 from .protocol.side_channel import MAX_FDS_PER_MESSAGE, PROTOCOL_VERSION, ProtocolError, version_of
 from .quota import Quota
 from .records import SESSION_KINDS, EvictTicket, Session
@@ -77,8 +84,9 @@ class _Peer:
 
 class Node:
     def __init__(self, pool: PagePool, ledger: Ledger, *, kill_on_missed_deadline: bool = True,
-                 limits: SessionLimits | None = None) -> None:
+                 limits: SessionLimits | None = None, principal_by: str = "uid") -> None:
         self.pool = pool
+        self.principal_by = principal_by  # "uid" or "pod" (principals.py)
         self.ledger = ledger
         self.kill_on_missed_deadline = kill_on_missed_deadline
         self.limits = limits = limits or SessionLimits()
@@ -86,6 +94,7 @@ class Node:
                                  limits.max_pending_per_uid)
         self._sessions = UidSlots("open sessions", "--max-sessions-per-uid", limits.max_sessions_per_uid)
         self._refusals = RefusalLog()
+        self._unidentified = UidSlots("connections whose cgroup could not be read", "--principal-by pod", 0)
         self._closer = Closer()
         self.stalls = LoopStalls()
         self._peers: dict[str, _Peer] = {}
@@ -142,19 +151,44 @@ class Node:
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
 
+    def _identify(self, sock: socket.socket, pid: int, pidfd: int | None, exact: bool,
+                  accepted_ticks: int) -> PeerIdentity | None:
+        """The peer's cgroup and pod under ``--principal-by pod`` (None in uid mode); raises
+        PeerIdentityError when it cannot be read safely (principals.py, Note [Reading a peer's cgroup])."""
+        if self.principal_by != "pod":
+            return None
+        start = None if exact else process_start_ticks(pid)
+        return peer_cgroup(pid, pidfd, exact_pidfd=exact, accepted_ticks=accepted_ticks, start_ticks=start)
+
     async def _session_lifetime(self, sock: socket.socket) -> None:
         loop = asyncio.get_running_loop()
+        accepted_ticks = boot_ticks_now()
         try:
             pid, uid, gid = peer_credentials(sock)
         except OSError:
             self._closer.close(-1, [sock.detach()])  # never on the loop: side_channel.py, Note [Closing off the loop]
             return
-        conn = AsyncConnection(sock, loop, self._closer, uid)
-        pidfd = None
+        pidfd, exact = peer_pidfd(sock, pid)  # at once: the process that connected (principals.py)
+        try:
+            ident, unknown = self._identify(sock, pid, pidfd, exact, accepted_ticks), None
+        except PeerIdentityError as e:
+            ident, unknown = None, e
+        except BaseException:
+            if pidfd is not None:
+                os.close(pidfd)
+            self._closer.close(uid, [sock.detach()])
+            raise
+        key = limit_key(uid, ident.pod if ident else None)
+        conn = AsyncConnection(sock, loop, self._closer, key)
         peer: _Peer | None = None
         held: list[UidSlots] = []
         try:
-            await self._take(self._pending, held, conn, pid, uid)
+            await self._take(self._pending, held, conn, pid, key)  # an unidentified peer's, too: its uid's
+            if unknown is not None:
+                await self._refuse(conn, pid, uid, self._unidentified, True, PermissionDeniedError(
+                    f"the vtalloc daemon cannot tell which cgroup pid {pid} is in, so it cannot tell whose quota it "
+                    f"would use (--principal-by pod): {unknown}"))
+                return
             hello = await conn.recv(self.limits.hello_timeout_s)
             if hello.get("t") != "hello" or version_of(hello) != PROTOCOL_VERSION:
                 raise ProtocolError(f"expected hello v{PROTOCOL_VERSION}, got {echo(hello.get('t'))} "
@@ -164,11 +198,18 @@ class Node:
             kind = hello.get("kind")
             if kind not in SESSION_KINDS:
                 raise ProtocolError(f"unknown session kind {echo(kind)}")
+            try:
+                declared = declared_from_hello(hello)
+            except InvalidArgumentError as e:
+                self.ledger.count_protocol_error()
+                await self._refuse(conn, pid, key, self._pending, False, e)
+                return
             held.remove(self._pending)
-            self._pending.give_back(uid)
-            await self._take(self._sessions, held, conn, pid, uid)
-            pidfd = peer_pidfd(sock, pid)
-            session = self.ledger.open_session(pid, uid, gid, kind, process_start_ticks(pid) or 0)
+            self._pending.give_back(key)
+            await self._take(self._sessions, held, conn, pid, key)
+            session = self.ledger.open_session(pid, uid, gid, kind, process_start_ticks(pid) or 0,
+                                               cgroup=ident.cgroup if ident else "", pod=ident.pod if ident else None,
+                                               declared=declared)
             peer = self._peers[session.session_id] = _Peer(session, conn, pidfd)
             info = self.ledger.session_info(session)
             await conn.send({"t": "session", "v": PROTOCOL_VERSION, "token": session.token,
@@ -179,7 +220,11 @@ class Node:
                              "host_capacity_bytes": info.host_capacity_bytes,
                              "evict_deadline_s": info.evict_deadline_s}, timeout_s=SEND_TIMEOUT_S)
             if kind == "client":
-                log.info("session %s opened: pid %d uid %d (%s)", session.session_id, pid, uid, session.principal)
+                log.info("session %s opened: pid %d uid %d (%s)%s", session.session_id, pid, uid, session.principal,
+                         f", quota {info.quota.min_bytes}:{info.quota.max_bytes} after its declaration"
+                         if declared else "")
+                if declared:
+                    self.quota_changed(self.ledger.quota_of(session.principal))
             clean = await self._until_gone(peer)
             self._end(peer, clean=clean)
         except LimitExceededError:
@@ -196,25 +241,34 @@ class Node:
                 self._end(peer, clean=False)
             if pidfd is not None and peer is None:
                 os.close(pidfd)
-            # The slots come back once the connection is closed: what a uid leaves in the Closer is bounded.
-            conn.close(then=lambda: [slots.give_back(uid) for slots in held])
+            # The slots come back once the connection is closed: what a caller leaves in the Closer is bounded.
+            conn.close(then=lambda: [slots.give_back(key) for slots in held])
 
-    async def _take(self, slots: UidSlots, held: list[UidSlots], conn: AsyncConnection, pid: int, uid: int) -> None:
-        """A slot of ``slots`` for ``uid`` (added to ``held``), or: log, tell the client why
-        (a ``refused`` message naming LimitExceededError) and raise LimitExceededError."""
+    async def _refuse(self, conn: AsyncConnection, pid: int, key: object, slots: UidSlots, hello_unread: bool,
+                      e: Exception) -> None:
+        """Log (rate-limited per caller and reason) and tell the client why (a ``refused`` message
+        naming the error's class); the caller then closes the connection."""
+        self._refusals.refused(key, pid, slots, str(e),
+                               who=None if isinstance(key, int) else f"side channel from pid {pid} {who(key)}")
         try:
-            slots.take(uid)
+            await conn.send({"t": "refused", "v": PROTOCOL_VERSION, "error": type(e).__name__,
+                             "message": str(e)}, timeout_s=REFUSE_SEND_TIMEOUT_S)
+            if hello_unread:
+                # Read the hello it may be sending: closing with it unread would reset
+                # the connection, and the client would see ECONNRESET, not the reason.
+                await conn.recv(REFUSE_SEND_TIMEOUT_S)
+        except (OSError, EOFError, TimeoutError, asyncio.TimeoutError, ProtocolError):
+            pass  # the client is gone, not reading or not saying hello: it sees the connection close
+
+    async def _take(self, slots: UidSlots, held: list[UidSlots], conn: AsyncConnection, pid: int,
+                    key: object) -> None:
+        """A slot of ``slots`` for ``key`` (a uid, or a pod: principals.limit_key; added to ``held``),
+        or: log, tell the client why (a ``refused`` message naming LimitExceededError) and raise
+        LimitExceededError."""
+        try:
+            slots.take(key)
         except LimitExceededError as e:
-            self._refusals.refused(uid, pid, slots, str(e))
-            try:
-                await conn.send({"t": "refused", "v": PROTOCOL_VERSION, "error": type(e).__name__,
-                                 "message": str(e)}, timeout_s=REFUSE_SEND_TIMEOUT_S)
-                if slots is self._pending:
-                    # Read the hello it may be sending: closing with it unread would reset
-                    # the connection, and the client would see ECONNRESET, not the reason.
-                    await conn.recv(REFUSE_SEND_TIMEOUT_S)
-            except (OSError, EOFError, TimeoutError, asyncio.TimeoutError, ProtocolError):
-                pass  # the client is gone, not reading or not saying hello: it sees the connection close
+            await self._refuse(conn, pid, key, slots, slots is self._pending, e)
             raise
         held.append(slots)
 
@@ -457,6 +511,8 @@ class Node:
             peer.watching = False
 
     def quota_changed(self, quota: Quota) -> None:
+        """Tell the principal's client sessions their quota: the one in force, lowered by declarations."""
+        quota = self.ledger.quota_of(quota.principal)
         for peer in list(self._peers.values()):
             if peer.session.principal == quota.principal and peer.session.kind == "client":
                 peer.events.put_nowait(QuotaEvent(quota))

@@ -2,8 +2,11 @@
 
 Owns: the :class:`Quota` record, principal naming (``uid:<n>`` by default, or a configured
 name that one or more uids map to) and the parsing of quota flags (``NAME=MIN:MAX``).
-Invariants: ``0 <= min_bytes <= max_bytes``; a principal name is ``uid:<digits>`` or 1-64
-characters of ``[A-Za-z0-9_.-]`` (so it is safe in logs, metrics labels and JSON).
+Also a pod's principal (``pod:<pod UID>``, ``vtalloc serve --principal-by pod``:
+principals.py) and a quota lowered by what a client declared (:meth:`Quota.lowered`).
+Invariants: ``0 <= min_bytes <= max_bytes``; a principal name is ``uid:<digits>``,
+``pod:<pod UID>`` or 1-64 characters of ``[A-Za-z0-9_.-]`` (so it is safe in logs, metrics
+labels and JSON); a lowered quota is never above the one it lowers, in either field.
 Nothing here knows about sessions or pages in flight; see ledger.py.
 """
 
@@ -15,13 +18,15 @@ from dataclasses import dataclass
 from vtalloc.allocator.config import parse_size
 from vtalloc.allocator.errors import InvalidArgumentError
 
+from .principals import POD_UID_RE
 from .protocol.errors import echo
 
 __all__ = [
     "Quota", "PrincipalMap", "check_principal", "parse_quota", "parse_named_quota", "parse_principal_map", "uid_principal",
+    "pod_principal",
 ]
 
-_NAME_RE = re.compile(r"^(uid:[0-9]{1,10}|[A-Za-z0-9_.-]{1,64})$")
+_NAME_RE = re.compile(rf"^(uid:[0-9]{{1,10}}|pod:{POD_UID_RE}|[A-Za-z0-9_.-]{{1,64}})$")
 
 
 @dataclass(frozen=True)
@@ -49,15 +54,26 @@ class Quota:
     def for_principal(self, principal: str) -> "Quota":
         return Quota(principal, self.min_bytes, self.max_bytes)
 
+    def lowered(self, min_bytes: int | None, max_bytes: int | None) -> "Quota":
+        """This quota with each field lowered to a declared value (None: not declared); never raised."""
+        hi = self.max_bytes if max_bytes is None else min(self.max_bytes, max_bytes)
+        lo = self.min_bytes if min_bytes is None else min(self.min_bytes, min_bytes)
+        return Quota(self.principal, min(lo, hi), hi)
+
 
 def uid_principal(uid: int) -> str:
     return f"uid:{uid}"
 
 
+def pod_principal(pod_uid: str) -> str:
+    return f"pod:{pod_uid}"
+
+
 def check_principal(name: str) -> str:
     if not isinstance(name, str) or not _NAME_RE.match(name):
         raise InvalidArgumentError(
-            f"principal {echo(name)} is not 'uid:<n>' or a name of 1-64 letters, digits, '_', '.', '-'")
+            f"principal {echo(name)} is not 'uid:<n>', 'pod:<pod UID>' or a name of 1-64 letters, digits, '_', '.', "
+            "'-'")
     return name
 
 
@@ -105,8 +121,8 @@ def parse_principal_map(items: list[str] | tuple[str, ...]) -> PrincipalMap:
         if not sep or not uids.strip():
             raise InvalidArgumentError(f"principal {item!r}: expected NAME=UID[,UID...], e.g. team-a=1000,1001")
         name = check_principal(name.strip())
-        if name.startswith("uid:"):
-            raise InvalidArgumentError(f"principal {item!r}: a configured name may not start with 'uid:'")
+        if name.startswith(("uid:", "pod:")):
+            raise InvalidArgumentError(f"principal {item!r}: a configured name may not start with 'uid:' or 'pod:'")
         for part in uids.split(","):
             try:
                 uid = int(part)

@@ -70,6 +70,9 @@ class Session:
     counters: SessionCounters = field(default_factory=SessionCounters)
     live: bool = True
     start_ticks: int = 0                                  # its process's start time (state_file.py)
+    cgroup: str = ""                                      # its cgroup v2 path when it connected ("" in uid mode)
+    pod: str | None = None                                # its pod UID (--principal-by pod; principals.py)
+    declared: tuple[int | None, int | None] | None = None  # the (min, max) its hello declared (client sessions)
 
 
 @dataclass

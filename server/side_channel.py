@@ -73,16 +73,20 @@ _SO_PEERPIDFD = getattr(socket, "SO_PEERPIDFD", 77)  # Linux >= 6.5; older Pytho
 SCM_MAX_FD = 253
 
 
-def peer_pidfd(sock: socket.socket, pid: int) -> int | None:
-    """A pidfd for the peer: race-free ``SO_PEERPIDFD`` where the kernel has it, else ``pidfd_open``."""
+def peer_pidfd(sock: socket.socket, pid: int) -> tuple[int | None, bool]:
+    """A pidfd for the peer, and whether it is exactly the process that connected: race-free
+    ``SO_PEERPIDFD`` where the kernel has it (True), else ``pidfd_open(pid)`` (False: the pid may
+    have been reused since; principals.py checks the start time where that matters)."""
     try:
-        return struct.unpack("i", sock.getsockopt(socket.SOL_SOCKET, _SO_PEERPIDFD, FD_BYTES))[0]
+        return struct.unpack("i", sock.getsockopt(socket.SOL_SOCKET, _SO_PEERPIDFD, FD_BYTES))[0], True
     except OSError:
         pass
+    if pid <= 0:
+        return None, False
     try:
-        return os.pidfd_open(pid)
+        return os.pidfd_open(pid), False
     except (OSError, AttributeError):
-        return None
+        return None, False
 
 
 class AsyncConnection:

@@ -42,8 +42,9 @@ def test_descriptors_arrive_and_point_at_the_same_file(pair):
 def test_peer_identity_is_the_kernels(pair):
     a, _ = pair
     assert peer_credentials(a) == (os.getpid(), os.geteuid(), os.getegid())
-    fd = peer_pidfd(a, os.getpid())
-    assert fd is not None
+    fd, exact = peer_pidfd(a, os.getpid())
+    kernel = tuple(int(x) for x in os.uname().release.split("-")[0].split(".")[:2])
+    assert fd is not None and exact == (kernel >= (6, 5))  # SO_PEERPIDFD since Linux 6.5; before: pidfd_open
     os.close(fd)
 
 

@@ -89,8 +89,10 @@ class Daemon:
 
     def __init__(self, base: Path | None = None, *, capacity: str = "64MiB", args: tuple[str, ...] = (),
                  evict_deadline: float = 1.0, env: dict[str, str] | None = None, nofile: int | None = None,
-                 user: int | None = None, group: int | None = None) -> None:
+                 user: int | None = None, group: int | None = None,
+                 preexec: Callable[[], None] | None = None) -> None:
         self.env = env or {}
+        self.preexec = preexec  # run in the daemon's process before exec (e.g. enter a cgroup namespace)
         self.nofile = nofile  # RLIMIT_NOFILE (soft and hard) of the daemon process, or inherited
         self.user, self.group = user, group  # run the daemon as this uid and gid (the test must be root)
         self.base = base or short_dir()
@@ -115,7 +117,8 @@ class Daemon:
         try:
             self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=self._log,
                                          text=True, start_new_session=True, env=child_env(**self.env),
-                                         preexec_fn=None if self.nofile is None else self._limit_nofile)
+                                         preexec_fn=None if self.nofile is None and self.preexec is None
+                                         else self._before_exec)
         except BaseException:
             self._log.close()
             raise
@@ -126,10 +129,13 @@ class Daemon:
             raise RuntimeError(f"the daemon did not start:\n{self.log()}") from None
         return self
 
-    def _limit_nofile(self) -> None:  # in the child, before exec
+    def _before_exec(self) -> None:  # in the child, before exec
         import resource
 
-        resource.setrlimit(resource.RLIMIT_NOFILE, (self.nofile, self.nofile))
+        if self.nofile is not None:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (self.nofile, self.nofile))
+        if self.preexec is not None:
+            self.preexec()
 
     @property
     def pid(self) -> int:
