@@ -143,12 +143,19 @@ class Recorder(TorchDispatchMode):
                 t = args[i] if i < len(args) else kwargs.get(schema.arguments[i].name)
                 if not isinstance(t, torch.Tensor):
                     continue
+                # The version counter is bumped above this dispatch level, after this returns.
                 if i == 0 and name.endswith("_") and len(written) == 1:
-                    n = Node(func, a_nodes, k_nodes, None, t._version, rng=rng, inplace=True)
+                    n = Node(func, a_nodes, k_nodes, None, t._version + 1, rng=rng, inplace=True)
                     n.flops, n.touched = flops, touched
                 else:  # out= and the like: what it now holds is opaque
-                    n = Node(None, (), {}, None, t._version, ext=weakref.ref(t))
+                    n = Node(None, (), {}, None, t._version + 1, ext=weakref.ref(t))
                 setattr(t, ATTR_NODE, n)
+            return out
+        if func is torch.ops.aten.empty_like.default and isinstance(out, torch.Tensor):
+            # Only the input's layout matters (dropout's mask starts so): no data dependency.
+            n = Node(torch.ops.aten.empty_strided.default, (tuple(out.shape), tuple(out.stride())),
+                     {"dtype": out.dtype, "device": out.device}, None, out._version)
+            setattr(out, ATTR_NODE, n)
             return out
         outs = out if isinstance(out, (tuple, list)) else (out,)
         for i, o in enumerate(outs):

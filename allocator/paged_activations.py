@@ -1,5 +1,8 @@
 """Paged training activations: saved tensors evicted behind, prefetched ahead, on a schedule.
 
+Why this file is long: the scheduler, both pagers and the plan's three kinds of record share one
+lock and one set of counters; splitting them would spread one state machine over files.
+
 Owns: the ``saved_tensors_hooks`` context (:class:`PagedActivations`) that hands every tensor
 autograd saves to a *pager*, and the scheduler that learns the order of the first iteration
 and then, within a byte budget, evicts behind during forward and prefetches ahead during
@@ -23,6 +26,16 @@ on the pager's device, or that the pager has no room for (OutOfMemoryError at pa
 as they are. HostPager copies an expanded tensor (a stride of 0) at the size of its storage.
 The evict-behind pass walks a queue of the tensors that may still hold resident bytes (what
 left for good leaves it), so a pack costs the same however many were saved before it.
+
+Plan (issue 24): with ``recompute="auto"`` (the default) a dispatch mode
+(``activation_recompute.Recorder``) notes what made each saved tensor; the recorded iteration
+verifies, at pack time, that each one recomputes bit-exact from tensors that stay available, and
+``activation_plan.plan_activations`` decides per pack index: keep (the tensor itself: no copy),
+page (the path above) or recompute (hold only the recipe; run it at unpack, borrowing its saved
+sources resident and not evictable while it reads them), minimising the modelled step time with
+the kept bytes within the budget and the recompute FLOPs within 5% of the forward's. A tensor
+saved twice (same tensor, same ``_version``) is packed once and its record shared.
+``recompute="off"`` plans keep and page only. :meth:`PagedActivations.plan` shows the plan.
 
 Layer: torch glue, below ``vtalloc.allocator.torch`` (which re-exports it); it reads the torch
 mode from ``_torch_mode`` and never imports ``torch.py``.
