@@ -28,6 +28,7 @@ from .errors import (
     InvalidArgumentError,
     NotCopyableError,
     OutOfMemoryError,
+    SourceChangedError,
     VtallocError,
 )
 from .probe import backend_available, cuda_available
@@ -36,6 +37,6 @@ from .stats import AllocationRecord, PageRecord, Stats
 __all__ = [
     "AddressSpace", "PagePool", "PoolInfo", "Config", "Stats", "PageRecord", "AllocationRecord",
     "VtallocError", "OutOfMemoryError", "HostPoolExhaustedError", "InvalidArgumentError", "ClosedError",
-    "NotCopyableError", "BackendUnavailableError", "DriverError", "InternalError",
+    "NotCopyableError", "BackendUnavailableError", "DriverError", "InternalError", "SourceChangedError",
     "global_counters", "backend_available", "cuda_available", "parse_size", "format_size",
 ]

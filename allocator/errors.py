@@ -14,6 +14,7 @@ __all__ = [
     "OutOfMemoryError",
     "HostPoolExhaustedError",
     "InvalidArgumentError",
+    "SourceChangedError",
     "ClosedError",
     "NotCopyableError",
     "BackendUnavailableError",
@@ -45,6 +46,11 @@ class HostPoolExhaustedError(VtallocError, MemoryError):
 
 class InvalidArgumentError(VtallocError, ValueError):
     """A size, address or option is invalid: nothing was changed."""
+
+
+class SourceChangedError(VtallocError, RuntimeError):
+    """A saved activation planned for recompute reads a tensor (a parameter) that changed in place
+    between forward and backward: the value cannot be recomputed exactly, so it is refused."""
 
 
 class ClosedError(VtallocError, RuntimeError):

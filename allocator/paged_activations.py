@@ -1,5 +1,8 @@
 """Paged training activations: saved tensors evicted behind, prefetched ahead, on a schedule.
 
+Why this file is long: the scheduler, both pagers and the plan's three kinds of record share one
+lock and one set of counters; splitting them would spread one state machine over files.
+
 Owns: the ``saved_tensors_hooks`` context (:class:`PagedActivations`) that hands every tensor
 autograd saves to a *pager*, and the scheduler that learns the order of the first iteration
 and then, within a byte budget, evicts behind during forward and prefetches ahead during
@@ -24,6 +27,16 @@ as they are. HostPager copies an expanded tensor (a stride of 0) at the size of 
 The evict-behind pass walks a queue of the tensors that may still hold resident bytes (what
 left for good leaves it), so a pack costs the same however many were saved before it.
 
+Plan (issue 24): with ``recompute="auto"`` (the default) a dispatch mode
+(``activation_recompute.Recorder``) notes what made each saved tensor; the recorded iteration
+verifies, at pack time, that each one recomputes bit-exact from tensors that stay available, and
+``activation_plan.plan_activations`` decides per pack index: keep (the tensor itself: no copy),
+page (the path above) or recompute (hold only the recipe; run it at unpack, borrowing its saved
+sources resident and not evictable while it reads them), minimising the modelled step time with
+the kept bytes within the budget and the recompute FLOPs within 5% of the forward's. A tensor
+saved twice (same tensor, same ``_version``) is packed once and its record shared.
+``recompute="off"`` plans keep and page only. :meth:`PagedActivations.plan` shows the plan.
+
 Layer: torch glue, below ``vtalloc.allocator.torch`` (which re-exports it); it reads the torch
 mode from ``_torch_mode`` and never imports ``torch.py``.
 Pages are shared between neighbouring allocations and move whole, so an offload can leave the
@@ -39,6 +52,7 @@ Usage: enter the context around the forward pass of each iteration; run backward
 from __future__ import annotations
 
 import collections
+import contextlib
 import dataclasses
 import threading
 import time
@@ -47,10 +61,13 @@ from typing import Any, Protocol
 
 from . import _torch_mode, _torch_shim
 from .config import parse_size
-from .errors import InvalidArgumentError, OutOfMemoryError
+from .activation_plan import KEEP, PAGE, RECOMPUTE, H100, Candidate, CostModel, Plan, plan_activations
+from .errors import InvalidArgumentError, OutOfMemoryError, SourceChangedError
 
 __all__ = ["PagedActivations", "PagedStats", "HostPager", "DevicePager", "paged_activations"]
 
+ATTR_SAVED = "_vta_saved"  # on a packed tensor: weak reference to its record (a second pack shares it)
+DEFAULT_MAX_RECOMPUTE_FRACTION = 0.05  # recompute at most this share of the recorded forward's FLOPs
 DEFAULT_MIN_BYTES = 1024  # smaller saved tensors are left as they are: paging them costs more than it saves
 # Device pages offloaded tensors still hold are unmapped once they pass budget / this: the
 # space's mapped bytes stay within the budget plus a quarter, at one release per quarter budget
@@ -73,6 +90,16 @@ class PagedStats:
     on_demand: int             # unpacks that found their tensor not resident and had to restore it
     unpack_wait_s: float       # time unpacks spent waiting for bytes
     budget_bytes: int
+    shared: int = 0            # packs of a tensor already packed (same tensor, same version): one record, no copy
+    kept_bytes: int = 0        # bytes the plan kept resident as they are (no copy), all iterations
+    bytes_paged: int = 0       # bytes moved over the copy link, out and back, all iterations
+    bytes_recomputed: int = 0  # bytes recomputed at unpack instead of held, all iterations
+    recompute_flops: int = 0   # FLOPs those recomputes ran (as recorded in the recorded iteration)
+    recompute_fallbacks: int = 0  # planned recomputes paged instead (sources not available this time)
+    step_kept_bytes: int = 0   # the same four for the latest iteration (its forward and backward so far)
+    step_bytes_paged: int = 0
+    step_bytes_recomputed: int = 0
+    step_recompute_flops: int = 0
 
 
 class Pager(Protocol):
@@ -83,7 +110,8 @@ class Pager(Protocol):
     def offload(self, handle: Any) -> int | None: ...           # -> bytes of it now away (None: all)
     def prefetch(self, handle: Any) -> None: ...
     def is_resident(self, handle: Any) -> bool: ...
-    def unpack(self, handle: Any) -> Any: ...                   # waits; -> tensor
+    def unpack(self, handle: Any) -> Any: ...                   # waits; -> tensor (not evictable)
+    def release(self, handle: Any) -> None: ...                 # evictable again (after a borrow)
     # Optional: unmap the device pages offloaded tensors still hold; -> bytes released.
     def release_offloaded(self) -> int: ...
 
@@ -140,6 +168,12 @@ class HostPager:
         # nor the offload of a neighbour sharing a page with it may move it.
         self.space.set_evictable(handle[1], False)
         return handle[0]
+
+    def release(self, handle: Any) -> None:
+        self.space.set_evictable(handle[1])
+
+    def value_changed(self, handle: Any, version: int) -> bool:
+        return False  # the value is our copy: later in-place changes of the original do not reach it
 
 
 class DevicePager:
@@ -208,6 +242,12 @@ class DevicePager:
         self._shim.residency_op(handle[2], self._shim.OP_CLEAR_EVICTABLE, handle[1])
         return handle[0]
 
+    def release(self, handle: Any) -> None:
+        self._shim.residency_op(handle[2], self._shim.OP_SET_EVICTABLE, handle[1])
+
+    def value_changed(self, handle: Any, version: int) -> bool:
+        return handle[0]._version != version  # paged in place: the value is the tensor itself
+
 
 def _GONE() -> None:
     """Stands in the pack order for a tensor the pager had no room for (a dead weak reference)."""
@@ -217,10 +257,14 @@ def _GONE() -> None:
 class _Saved:
     """What autograd stores for one packed tensor."""
 
-    __slots__ = ("handle", "nbytes", "index", "iteration", "state", "kept", "__weakref__")
+    __slots__ = ("handle", "nbytes", "index", "iteration", "state", "kept", "kind", "version", "value", "__weakref__")
 
-    def __init__(self, handle: Any, nbytes: int, index: int, iteration: int) -> None:
-        self.handle = handle
+    def __init__(self, handle: Any, nbytes: int, index: int, iteration: int, kind: str = "page",
+                 version: int = 0) -> None:
+        self.handle = handle        # page: the pager's; keep: the tensor; recompute: its Recipe
+        self.kind = kind            # page | keep | recompute
+        self.version = version      # the tensor's _version when packed
+        self.value: Any = None      # recompute: weak reference to the value last recomputed (a second unpack)
         self.nbytes = nbytes
         self.index = index          # position in its iteration's pack order
         self.iteration = iteration
@@ -231,7 +275,11 @@ class _Saved:
 class PagedActivations:
     """Context manager around one forward pass; reuse the same object every iteration."""
 
-    def __init__(self, pager: Pager, budget: int | str | None = None, *, capacity_hint: int | None = None) -> None:
+    def __init__(self, pager: Pager, budget: int | str | None = None, *, capacity_hint: int | None = None,
+                 recompute: str = "auto", cost_model: CostModel = H100,
+                 max_recompute_fraction: float = DEFAULT_MAX_RECOMPUTE_FRACTION) -> None:
+        if recompute not in ("auto", "off"):
+            raise InvalidArgumentError(f"recompute must be 'auto' or 'off', not {recompute!r}")
         if budget is None:
             if capacity_hint is None:
                 raise InvalidArgumentError("give a budget (bytes of saved activations kept resident)")
@@ -254,8 +302,20 @@ class PagedActivations:
         self._release_at = max(self.budget // RELEASE_SLACK_DIVISOR, 1)  # release when _held_bytes passes this
         self._counts = dict(iterations=0, scheduled_iterations=0, fallback_iterations=0, packed=0, packed_bytes=0,
                             passed_through=0, passed_through_no_room=0, offloads=0, releases=0, prefetches=0,
-                            on_demand=0)
+                            on_demand=0, shared=0, kept_bytes=0, bytes_paged=0, bytes_recomputed=0,
+                            recompute_flops=0, recompute_fallbacks=0)
+        self._step = dict.fromkeys(("kept_bytes", "bytes_paged", "bytes_recomputed", "recompute_flops"), 0)
         self._wait_s = 0.0
+        self.recompute = recompute
+        self.cost_model = cost_model
+        self._recorder: Any = None                        # the dispatch mode (recompute="auto")
+        self._rec_cands: list[Candidate] = []             # the recording iteration's packs, for the planner
+        self._rec_sigs: dict[int, tuple] = {}             # pack index -> verified recipe signature
+        self._plan: Plan | None = None
+        self._measuring = False
+        self._recorder_flops = 0                          # FLOPs of the recorded forward (all its operations)
+        self.max_recompute_fraction = max_recompute_fraction
+        self._plan_sigs: dict[int, tuple] = {}
 
     # -- context ---------------------------------------------------------------------------
     def __enter__(self) -> "PagedActivations":
@@ -273,11 +333,25 @@ class PagedActivations:
                 self._counts["scheduled_iterations"] += 1
             self._unpack_pos = 0
             self._resident_bytes = 0
+            self._rec_cands, self._rec_sigs = [], {}
+            self._measuring = self._plan is None  # no plan to follow: note what the planner needs
+            self._step = dict.fromkeys(self._step, 0)
         self._hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack)
         self._hooks.__enter__()
+        if self.recompute == "auto":
+            from .activation_recompute import Recorder
+
+            self._recorder = Recorder()
+            self._recorder.measure = self._measuring  # FLOPs and bytes: only where a plan is made
+            self._recorder.__enter__()
         return self
 
     def __exit__(self, *exc: Any) -> None:
+        if self._recorder is not None:
+            self._recorder.__exit__(*exc)
+            if self._recorder.measure:
+                self._recorder_flops = self._recorder.flops
+            self._recorder = None
         self._hooks.__exit__(*exc)
         self._hooks = None
         with self._lock:
@@ -286,7 +360,26 @@ class PagedActivations:
 
     def stats(self) -> PagedStats:
         with self._lock:
-            return PagedStats(**self._counts, unpack_wait_s=self._wait_s, budget_bytes=self.budget)
+            return PagedStats(**self._counts, unpack_wait_s=self._wait_s, budget_bytes=self.budget,
+                              **{f"step_{k}": v for k, v in self._step.items()})
+
+    def plan(self) -> Plan | None:
+        """The plan the iterations after the recorded one follow (None until one was recorded):
+        per pack index its bytes, operation, decision and modelled cost, and a summary. Printable."""
+        with self._lock:
+            if self._plan is None and self._measuring and self._rec_cands:
+                return self._make_plan()
+            return self._plan
+
+    def _make_plan(self) -> Plan:
+        forward = self._recorder_flops
+        return plan_activations(self._rec_cands, self.budget, self.cost_model,
+                                allow_recompute=self.recompute == "auto",
+                                max_recompute_flops=int(forward * self.max_recompute_fraction))
+
+    def _count(self, key: str, n: int) -> None:
+        self._counts[key] += n
+        self._step[key] += n
 
     # -- schedule bookkeeping ----------------------------------------------------------------
     def _finish_recording(self) -> None:
@@ -296,11 +389,15 @@ class PagedActivations:
         if not self._following:  # recorded (first iteration, or after a change): becomes the schedule
             self._schedule_packs = list(self._rec_packs)
             self._schedule_unpacks = list(self._rec_unpacks)
+        if self._measuring and len(self._rec_cands) == len(self._rec_packs):
+            self._plan = self._make_plan()
+            self._plan_sigs = dict(self._rec_sigs)
 
     def _fall_back(self) -> None:
         if self._following:
             self._following = False
             self._counts["fallback_iterations"] += 1
+            self._plan = None  # the next iteration follows a plan made from this one
 
     # -- hooks -----------------------------------------------------------------------------
     @staticmethod
@@ -314,28 +411,157 @@ class PagedActivations:
                 self._counts["passed_through"] += 1
             return tensor
         signature = (tuple(tensor.shape), tensor.dtype)
-        try:
-            handle, nbytes = self.pager.pack(tensor)
-        except OutOfMemoryError:
-            # No room in the space for it (larger than the space, or everything else resident and
-            # pinned): autograd keeps it as it would without the pager. Training goes on; the
-            # order of packs (the schedule) is the same whether it was paged or not.
-            with self._lock:
-                self._counts["passed_through"] += 1
-                self._counts["passed_through_no_room"] += 1
-                self._record_pack(len(self._saved), signature)
-                self._saved.append(_GONE)
-            return tensor
+        nbytes = tensor.numel() * tensor.element_size()
         with self._lock:
-            saved = _Saved(handle, nbytes, len(self._saved), self._iteration)
+            index = len(self._saved)
+            prev = getattr(tensor, ATTR_SAVED, None)
+            prev = prev() if prev is not None else None
+            if (prev is not None and prev.iteration == self._iteration and prev.version == tensor._version
+                    and prev.state != "consumed"):
+                # Saved twice (ReLU(inplace=True)'s result and the next layer's input): one record.
+                self._record_pack(index, signature)
+                self._saved.append(self._saved[prev.index])
+                self._counts["shared"] += 1
+                if self._measuring:
+                    self._rec_cands.append(Candidate(index, 0, "", shared_with=prev.index))
+                return prev
+            decision = self._plan.decision(index) if (self._plan is not None and self._following) else PAGE
+        recipe = None
+        if decision == RECOMPUTE:
+            recipe = self._recipe(tensor)
+            if recipe is None or recipe.signature != self._plan_sigs.get(index):
+                recipe, decision = None, PAGE
+                with self._lock:
+                    self._counts["recompute_fallbacks"] += 1
+        if decision == KEEP:
+            saved = _Saved(tensor, nbytes, index, self._iteration, kind=KEEP, version=tensor._version)
+        elif decision == RECOMPUTE:
+            saved = _Saved(recipe, nbytes, index, self._iteration, kind=RECOMPUTE, version=tensor._version)
+            nbytes = 0  # holds no bytes
+        else:
+            try:
+                handle, nbytes = self.pager.pack(tensor)
+            except OutOfMemoryError:
+                # No room in the space for it (larger than the space, or everything else resident and
+                # pinned): autograd keeps it as it would without the pager. Training goes on; the
+                # order of packs (the schedule) is the same whether it was paged or not.
+                with self._lock:
+                    self._counts["passed_through"] += 1
+                    self._counts["passed_through_no_room"] += 1
+                    self._record_pack(index, signature)
+                    self._saved.append(_GONE)
+                    if self._measuring:
+                        self._rec_cands.append(Candidate(index, 0, "no room"))
+                return tensor
+            saved = _Saved(handle, nbytes, index, self._iteration, version=tensor._version)
+        with contextlib.suppress(AttributeError, RuntimeError):
+            setattr(tensor, ATTR_SAVED, weakref.ref(saved))
+        if self._recorder is not None:
+            from .activation_recompute import node_of
+
+            node = node_of(tensor)
+            if node is not None:
+                node.saved = weakref.ref(saved)  # a later recompute may read this value from the record
+        with self._lock:
             self._saved.append(weakref.ref(saved))
-            self._candidates.append(self._saved[-1])
-            self._record_pack(saved.index, signature)
+            self._record_pack(index, signature)
             self._counts["packed"] += 1
             self._counts["packed_bytes"] += nbytes
+            if decision == KEEP:
+                self._count("kept_bytes", nbytes)
             self._resident_bytes += nbytes
-            self._evict_behind()
+            if decision == PAGE:
+                self._candidates.append(self._saved[-1])
+        if self._measuring:
+            self._note_candidate(tensor, saved)  # before evict-behind: its sources are likely still resident
+        if decision == PAGE:
+            with self._lock:
+                self._evict_behind()
         return saved
+
+    # -- recompute --------------------------------------------------------------------------
+    def _record_of(self, node: Any) -> Any:
+        s = node.saved() if node.saved is not None else None
+        return s if s is not None and s.iteration == self._iteration and s.version == node.version else None
+
+    def _recipe(self, tensor: Any) -> Any:
+        if self.recompute != "auto":
+            return None
+        from .activation_recompute import compile_recipe, node_of
+
+        node = node_of(tensor)
+        recipe = compile_recipe(tensor, self._record_of) if node is not None else None
+        return recipe
+
+    def _note_candidate(self, tensor: Any, saved: _Saved) -> None:
+        """Recorded iteration: the planner's view of this pack, with its recompute verified bit-exact now."""
+        recipe = None
+        node = None
+        if self.recompute == "auto":
+            from .activation_recompute import bitwise_equal, node_of as _node_of
+
+            node = _node_of(tensor)
+            recipe = self._recipe(tensor)
+            if recipe is not None:
+                try:
+                    ok = bitwise_equal(self._run(recipe, count=False), tensor)
+                except Exception:  # noqa: BLE001 - whatever fails to recompute is simply not planned
+                    ok = False
+                if not ok:
+                    recipe = None
+        op = recipe.op if recipe is not None else (getattr(getattr(node, "func", None), "__name__", "") if node else "")
+        with self._lock:
+            if recipe is not None:
+                self._rec_sigs[saved.index] = recipe.signature
+            self._rec_cands.append(Candidate(
+                saved.index, saved.nbytes, op, recomputable=recipe is not None,
+                flops=recipe.flops if recipe else 0, touched=recipe.touched if recipe else 0,
+                ops=recipe.ops if recipe else 1, sources=tuple(r.index for r in recipe.sources()) if recipe else ()))
+
+    def _run(self, recipe: Any, count: bool = True) -> Any:
+        """Run a recipe, borrowing its saved sources (resident and not evictable while read)."""
+        borrowed: list[_Saved] = []
+
+        def value_of(src: _Saved) -> Any:
+            if src.kind == RECOMPUTE:
+                v = src.value() if src.value is not None else None
+                return v if v is not None else self._run(src.handle, count)
+            if src.kind == KEEP:
+                if src.handle._version != src.version:
+                    raise SourceChangedError("a saved tensor a recompute reads was changed in place after it was saved")
+                return src.handle
+            if self.pager.value_changed(src.handle, src.version):
+                raise SourceChangedError("a saved tensor a recompute reads was changed in place after it was saved")
+            with self._lock:
+                back = self._came_back(src)
+            value = self.pager.unpack(src.handle)
+            if src.state != "consumed":
+                borrowed.append(src)
+                with self._lock:
+                    self._count("bytes_paged", back)
+            return value
+
+        try:
+            value = recipe.run(value_of)
+        finally:
+            for src in borrowed:
+                if src.state != "consumed":
+                    self.pager.release(src.handle)
+        if count:
+            with self._lock:
+                self._count("bytes_recomputed", value.numel() * value.element_size())
+        return value
+
+    def _came_back(self, s: _Saved) -> int:
+        """Bookkeeping of a paged record made resident now; -> bytes that crossed the link back."""
+        if s.state == "offloaded":
+            back = s.nbytes - s.kept
+            self._resident_bytes += back
+            s.state, s.kept = "resident", 0
+            if self._hooks is not None:  # in forward: evict-behind may move it again
+                self._candidates.appendleft(self._saved[s.index])
+            return back
+        return 0
 
     def _record_pack(self, index: int, signature: tuple) -> None:
         self._rec_packs.append(signature)
@@ -372,6 +598,7 @@ class PagedActivations:
                 continue
             away = s.nbytes if moved is None else min(moved, s.nbytes)
             was_away = s.nbytes - s.kept if s.state == "offloaded" else 0
+            self._count("bytes_paged", max(away - was_away, 0))
             if s.state == "resident":
                 self._counts["offloads"] += 1
             s.state = "offloaded"
@@ -407,10 +634,28 @@ class PagedActivations:
     def _unpack(self, saved: Any) -> Any:
         if not isinstance(saved, _Saved):
             return saved  # passed through at pack time
-        with self._lock:
-            on_demand = saved.state == "offloaded" and not self.pager.is_resident(saved.handle)
+        on_demand = False
         t0 = time.perf_counter()
-        tensor = self.pager.unpack(saved.handle)  # an error (no room to restore) leaves no trace here
+        if saved.kind == KEEP:
+            if saved.handle._version != saved.version:
+                raise SourceChangedError(
+                    "a saved tensor kept as it was was changed in place after it was saved (autograd refuses that too)")
+            tensor = saved.handle
+        elif saved.kind == RECOMPUTE:
+            tensor = saved.value() if saved.value is not None else None
+            if tensor is None:  # a second unpack (a shared record) takes the value autograd still holds
+                tensor = self._run(saved.handle)
+                saved.value = weakref.ref(tensor)
+                with self._lock:
+                    row = self._plan.rows[saved.index] if self._plan and saved.index < len(self._plan.rows) else None
+                    self._count("recompute_flops", row.flops if row else 0)
+        else:
+            with self._lock:
+                on_demand = saved.state == "offloaded" and not self.pager.is_resident(saved.handle)
+                back = saved.nbytes - saved.kept if saved.state == "offloaded" else 0
+            tensor = self.pager.unpack(saved.handle)  # an error (no room to restore) leaves no trace here
+            with self._lock:
+                self._count("bytes_paged", back)
         waited = time.perf_counter() - t0
         with self._lock:
             if on_demand:
@@ -425,7 +670,7 @@ class PagedActivations:
                     self._unpack_pos += 1
             self._wait_s += waited
             if saved.state in ("resident", "prefetched"):
-                self._resident_bytes -= saved.nbytes
+                self._resident_bytes -= saved.nbytes if saved.kind != RECOMPUTE else 0
             elif saved.state == "offloaded":
                 self._resident_bytes -= saved.kept  # the part that never left
             saved.state = "consumed"
@@ -450,11 +695,13 @@ class PagedActivations:
                     break  # no room now; its unpack will restore on demand
                 s.state = "prefetched"
                 self._resident_bytes += back
+                self._count("bytes_paged", back)
                 self._counts["prefetches"] += 1
 
 
 def paged_activations(
-    space: Any = None, budget: int | str | None = None, *, min_bytes: int = DEFAULT_MIN_BYTES
+    space: Any = None, budget: int | str | None = None, *, min_bytes: int = DEFAULT_MIN_BYTES,
+    recompute: str = "auto", cost_model: CostModel = H100,
 ) -> PagedActivations:
     """Page the activations autograd saves within ``budget`` resident bytes.
 
@@ -469,10 +716,15 @@ def paged_activations(
             with pager:
                 loss = loss_fn(model(x), y)
             loss.backward()
+
+    ``recompute="auto"`` (the default) plans, from the first iteration, which saved tensors to
+    keep as they are, page out or recompute at unpack (bit-exact, verified; see
+    docs/activation-plan.md and :meth:`PagedActivations.plan`); ``"off"`` only keeps and pages.
     """
     if space is None:
         pager = DevicePager(min_bytes=min_bytes)
         devices = _torch_shim.devices()
         hint = _torch_shim.device_stats(devices[0]).capacity_bytes if devices else None
-        return PagedActivations(pager, budget, capacity_hint=hint)
-    return PagedActivations(HostPager(space, min_bytes=min_bytes), budget, capacity_hint=space.capacity_bytes)
+        return PagedActivations(pager, budget, capacity_hint=hint, recompute=recompute, cost_model=cost_model)
+    return PagedActivations(HostPager(space, min_bytes=min_bytes), budget, capacity_hint=space.capacity_bytes,
+                            recompute=recompute, cost_model=cost_model)

@@ -121,11 +121,11 @@ class _MovingPager:
 
 def _pack_seconds(n: int) -> float:
     pager = PagedActivations(_MovingPager(), budget=4096)
-    t = torch.zeros(1)
+    ts = [torch.zeros(1) for _ in range(n)]  # distinct tensors: one packed twice is shared, not packed again
     keep = []
     with pager:
         t0 = time.perf_counter()
-        for _ in range(n):
+        for t in ts:
             keep.append(pager._pack(t))
         spent = time.perf_counter() - t0
         assert len(pager._candidates) <= 2, "offloaded tensors must leave the evict-behind queue"

@@ -25,7 +25,7 @@ PY_LAYERS: tuple[tuple[str, ...], ...] = (
     ("vtalloc.allocator",),
     ("vtalloc.allocator.torch", "vtalloc.allocator._torch_shim", "vtalloc.allocator._torch_mode", "vtalloc.allocator._torch_stats",
      "vtalloc.allocator._torch_native",
-     "vtalloc.allocator.paged_activations"),
+     "vtalloc.allocator.paged_activations", "vtalloc.allocator.activation_recompute"),
     ("vtalloc.server.protocol", "vtalloc.server.proto"),
     ("vtalloc.server",),
     ("vtalloc.client",),

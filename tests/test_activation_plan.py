@@ -1,0 +1,52 @@
+"""The activation planner on plain numbers: keep when it fits, recompute what is cheaper than
+moving (largest first), page the oldest rest; the budget bounds what is kept."""
+
+from __future__ import annotations
+
+from vtalloc.allocator.activation_plan import H100, Candidate, plan_activations
+
+MiB = 1 << 20
+
+
+def test_everything_fits_everything_kept():
+    p = plan_activations([Candidate(i, MiB, "relu", recomputable=True, flops=1, touched=2 * MiB) for i in range(4)],
+                         budget=4 * MiB)
+    assert [r.decision for r in p.rows] == ["keep"] * 4 and p.summary.modelled_s == 0
+
+
+def test_recompute_cheap_then_page_oldest_and_kept_within_budget():
+    cands = [Candidate(0, 4 * MiB, "convolution"), Candidate(1, 4 * MiB, "gelu", recomputable=True, flops=MiB,
+                                                            touched=8 * MiB, sources=(0,)),
+             Candidate(2, 4 * MiB, "addmm"), Candidate(3, 4 * MiB, "addmm")]
+    p = plan_activations(cands, budget=5 * MiB)
+    assert [r.decision for r in p.rows] == ["page", "recompute", "page", "keep"]
+    s = p.summary
+    assert s.kept_bytes <= 5 * MiB and s.recomputed_bytes == 4 * MiB and s.paged_bytes == 8 * MiB
+    assert abs(s.transfer_s - 2 * H100.move_s(4 * MiB)) < 1e-12
+    assert "recompute" in str(p) and "prediction" in str(p)
+
+
+def test_flops_cap_and_off():
+    cands = [Candidate(0, 4 * MiB, "x"), Candidate(1, 4 * MiB, "gelu", recomputable=True, flops=10**6, touched=8 * MiB)]
+    assert plan_activations(cands, MiB, max_recompute_flops=10**5).rows[1].decision == "page"
+    assert plan_activations(cands, MiB, allow_recompute=False).rows[1].decision == "page"
+    assert plan_activations(cands, MiB).rows[1].decision == "recompute"
+
+
+def test_shared_and_no_room_rows():
+    cands = [Candidate(0, 4 * MiB, "relu"), Candidate(1, 0, "", shared_with=0), Candidate(2, 0, "no room")]
+    p = plan_activations(cands, budget=8 * MiB)
+    assert [r.decision for r in p.rows] == ["keep", "shared", "page"]
+
+
+def test_chains_are_bounded():
+    cands = [Candidate(0, MiB, "x")] + [Candidate(i, MiB, "gelu", recomputable=True, flops=1, touched=2 * MiB,
+                                                  sources=(i - 1,)) for i in range(1, 10)]
+    p = plan_activations(cands, budget=MiB)
+    from vtalloc.allocator.activation_plan import MAX_CHAIN
+
+    run = best = 0
+    for r in p.rows:
+        run = run + 1 if r.decision == "recompute" else 0
+        best = max(best, run)
+    assert 0 < best <= MAX_CHAIN
