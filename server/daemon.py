@@ -31,7 +31,6 @@ from typing import Callable
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
-from grpc_reflection.v1alpha import reflection
 
 from vtalloc.allocator.config import Config, parse_size
 from vtalloc.allocator.errors import InvalidArgumentError
@@ -47,6 +46,7 @@ from .protocol.errors import FailedPreconditionError, UntrustedRendezvousError
 from .protocol.rendezvous import MAX_UID, check_directory
 from .protocol.rpc import MAX_REPLY_BYTES, SERVICE_NAMES
 from .quota import PrincipalMap, Quota
+from .reflection import enable_reflection
 from .service import AdminService, PagesService
 from .state_keeper import StateKeeper
 
@@ -256,9 +256,7 @@ async def serve(config: DaemonConfig, *, on_ready: Callable[[dict], None] | None
         admin_pb2_grpc.add_AdminServicer_to_server(AdminService(node), server)
         health_servicer = health.aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
-        reflection.enable_server_reflection(
-            (*SERVICE_NAMES, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME),
-            server)
+        enable_reflection((*SERVICE_NAMES, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name), server)
         if server.add_insecure_port(UNIX_SCHEME + config.socket_path) == 0:
             raise OSError(f"could not bind {config.socket_path}")
 
