@@ -66,6 +66,9 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    # click's plain help: rich's option table cut long option names ("--max-concurrent-rp…")
+    # and long words at 80 columns; click wraps the help and never cuts a name.
+    rich_markup_mode=None,
 )
 console = Console()
 err_console = Console(stderr=True)

@@ -334,7 +334,7 @@ def register(app: typer.Typer, *, fail: Callable[[str, int], NoReturn], console:
 
     # -- quotas and forced eviction ---------------------------------------------------------
     quota_app = typer.Typer(help="Read or set per-principal quotas (setting needs an admin uid).",
-                            no_args_is_help=True)
+                            no_args_is_help=True, rich_markup_mode=app.rich_markup_mode)
     app.add_typer(quota_app, name="quota")
 
     @quota_app.command("get")

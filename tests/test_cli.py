@@ -187,6 +187,25 @@ def test_debug_works_before_and_after_the_command(capsys):
             main(args)
 
 
+def _commands(group, path=()):
+    for name, cmd in group.commands.items():
+        yield (*path, name), cmd
+        if hasattr(cmd, "commands"):  # a group (typer's click, vendored or not)
+            yield from _commands(cmd, (*path, name))
+
+
+@pytest.mark.parametrize("columns", [80, 200])
+def test_every_commands_help_shows_every_option_name_whole(columns):
+    """rich's option table cut names at 80 columns ("--max-concurrent-rp…"): every option of
+    every command must appear whole, on lines no wider than the terminal."""
+    import typer.main
+
+    for path, cmd in _commands(typer.main.get_command(app)):
+        out = run(None, columns, *path, "--help").stdout
+        check_fits(out, columns, tuple(o for p in cmd.params for o in (*p.opts, *p.secondary_opts) if o.startswith("--")))
+        assert "…" not in out, (path, out)
+
+
 def test_help_lists_the_exit_codes():
     r = runner.invoke(app, ["--help"], env={"COLUMNS": "200"})
     assert r.exit_code == 0 and "Exit codes: 0 ok; 1 runtime failure" in r.stdout
