@@ -7,7 +7,8 @@ imported, so it exports only the C ABI of csrc/include/vtalloc/vtalloc.h.
 csrc/torch_binding/ is not part of it: that is the torch-native binding, compiled against the
 user's torch at the first enable() (allocator/_torch_binding.py). Its sources and the vtalloc
 headers they include are copied into the package (vtalloc/allocator/_binding_src/) so a wheel
-can build it; an editable install reads them from the repo.
+can build it; an editable install reads them from the repo. The JSON Schemas of schemas/ are
+copied the same way (vtalloc/client/_schemas/, read by vtalloc.client.schemas).
 """
 
 from pathlib import Path
@@ -18,12 +19,13 @@ from setuptools.command.build_py import build_py
 ROOT = Path(__file__).parent
 EXCLUDED = {"tests", "torch_binding"}
 sources = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "csrc").rglob("*.cpp") if not EXCLUDED & set(p.parts))
+SCHEMAS = sorted((ROOT / "schemas").glob("*.schema.json"))
 BINDING_SOURCES = [*sorted((ROOT / "csrc" / "torch_binding").glob("*.[ch]pp")),
                    *sorted((ROOT / "csrc" / "include" / "vtalloc").glob("*.h"))]
 
 
 class BuildPyWithBindingSources(build_py):
-    """Also copies the torch-native binding's sources into the built package."""
+    """Also copies the torch-native binding's sources and the JSON Schemas into the built package."""
 
     def run(self):
         super().run()
@@ -32,6 +34,10 @@ class BuildPyWithBindingSources(build_py):
             dest = target / src.parent.relative_to(ROOT / "csrc") / src.name
             self.mkpath(str(dest.parent))
             self.copy_file(str(src), str(dest))
+        schemas = Path(self.build_lib) / "vtalloc" / "client" / "_schemas"
+        self.mkpath(str(schemas))
+        for src in SCHEMAS:
+            self.copy_file(str(src), str(schemas / src.name))
 
 
 setup(
