@@ -104,6 +104,27 @@ def test_stats_of_a_process_fits(node, columns):
     assert "driver calls" in r.stdout and "map " in r.stdout
 
 
+def test_pages_in_torch_format_render_in_memory_viz(node, tmp_path):
+    """`vtalloc pages --format torch --out F`: the daemon's page map as PyTorch's snapshot; the
+    client holds 3 resident pages and 2 cached ones (the fixture)."""
+    import pickle
+
+    memory_viz = pytest.importorskip("torch.cuda._memory_viz")
+    d, _, sid, _ = node
+    out = tmp_path / "pages.pickle"
+    r = run(d, 80, "pages", "--format", "torch", "--out", str(out))
+    assert "wrote" in r.stdout
+    snap = pickle.loads(out.read_bytes())
+    mine = [s for s in snap["segments"] if s["vtalloc_session"] == sid]
+    blocks = [b for s in mine for b in s["blocks"]]
+    assert sum(b["state"] == "active_allocated" for b in blocks) == 3 and len(blocks) >= 5
+    assert all(b["size"] == PAGE for b in blocks)
+    assert f"segments: {len(snap['segments'])}" in memory_viz.segsum(snap)
+    assert "active_allocated" in memory_viz.segments(snap, format_flamegraph=lambda lines: lines)
+    run(d, 80, "pages", "--format", "torch", code=2)  # no --out: a usage error
+    run(d, 80, "pages", "--out", str(out), code=2)
+
+
 def test_top_in_a_pipe_prints_a_snapshot_per_interval(node):
     """Not on a terminal (a pipe, `timeout`), top prints each refresh below the last, flushed."""
     d, _, sid, _ = node
