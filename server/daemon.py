@@ -221,14 +221,15 @@ async def serve(config: DaemonConfig, *, on_ready: Callable[[dict], None] | None
     gid = config.group_gid
     # The options only the backend can judge (page size, capacity, quotas against it) first,
     # before the directory is touched: InvalidArgumentError from here is a bad option.
-    page_pool = PagePool(config=config.pages)
+    pool = PagePool(config=config.pages)
+    page_pool: PagePool | None = pool  # None once a clean stop handed it to node.close()
     lock = listener = metrics = keeper = None
     server = None
     side_task = None
     try:
-        info = page_pool.info()
+        info = pool.info()
         geometry = NodeGeometry(info.backend, info.device, info.page_bytes, info.capacity_bytes // info.page_bytes,
-                                config.host_capacity or 0, config.evict_deadline_s)
+                                int(config.host_capacity or 0), config.evict_deadline_s)  # an int since __post_init__
         admins = {0, os.geteuid(), *config.admin_uids}
         ledger = Ledger(geometry, default_quota=config.default_quota, quotas=config.quotas,
                         principals=config.principals, admin_uids=admins)
@@ -237,12 +238,12 @@ async def serve(config: DaemonConfig, *, on_ready: Callable[[dict], None] | None
         for stale in (config.socket_path, config.side_channel_path):
             if os.path.lexists(stale):
                 os.unlink(stale)
-        node = Node(page_pool, ledger, kill_on_missed_deadline=config.kill_on_missed_deadline, limits=config.limits)
+        node = Node(pool, ledger, kill_on_missed_deadline=config.kill_on_missed_deadline, limits=config.limits)
         keeper = StateKeeper(config.state_path, ledger, node.capacity_changed)
         inherited_bytes = keeper.adopt()  # before any lease: what a previous daemon's clients still hold
         node.on_holdings_changed = keeper.save
 
-        def identify(token: str) -> tuple[int, bool]:
+        def identify(token: str | None) -> tuple[int, bool]:
             s = ledger.authenticate(token)
             return s.uid, ledger.is_admin(s)
 

@@ -197,7 +197,10 @@ class Node:
             if pidfd is not None and peer is None:
                 os.close(pidfd)
             # The slots come back once the connection is closed: what a uid leaves in the Closer is bounded.
-            conn.close(then=lambda: [slots.give_back(uid) for slots in held])
+            def give_back() -> None:
+                for slots in held:
+                    slots.give_back(uid)
+            conn.close(then=give_back)
 
     async def _take(self, slots: UidSlots, held: list[UidSlots], conn: AsyncConnection, pid: int, uid: int) -> None:
         """A slot of ``slots`` for ``uid`` (added to ``held``), or: log, tell the client why
@@ -223,7 +226,10 @@ class Node:
         loop = asyncio.get_running_loop()
         exited = loop.create_future()
         if peer.pidfd is not None:
-            loop.add_reader(peer.pidfd, lambda: exited.done() or exited.set_result(None))
+            def on_exit() -> None:
+                if not exited.done():
+                    exited.set_result(None)
+            loop.add_reader(peer.pidfd, on_exit)
         reader = asyncio.ensure_future(peer.conn.recv(None))
         try:
             done, _ = await asyncio.wait({reader, exited}, return_when=asyncio.FIRST_COMPLETED)

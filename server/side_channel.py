@@ -50,7 +50,7 @@ import struct
 import threading
 import time
 from collections import deque
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 from .protocol.rendezvous import peer_credentials
 from .protocol.side_channel import FD_BYTES, ProtocolError, encode, parse_datagram, recv_datagram, send_datagram
@@ -134,7 +134,7 @@ class AsyncConnection:
         msg, _ = parse_datagram(data, [], flags, 0)
         return msg
 
-    async def send(self, message: dict[str, Any], fds: list[int] = (), *, timeout_s: float) -> None:
+    async def send(self, message: dict[str, Any], fds: Sequence[int] = (), *, timeout_s: float) -> None:
         """Send one message, waiting (bounded) while the client's receive buffer is full."""
         data = encode(message)
         deadline = self._loop.time() + timeout_s
@@ -150,8 +150,12 @@ class AsyncConnection:
             if remaining <= 0:
                 raise TimeoutError("the client does not read its side channel")
             fut: asyncio.Future[None] = self._loop.create_future()
+
+            def wake(f: asyncio.Future[None] = fut) -> None:
+                if not f.done():
+                    f.set_result(None)
             fd = self.sock.fileno()
-            self._loop.add_writer(fd, lambda: fut.done() or fut.set_result(None))
+            self._loop.add_writer(fd, wake)
             try:
                 await asyncio.wait_for(fut, remaining)
             except asyncio.TimeoutError:
