@@ -9,11 +9,16 @@ user's torch at the first enable() (allocator/_torch_binding.py). Its sources an
 headers they include are copied into the package (vtalloc/allocator/_binding_src/) so a wheel
 can build it; an editable install reads them from the repo. The JSON Schemas of schemas/ are
 copied the same way (vtalloc/client/_schemas/, read by vtalloc.client.schemas).
+
+Wheels are tagged py3-none-<platform> (PlatformWheel); scripts/build_wheels.sh builds and
+checks the portable one (docs/packaging.md).
 """
 
+import os
 from pathlib import Path
 
 from setuptools import Extension, setup
+from setuptools.command.bdist_wheel import bdist_wheel
 from setuptools.command.build_py import build_py
 
 ROOT = Path(__file__).parent
@@ -40,8 +45,20 @@ class BuildPyWithBindingSources(build_py):
             self.copy_file(str(src), str(schemas / src.name))
 
 
+class PlatformWheel(bdist_wheel):
+    """Tags the wheel py3-none-<platform>: the core is loaded with ctypes and uses no CPython
+    API, so one wheel serves every Python 3 (the library's file name keeps the suffix of the
+    Python that built it; the loader finds it by glob, _native.library_path)."""
+
+    def get_tag(self):
+        _, _, platform = super().get_tag()
+        return "py3", "none", platform
+
+
 setup(
-    cmdclass={"build_py": BuildPyWithBindingSources},
+    cmdclass={"build_py": BuildPyWithBindingSources, "bdist_wheel": PlatformWheel},
+    # the core's ~40 sources compile in parallel (setuptools builds them one by one otherwise)
+    options={"build_ext": {"parallel": os.cpu_count() or 1}},
     ext_modules=[
         Extension(
             "vtalloc.allocator._vtalloc",
