@@ -7,23 +7,30 @@ imported, so it exports only the C ABI of csrc/include/vtalloc/vtalloc.h.
 csrc/torch_binding/ is not part of it: that is the torch-native binding, compiled against the
 user's torch at the first enable() (allocator/_torch_binding.py). Its sources and the vtalloc
 headers they include are copied into the package (vtalloc/allocator/_binding_src/) so a wheel
-can build it; an editable install reads them from the repo.
+can build it; an editable install reads them from the repo. The JSON Schemas of schemas/ are
+copied the same way (vtalloc/client/_schemas/, read by vtalloc.client.schemas).
+
+Wheels are tagged py3-none-<platform> (PlatformWheel); scripts/build_wheels.sh builds and
+checks the portable one (docs/packaging.md).
 """
 
+import os
 from pathlib import Path
 
 from setuptools import Extension, setup
+from setuptools.command.bdist_wheel import bdist_wheel
 from setuptools.command.build_py import build_py
 
 ROOT = Path(__file__).parent
 EXCLUDED = {"tests", "torch_binding"}
 sources = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "csrc").rglob("*.cpp") if not EXCLUDED & set(p.parts))
+SCHEMAS = sorted((ROOT / "schemas").glob("*.schema.json"))
 BINDING_SOURCES = [*sorted((ROOT / "csrc" / "torch_binding").glob("*.[ch]pp")),
                    *sorted((ROOT / "csrc" / "include" / "vtalloc").glob("*.h"))]
 
 
 class BuildPyWithBindingSources(build_py):
-    """Also copies the torch-native binding's sources into the built package."""
+    """Also copies the torch-native binding's sources and the JSON Schemas into the built package."""
 
     def run(self):
         super().run()
@@ -32,10 +39,26 @@ class BuildPyWithBindingSources(build_py):
             dest = target / src.parent.relative_to(ROOT / "csrc") / src.name
             self.mkpath(str(dest.parent))
             self.copy_file(str(src), str(dest))
+        schemas = Path(self.build_lib) / "vtalloc" / "client" / "_schemas"
+        self.mkpath(str(schemas))
+        for src in SCHEMAS:
+            self.copy_file(str(src), str(schemas / src.name))
+
+
+class PlatformWheel(bdist_wheel):
+    """Tags the wheel py3-none-<platform>: the core is loaded with ctypes and uses no CPython
+    API, so one wheel serves every Python 3 (the library's file name keeps the suffix of the
+    Python that built it; the loader finds it by glob, _native.library_path)."""
+
+    def get_tag(self):
+        _, _, platform = super().get_tag()
+        return "py3", "none", platform
 
 
 setup(
-    cmdclass={"build_py": BuildPyWithBindingSources},
+    cmdclass={"build_py": BuildPyWithBindingSources, "bdist_wheel": PlatformWheel},
+    # the core's ~40 sources compile in parallel (setuptools builds them one by one otherwise)
+    options={"build_ext": {"parallel": os.cpu_count() or 1}},
     ext_modules=[
         Extension(
             "vtalloc.allocator._vtalloc",

@@ -18,7 +18,7 @@ from __future__ import annotations
 import os
 from typing import Any, NoReturn
 
-from .errors import NotCopyableError
+from .errors import InternalError, NotCopyableError
 
 
 class Unique:
@@ -52,7 +52,9 @@ class NativeHandle(Unique):
     _lib: Any = None
     _owner_pid: int = 0    # the process whose handle it is (0: none yet)
 
-    def _own(self, handle: int) -> None:
+    def _own(self, handle: int | None) -> None:
+        if not handle:  # the create call succeeded: the core always returns a handle then
+            raise InternalError(f"{type(self).__name__}: the core returned no handle")
         self._owner_pid = os.getpid()
         self._handle = handle
 

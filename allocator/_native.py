@@ -110,7 +110,7 @@ class VtaGlobalCounters(ctypes.Structure):
 
 
 _P = ctypes.POINTER
-_PROTOTYPES = {
+_PROTOTYPES: _cabi.Prototypes = {
     "vta_abi_version": (i32, []),
     "vta_last_error": (ctypes.c_char_p, []),
     "vta_last_oom": (None, [_P(u64), _P(u64), _P(u64)]),
@@ -261,7 +261,7 @@ def global_counters() -> dict[str, int]:
     lib = load()
     out = VtaGlobalCounters()
     check(lib.vta_global_counters(ctypes.byref(out)))
-    return {name: getattr(out, name) for name, _ in VtaGlobalCounters._fields_ if name not in ("struct_size", "reserved0")}
+    return {name: getattr(out, name) for name, *_ in VtaGlobalCounters._fields_ if name not in ("struct_size", "reserved0")}
 
 
 def guarded_fault_totals() -> tuple[int, int]:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import ctypes
 import dataclasses
+from typing import Any
 
 from . import _cabi, _torch_shim
 from .checks import as_u64
@@ -49,7 +50,7 @@ class VtaTorchBlock(ctypes.Structure):
                 ("state", u32), ("small", u32)]
 
 
-_PROTOTYPES = {
+_PROTOTYPES: _cabi.Prototypes = {
     "vta_torch_native_abi": (i32, []),
     "vta_torch_malloc": (i32, [u64, i32, ctypes.c_void_p, _P(VtaTorchPoolId), _P(ctypes.c_void_p)]),
     "vta_torch_free_ptr": (i32, [ctypes.c_void_p, _P(i32)]),
@@ -193,7 +194,7 @@ def largest_allocatable(device: int = 0) -> int:
 def device_stats(device: int = 0) -> DeviceStats:
     raw = VtaTorchDeviceStats()
     _check(_lib().vta_torch_device_stats(_device(device), ctypes.byref(raw)))
-    arrays = {n: tuple(Stat(s.current, s.peak, s.allocated, s.freed) for s in getattr(raw, n)) for n in _STAT_ARRAYS}
+    arrays: dict[str, Any] = {n: tuple(Stat(s.current, s.peak, s.allocated, s.freed) for s in getattr(raw, n)) for n in _STAT_ARRAYS}
     return DeviceStats(**arrays, **{n: getattr(raw, n) for n in _COUNTERS},
                        pool_reserved_bytes=raw.pool_reserved_bytes)
 

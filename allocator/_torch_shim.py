@@ -100,7 +100,7 @@ class Failures:
 
 
 _P = ctypes.POINTER
-_PROTOTYPES = {
+_PROTOTYPES: _cabi.Prototypes = {
     "vta_torch_last_error": (ctypes.c_char_p, []),
     "vta_torch_configure": (i32, [_P(VtaTorchConfig)]),
     "vta_torch_get_config": (i32, [_P(VtaTorchConfig), _P(i32)]),
@@ -184,7 +184,7 @@ def current_config() -> tuple[bool, int, dict[str, int]]:
     c = VtaTorchConfig()
     flag = i32()
     check(lib().vta_torch_get_config(ctypes.byref(c), ctypes.byref(flag)))
-    space = {name: getattr(c.space, name) for name, _ in _native.VtaConfig._fields_}
+    space = {name: getattr(c.space, name) for name, *_ in _native.VtaConfig._fields_}
     return bool(flag.value), c.on_failure, space
 
 
@@ -229,7 +229,7 @@ def failures(device: int) -> Failures:
     raw = VtaTorchFailures()
     buf = ctypes.create_string_buffer(MESSAGE_CAPACITY)
     check(lib().vta_torch_failures(device, ctypes.byref(raw), buf, ctypes.sizeof(buf)))
-    counts = {name: getattr(raw, name) for name, _ in VtaTorchFailures._fields_ if name not in ("struct_size", "reserved0")}
+    counts = {name: getattr(raw, name) for name, *_ in VtaTorchFailures._fields_ if name not in ("struct_size", "reserved0")}
     return Failures(**counts, last_message=buf.value.decode("utf-8", "replace"))
 
 

@@ -178,13 +178,13 @@ def plan_activations(cands: Sequence[Candidate], budget: int, model: CostModel =
 
     rows = []
     for c in cands:
-        d = decision[c.index]
+        choice = decision[c.index]
         cost, flops = 0.0, 0
-        if d == PAGE:
+        if choice == PAGE:
             cost = model.move_s(c.nbytes)
-        elif d == RECOMPUTE:
+        elif choice == RECOMPUTE:
             cost, flops = rec_cost(c.index)
-        rows.append(PlanRow(c.index, c.nbytes, c.op, d, cost, flops))
+        rows.append(PlanRow(c.index, c.nbytes, c.op, choice, cost, flops))
     summary = PlanSummary(
         budget_bytes=budget, total_bytes=total,
         kept_bytes=sum(r.nbytes for r in rows if r.decision == KEEP),

@@ -209,6 +209,7 @@ class AddressSpace(TestHooks, NativeHandle):
                 failed += 1
                 raise
 
+        assert self._source is not None, "only a space with a page source leases"
         try:
             return malloc_from_source(self, self._source, n, evict, attempt)
         except OutOfMemoryError:
@@ -276,6 +277,7 @@ class AddressSpace(TestHooks, NativeHandle):
             return
         if not isinstance(data, bytes):
             self._check_range("write", addr, off, n)  # before the data is copied
+        keep: Any  # what ptr points into, alive until the call returns
         if isinstance(data, bytes):
             ptr = ctypes.cast(ctypes.c_char_p(data), ctypes.c_void_p)
             keep = data
@@ -447,6 +449,14 @@ class AddressSpace(TestHooks, NativeHandle):
             out.append(PageRecord(page_id, r.address or None, PAGE_STATES[r.state], on_page, r.tag or None))
         return out
 
+    def memory_snapshot(self) -> dict[str, Any]:
+        """This space in PyTorch's snapshot format (what ``torch.cuda.memory._snapshot()``
+        returns), for ``torch.cuda._memory_viz`` (``stats``, ``segments``, ``memory``, the HTML
+        plots): pickle it to a file. See allocator/memory_snapshot.py for the mapping."""
+        from .memory_snapshot import space_snapshot
+
+        return space_snapshot(self.allocations(), self.pages(), self.page_bytes, self.device)
+
     # -- torch ----------------------------------------------------------------------------
     def tensor(self, shape: Any, dtype: Any = None) -> Any:
         """A torch CPU tensor (uninitialized, float32 unless ``dtype``) whose storage is a new
@@ -457,7 +467,7 @@ class AddressSpace(TestHooks, NativeHandle):
 
         return space_tensor(self, shape, dtype)
 
-    def _fetch(self, fn: Any, struct: type) -> list[Any]:
+    def _fetch(self, fn: Any, struct: Any) -> list[Any]:
         count = ctypes.c_uint64()
         while True:
             _native.check(fn(self._h(), None, 0, ctypes.byref(count)))

@@ -19,7 +19,7 @@ import dataclasses
 import operator
 import os
 import re
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping
 
 from .checks import MAX_U64, quote
 from .errors import InvalidArgumentError
@@ -130,6 +130,13 @@ class Config:
 
     _SIZE_FIELDS = ("capacity", "page_size", "small_threshold", "host_granularity", "host_capacity", "reservation_size",
                     "extent_size")
+
+    if TYPE_CHECKING:  # what the constructor accepts: sizes as text too ("8GiB"); the fields hold ints
+        def __init__(self, backend: str = "auto", device: int = 0, capacity: int | str | None = None,
+                     page_size: int | str | None = None, small_threshold: int | str | None = None,
+                     host_granularity: int | str | None = None, host_capacity: int | str | None = None,
+                     reservation_size: int | str | None = None, evict_mode: str = "auto",
+                     cost_model: str | None = None, extent_size: int | str | None = None) -> None: ...
 
     def __post_init__(self) -> None:
         if self.backend not in BACKENDS:

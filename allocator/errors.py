@@ -89,7 +89,7 @@ class Status(enum.IntEnum):
     INTERNAL = 7
 
 
-_BY_STATUS = {
+_BY_STATUS: dict[int, type[VtallocError]] = {
     Status.INVALID_ARGUMENT: InvalidArgumentError,
     Status.OUT_OF_MEMORY: OutOfMemoryError,
     Status.BACKEND_UNAVAILABLE: BackendUnavailableError,

@@ -57,7 +57,7 @@ import dataclasses
 import threading
 import time
 import weakref
-from typing import Any, Protocol
+from typing import Any, Callable, Protocol
 
 from . import _torch_mode, _torch_shim
 from .config import parse_size
@@ -112,6 +112,7 @@ class Pager(Protocol):
     def is_resident(self, handle: Any) -> bool: ...
     def unpack(self, handle: Any) -> Any: ...                   # waits; -> tensor (not evictable)
     def release(self, handle: Any) -> None: ...                 # evictable again (after a borrow)
+    def value_changed(self, handle: Any, version: int) -> bool: ...  # written in place since it was packed
     # Optional: unmap the device pages offloaded tensors still hold; -> bytes released.
     def release_offloaded(self) -> int: ...
 
@@ -293,8 +294,8 @@ class PagedActivations:
         self._schedule_unpacks: list[int] | None = None   # pack indices in unpack order, recorded
         self._rec_packs: list[tuple] = []
         self._rec_unpacks: list[int] = []
-        self._saved: list[weakref.ref] = []               # this iteration's packed tensors (autograd owns them)
-        self._candidates: collections.deque[weakref.ref] = collections.deque()  # may still hold resident bytes
+        self._saved: list[Callable[[], Any]] = []               # this iteration's packed tensors (autograd owns them)
+        self._candidates: collections.deque[Callable[[], Any]] = collections.deque()  # may still hold resident bytes
         self._following = False                           # this iteration follows the schedule
         self._unpack_pos = 0
         self._resident_bytes = 0                          # packed, not consumed, resident or prefetched
@@ -566,7 +567,7 @@ class PagedActivations:
     def _record_pack(self, index: int, signature: tuple) -> None:
         self._rec_packs.append(signature)
         if self._following:
-            sched = self._schedule_packs
+            sched = self._schedule_packs or []
             if index >= len(sched) or sched[index] != signature:
                 self._fall_back()
 
@@ -580,7 +581,7 @@ class PagedActivations:
         # not offloaded by the pack that saved it.
         queue = self._candidates
         newest = queue[-1] if queue else None
-        stuck: list[weakref.ref] = []
+        stuck: list[Callable[[], Any]] = []
         while queue and self._resident_bytes > self.budget:
             ref = queue[0]
             if ref is newest:
@@ -663,7 +664,7 @@ class PagedActivations:
             if saved.iteration == self._iteration:
                 self._rec_unpacks.append(saved.index)
                 if self._following:
-                    expect = self._schedule_unpacks
+                    expect = self._schedule_unpacks or []
                     pos = self._unpack_pos
                     if pos >= len(expect) or expect[pos] != saved.index:
                         self._fall_back()

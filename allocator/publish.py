@@ -166,7 +166,7 @@ class _Publisher:
         self._remove_file()
 
     def after_fork_in_child(self) -> None:
-        self.__init__()
+        _Publisher.__init__(self)
 
     def at_exit(self) -> None:
         if self._pid == os.getpid():

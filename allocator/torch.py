@@ -92,7 +92,9 @@ def _pluggable(torch: Any) -> Any:
     return torch.cuda.memory.CUDAPluggableAllocator(_native.library_path(), "vta_torch_alloc", "vta_torch_free")
 
 
-def _describe(cfg: Config) -> str:
+def _describe(cfg: Config | None) -> str:
+    if cfg is None:
+        return "none"
     fields = {f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg) if f.name not in ("backend", "device")}
     return ", ".join(f"{k}={format_size(v) if isinstance(v, int) else v}" for k, v in fields.items() if v is not None) or "defaults"
 

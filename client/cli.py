@@ -66,6 +66,9 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    # click's plain help: rich's option table cut long option names ("--max-concurrent-rp…")
+    # and long words at 80 columns; click wraps the help and never cuts a name.
+    rich_markup_mode=None,
 )
 console = Console()
 err_console = Console(stderr=True)
@@ -108,7 +111,7 @@ def info(json_out: bool = typer.Option(False, "--json", help="Print JSON (schema
 
     from vtalloc.allocator.device_info import device_info
 
-    rows = {}
+    rows: dict[str, dict[str, Any]] = {}
     for name in ("cuda", "host"):
         ok, why = backend_available(name)
         rows[name] = {"available": ok, "reason": why}
@@ -149,8 +152,8 @@ def demo(
     """Show defragmentation by page remapping, then train a small model with vtalloc's memory."""
     from .demo import describe, run_defrag_demo
 
-    backend = backend.value
-    report = run_defrag_demo(backend=backend, capacity=capacity, device=device)
+    backend_name = backend.value
+    report = run_defrag_demo(backend=backend_name, capacity=capacity, device=device)
     note = rounding_note("--capacity", capacity, parse_size(capacity), report.capacity_bytes, report.page_bytes)
     if note:
         err_console.print(note, highlight=False, soft_wrap=True)
@@ -158,7 +161,7 @@ def demo(
     if train:
         from .train_demo import run_train_demo
 
-        trained = run_train_demo(backend=backend, steps=steps, capacity=capacity)
+        trained = run_train_demo(backend=backend_name, steps=steps, capacity=capacity)
     if json_out:
         from dataclasses import asdict
 
@@ -208,8 +211,9 @@ def main(argv: Optional[list[str]] = None) -> None:
         sys.exit(130)
     except Exception as e:  # click usage errors carry their own exit code (2)
         if isinstance(e, _USAGE_ERRORS):
-            e.show()
-            sys.exit(e.exit_code)
+            usage: Any = e  # click's ClickException (vendored or not)
+            usage.show()
+            sys.exit(usage.exit_code)
         if _state["debug"]:
             raise
         if isinstance(e, InvalidArgumentError):  # a bad value given on the command line

@@ -31,6 +31,12 @@ __all__ = ["register", "Backend"]
 # --backend's choices: argument parsing refuses others (exit code 2).
 Backend = enum.Enum("Backend", {b: b for b in BACKENDS}, type=str)  # type: ignore[misc]
 
+
+class PagesFormat(str, enum.Enum):
+    table = "table"
+    json = "json"
+    torch = "torch"
+
 _SOCKET_HELP = "The daemon's socket (unix:///path or a path). Default: $VTALLOC_SOCKET, else vtalloc.sock " \
                "in $XDG_RUNTIME_DIR/vtalloc, /run/vtalloc (root) or /tmp/vtalloc-<uid>. Clients use it only if " \
                "its directory, the sockets and the daemon are their own uid's, root's or a uid in " \
@@ -315,10 +321,29 @@ def register(app: typer.Typer, *, fail: Callable[[str, int], NoReturn], console:
         session_id: str = typer.Option("", "--session", help="Only this session's pages."),
         json_out: bool = typer.Option(False, "--json", help=f"Print JSON ({render.PAGES_SCHEMA})."),
         wide: bool = wide_opt,
+        fmt: PagesFormat = typer.Option(
+            PagesFormat.table, "--format",
+            help="table; json (as --json); torch: PyTorch's memory snapshot, pickled to --out, for "
+                 "`python -m torch.cuda._memory_viz stats|segments|segment_plot FILE`."),
+        out: Optional[str] = typer.Option(None, "--out", "-o", help="The file --format torch writes."),
     ) -> None:
         """The page map: which session holds which pages, and in what state."""
+        if fmt is PagesFormat.torch and not out:
+            raise InvalidArgumentError("--format torch writes a pickle: name the file with --out")
+        if out and fmt is not PagesFormat.torch:
+            raise InvalidArgumentError("--out is for --format torch")
         doc = page_map(socket, timeout, session_id)
-        if json_out:
+        if fmt is PagesFormat.torch and out:
+            import pickle
+
+            from .torch_snapshot import pages_snapshot
+
+            snapshot = pages_snapshot(doc)
+            with open(out, "wb") as f:
+                pickle.dump(snapshot, f)
+            console.print(f"wrote {out}: {len(snapshot['segments'])} segments (torch.cuda._memory_viz)")
+            return
+        if json_out or fmt is PagesFormat.json:
             emit_json(doc)
             return
         show(render.pages_tables(doc, width(wide)), wide)
@@ -345,7 +370,7 @@ def register(app: typer.Typer, *, fail: Callable[[str, int], NoReturn], console:
 
     # -- quotas and forced eviction ---------------------------------------------------------
     quota_app = typer.Typer(help="Read or set per-principal quotas (setting needs an admin uid).",
-                            no_args_is_help=True)
+                            no_args_is_help=True, rich_markup_mode=app.rich_markup_mode)
     app.add_typer(quota_app, name="quota")
 
     @quota_app.command("get")

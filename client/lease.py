@@ -111,8 +111,13 @@ class LeaseSource(Unique, PageSource):
                               host_capacity=config.host_capacity or h.host_capacity_bytes or None)
 
     # -- the PageSource protocol ----------------------------------------------------------------
+    def _live_link(self) -> Link:
+        if self._link is None:
+            raise ClosedError("the address space is closed")
+        return self._link
+
     def attach(self, space: Any) -> None:
-        link = self._link
+        link = self._live_link()
         self._finalizer = weakref.finalize(space, link.shutdown)
         start_threads(weakref.ref(space), link)
 
@@ -271,7 +276,7 @@ class LeaseSource(Unique, PageSource):
                     else:
                         os.close(fd)
             with self._pages_lock:
-                epoch = self._link.epoch
+                epoch = self._live_link().epoch
                 for pid in page_ids:
                     fd = arrived.pop(pid)
                     try:

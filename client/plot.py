@@ -201,10 +201,10 @@ def page_map_figure(doc: dict[str, Any], *, title: str | None = None) -> tuple[A
             ax.add_collection(pc)
             drawn[key] = pc
     font = min(7.0, cell_in * 72 * 0.8 / max(1, max((len(t[2]) for t in texts), default=1)) / 0.6)
-    for x, yy, text, colour in texts:
-        ax.text(x, yy, text, ha="center", va="center", fontsize=font, color=colour)
-    for x, yy, text, align, colour in notes:
-        ax.text(x, yy, text, ha=align, va="center" if "\n" not in text else "top", fontsize=7.5, color=colour,
+    for tx, ty, text, colour in texts:
+        ax.text(tx, ty, text, ha="center", va="center", fontsize=font, color=colour)
+    for tx, ty, text, align, colour in notes:
+        ax.text(tx, ty, text, ha=align, va="center" if "\n" not in text else "top", fontsize=7.5, color=colour,
                 linespacing=1.15)
     ax.set_xlim(0, cols)
     ax.set_ylim(height, 0)

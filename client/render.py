@@ -204,7 +204,7 @@ def _ranges(ids: list[int]) -> str:
     for i in sorted(ids):
         if start is None:
             start = prev = i
-        elif i == prev + 1:
+        elif prev is not None and i == prev + 1:
             prev = i
         else:
             parts.append(f"{start}" if start == prev else f"{start}-{prev}")

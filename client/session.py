@@ -187,6 +187,12 @@ class ServiceSession(Unique):
         return self.hello.session_id
 
     # -- state ------------------------------------------------------------------------------
+    def _side(self) -> socket.socket:
+        """The side-channel socket (None only before the hello or after close)."""
+        if self._sock is None:
+            raise ClosedError("the vtalloc session is closed")
+        return self._sock
+
     def _usable(self) -> None:
         if os.getpid() != self._pid:
             raise ClosedError("this vtalloc session belongs to the parent process; open a new one after fork")
@@ -202,8 +208,9 @@ class ServiceSession(Unique):
             return False
         with self._lock:
             try:
-                readable, _, _ = select.select([self._sock], [], [], 0)
-                if readable and not self._sock.recv(1, socket.MSG_PEEK):
+                sock = self._side()
+                readable, _, _ = select.select([sock], [], [], 0)
+                if readable and not sock.recv(1, socket.MSG_PEEK):
                     self._dead = True
             except OSError:
                 self._dead = True
@@ -249,7 +256,7 @@ class ServiceSession(Unique):
         self._usable()
         with self._lock:
             try:
-                msg, fds = recv_message(self._sock, timeout_s)
+                msg, fds = recv_message(self._side(), timeout_s)
             except EOFError:
                 self._dead = True
                 raise ServiceUnavailableError("the vtalloc daemon closed the session while delivering pages") from None

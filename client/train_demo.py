@@ -128,7 +128,7 @@ def _train_on_host(capacity: int | str, steps: int) -> TrainReport:
 def _gpu_worker(allocator: str, steps: int) -> dict[str, Any]:
     import torch
 
-    vt = None
+    vt: Any = None
     if allocator == "vtalloc":
         import vtalloc.allocator.torch as vt
 

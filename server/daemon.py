@@ -31,7 +31,6 @@ from typing import Callable
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
-from grpc_reflection.v1alpha import reflection
 
 from vtalloc.allocator.config import Config, parse_size
 from vtalloc.allocator.errors import InvalidArgumentError
@@ -48,6 +47,7 @@ from .protocol.errors import FailedPreconditionError, UntrustedRendezvousError
 from .protocol.rendezvous import MAX_UID, check_directory
 from .protocol.rpc import MAX_REPLY_BYTES, SERVICE_NAMES
 from .quota import PrincipalMap, Quota
+from .reflection import enable_reflection
 from .service import AdminService, PagesService
 from .state_keeper import StateKeeper
 
@@ -239,14 +239,15 @@ async def serve(config: DaemonConfig, *, on_ready: Callable[[dict], None] | None
     gid = config.group_gid
     # The options only the backend can judge (page size, capacity, quotas against it) first,
     # before the directory is touched: InvalidArgumentError from here is a bad option.
-    page_pool = PagePool(config=config.pages)
+    pool = PagePool(config=config.pages)
+    page_pool: PagePool | None = pool  # None once a clean stop handed it to node.close()
     lock = listener = metrics = keeper = None
     server = None
     side_task = None
     try:
-        info = page_pool.info()
+        info = pool.info()
         geometry = NodeGeometry(info.backend, info.device, info.page_bytes, info.capacity_bytes // info.page_bytes,
-                                config.host_capacity or 0, config.evict_deadline_s)
+                                int(config.host_capacity or 0), config.evict_deadline_s)  # an int since __post_init__
         admins = {0, os.geteuid(), *config.admin_uids}
         admin_cgroups = None
         if config.principal_by == "pod":
@@ -261,13 +262,13 @@ async def serve(config: DaemonConfig, *, on_ready: Callable[[dict], None] | None
         for stale in (config.socket_path, config.side_channel_path):
             if os.path.lexists(stale):
                 os.unlink(stale)
-        node = Node(page_pool, ledger, kill_on_missed_deadline=config.kill_on_missed_deadline, limits=config.limits,
+        node = Node(pool, ledger, kill_on_missed_deadline=config.kill_on_missed_deadline, limits=config.limits,
                     principal_by=config.principal_by)
         keeper = StateKeeper(config.state_path, ledger, node.capacity_changed)
         inherited_bytes = keeper.adopt()  # before any lease: what a previous daemon's clients still hold
         node.on_holdings_changed = keeper.save
 
-        def identify(token: str) -> tuple[int | str, bool]:
+        def identify(token: str | None) -> tuple[int | str, bool]:
             s = ledger.authenticate(token)
             return limit_key(s.uid, s.pod), ledger.is_admin(s)
 
@@ -281,9 +282,7 @@ async def serve(config: DaemonConfig, *, on_ready: Callable[[dict], None] | None
         admin_pb2_grpc.add_AdminServicer_to_server(AdminService(node), server)
         health_servicer = health.aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
-        reflection.enable_server_reflection(
-            (*SERVICE_NAMES, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME),
-            server)
+        enable_reflection((*SERVICE_NAMES, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name), server)
         if server.add_insecure_port(UNIX_SCHEME + config.socket_path) == 0:
             raise OSError(f"could not bind {config.socket_path}")
 

@@ -477,7 +477,7 @@ class Ledger:
             if target is None:
                 raise NotFoundError(f"no session {echo(session_id)}")
             return [target], 0, admin
-        seen = [s for s in clients if admin or self._sees(caller, s)]
+        seen = [s for s in clients if admin or (caller is not None and self._sees(caller, s))]
         return seen, len(clients) - len(seen), admin
 
     def node_view(self, caller: Session | None, session_id: str = "") -> NodeView:
@@ -488,7 +488,7 @@ class Ledger:
             sessions = tuple(session_view(self._info(s), s, now) for s in sorted(seen, key=lambda x: x.started))
             principals = set(self._quotas) | {s.principal for s in self._sessions.values() if s.kind == "client"}
             principals |= set(self._quota_rejections)
-            if not admin:
+            if not admin and caller is not None:  # not admin: there is a caller
                 principals = {caller.principal}
             pviews = [principal_view(self.quota_of(p), [s for s in self._sessions.values()
                                                         if s.kind == "client" and s.principal == p],

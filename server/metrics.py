@@ -134,12 +134,12 @@ class LedgerCollector(Collector):
                                        "Leases refused for passing the principal's maximum.",
                                        labels=[*principal, *NODE_LABELS])
         for p in view.principals:
-            name = [p.quota.principal, *node]
-            leased.add_metric(name, p.leased_pages * d.page_bytes)
-            evicted.add_metric(name, p.evicted_bytes)
-            qmin.add_metric(name, p.quota.min_bytes)
-            qmax.add_metric(name, p.quota.max_bytes)
-            rejected.add_metric(name, p.quota_rejections)
+            labels = [p.quota.principal, *node]
+            leased.add_metric(labels, p.leased_pages * d.page_bytes)
+            evicted.add_metric(labels, p.evicted_bytes)
+            qmin.add_metric(labels, p.quota.min_bytes)
+            qmax.add_metric(labels, p.quota.max_bytes)
+            rejected.add_metric(labels, p.quota_rejections)
         yield from (leased, evicted, qmin, qmax, rejected)
         for key, name, help_text in _COUNTERS:
             counter = CounterMetricFamily(name, help_text, labels=list(NODE_LABELS))

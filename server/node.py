@@ -242,7 +242,10 @@ class Node:
             if pidfd is not None and peer is None:
                 os.close(pidfd)
             # The slots come back once the connection is closed: what a caller leaves in the Closer is bounded.
-            conn.close(then=lambda: [slots.give_back(key) for slots in held])
+            def give_back() -> None:
+                for slots in held:
+                    slots.give_back(key)
+            conn.close(then=give_back)
 
     async def _refuse(self, conn: AsyncConnection, pid: int, key: object, slots: UidSlots, hello_unread: bool,
                       e: Exception) -> None:
@@ -277,7 +280,10 @@ class Node:
         loop = asyncio.get_running_loop()
         exited = loop.create_future()
         if peer.pidfd is not None:
-            loop.add_reader(peer.pidfd, lambda: exited.done() or exited.set_result(None))
+            def on_exit() -> None:
+                if not exited.done():
+                    exited.set_result(None)
+            loop.add_reader(peer.pidfd, on_exit)
         reader = asyncio.ensure_future(peer.conn.recv(None))
         try:
             done, _ = await asyncio.wait({reader, exited}, return_when=asyncio.FIRST_COMPLETED)

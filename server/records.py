@@ -8,6 +8,7 @@ is the one list of them. Invariant: no rule lives here; a record only holds stat
 from __future__ import annotations
 
 import dataclasses
+from typing import TYPE_CHECKING, Any, ClassVar
 from dataclasses import dataclass, field
 
 from .protocol.rpc import MAX_LEASE_PAGES, MAX_RETURN_PAGES, NODE_COUNTERS
@@ -18,7 +19,14 @@ __all__ = ["SESSION_KINDS", "NodeGeometry", "NodeCounters", "SessionCounters", "
 
 SESSION_KINDS = ("client", "observer")
 # The node's counters: one int field per field of pages.proto's Counters message.
-NodeCounters = dataclasses.make_dataclass("NodeCounters", [(name, int, 0) for name in NODE_COUNTERS])
+if TYPE_CHECKING:
+    class NodeCounters:  # what make_dataclass builds: one int field per name of NODE_COUNTERS
+        __dataclass_fields__: ClassVar[dict[str, Any]]
+
+        def __getattr__(self, name: str) -> int: ...
+        def __setattr__(self, name: str, value: int) -> None: ...
+else:
+    NodeCounters = dataclasses.make_dataclass("NodeCounters", [(name, int, 0) for name in NODE_COUNTERS])
 
 
 @dataclass(frozen=True)

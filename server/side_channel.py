@@ -50,7 +50,7 @@ import struct
 import threading
 import time
 from collections import deque
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 from .protocol.rendezvous import peer_credentials
 from .protocol.side_channel import FD_BYTES, ProtocolError, encode, parse_datagram, recv_datagram, send_datagram
@@ -92,7 +92,7 @@ def peer_pidfd(sock: socket.socket, pid: int) -> tuple[int | None, bool]:
 class AsyncConnection:
     """The daemon's end of one side-channel connection, on the event loop (non-blocking)."""
 
-    def __init__(self, sock: socket.socket, loop: asyncio.AbstractEventLoop, closer: "Closer", uid: int) -> None:
+    def __init__(self, sock: socket.socket, loop: asyncio.AbstractEventLoop, closer: "Closer", uid: int | str) -> None:
         sock.setblocking(False)
         self.sock = sock
         self._loop = loop
@@ -138,7 +138,7 @@ class AsyncConnection:
         msg, _ = parse_datagram(data, [], flags, 0)
         return msg
 
-    async def send(self, message: dict[str, Any], fds: list[int] = (), *, timeout_s: float) -> None:
+    async def send(self, message: dict[str, Any], fds: Sequence[int] = (), *, timeout_s: float) -> None:
         """Send one message, waiting (bounded) while the client's receive buffer is full."""
         data = encode(message)
         deadline = self._loop.time() + timeout_s
@@ -154,8 +154,12 @@ class AsyncConnection:
             if remaining <= 0:
                 raise TimeoutError("the client does not read its side channel")
             fut: asyncio.Future[None] = self._loop.create_future()
+
+            def wake(f: asyncio.Future[None] = fut) -> None:
+                if not f.done():
+                    f.set_result(None)
             fd = self.sock.fileno()
-            self._loop.add_writer(fd, lambda: fut.done() or fut.set_result(None))
+            self._loop.add_writer(fd, wake)
             try:
                 await asyncio.wait_for(fut, remaining)
             except asyncio.TimeoutError:
@@ -189,12 +193,12 @@ class Closer:
     def __init__(self, max_threads: int = CLOSER_THREADS) -> None:
         self._max_threads = max_threads
         self._lock = threading.Lock()
-        self._queues: dict[int, deque[tuple[list[int], Callable[[], None] | None, Any]]] = {}
-        self._ready: deque[int] = deque()   # uids with something to close and no thread on them
+        self._queues: dict[int | str, deque[tuple[list[int], Callable[[], None] | None, Any]]] = {}
+        self._ready: deque[int | str] = deque()   # uids with something to close and no thread on them
         self._threads = 0
         self.pending = 0                     # descriptors not yet closed (tests, logs)
 
-    def close(self, uid: int, fds: list[int], then: Callable[[], None] | None = None) -> None:
+    def close(self, uid: int | str, fds: list[int], then: Callable[[], None] | None = None) -> None:
         loop = asyncio.get_running_loop() if then is not None else None
         with self._lock:
             queue = self._queues.get(uid)

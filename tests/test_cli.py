@@ -104,6 +104,27 @@ def test_stats_of_a_process_fits(node, columns):
     assert "driver calls" in r.stdout and "map " in r.stdout
 
 
+def test_pages_in_torch_format_render_in_memory_viz(node, tmp_path):
+    """`vtalloc pages --format torch --out F`: the daemon's page map as PyTorch's snapshot; the
+    client holds 3 resident pages and 2 cached ones (the fixture)."""
+    import pickle
+
+    memory_viz = pytest.importorskip("torch.cuda._memory_viz")
+    d, _, sid, _ = node
+    out = tmp_path / "pages.pickle"
+    r = run(d, 80, "pages", "--format", "torch", "--out", str(out))
+    assert "wrote" in r.stdout
+    snap = pickle.loads(out.read_bytes())
+    mine = [s for s in snap["segments"] if s["vtalloc_session"] == sid]
+    blocks = [b for s in mine for b in s["blocks"]]
+    assert sum(b["state"] == "active_allocated" for b in blocks) == 3 and len(blocks) >= 5
+    assert all(b["size"] == PAGE for b in blocks)
+    assert f"segments: {len(snap['segments'])}" in memory_viz.segsum(snap)
+    assert "active_allocated" in memory_viz.segments(snap, format_flamegraph=lambda lines: lines)
+    run(d, 80, "pages", "--format", "torch", code=2)  # no --out: a usage error
+    run(d, 80, "pages", "--out", str(out), code=2)
+
+
 def test_top_in_a_pipe_prints_a_snapshot_per_interval(node):
     """Not on a terminal (a pipe, `timeout`), top prints each refresh below the last, flushed."""
     d, _, sid, _ = node
@@ -185,6 +206,25 @@ def test_debug_works_before_and_after_the_command(capsys):
                  ["quota", "get", "--debug", "--socket", "/nonexistent/v.sock"]):
         with pytest.raises(ServiceUnavailableError):  # --debug: the traceback, not a one-line error
             main(args)
+
+
+def _commands(group, path=()):
+    for name, cmd in group.commands.items():
+        yield (*path, name), cmd
+        if hasattr(cmd, "commands"):  # a group (typer's click, vendored or not)
+            yield from _commands(cmd, (*path, name))
+
+
+@pytest.mark.parametrize("columns", [80, 200])
+def test_every_commands_help_shows_every_option_name_whole(columns):
+    """rich's option table cut names at 80 columns ("--max-concurrent-rp…"): every option of
+    every command must appear whole, on lines no wider than the terminal."""
+    import typer.main
+
+    for path, cmd in _commands(typer.main.get_command(app)):
+        out = run(None, columns, *path, "--help").stdout
+        check_fits(out, columns, tuple(o for p in cmd.params for o in (*p.opts, *p.secondary_opts) if o.startswith("--")))
+        assert "…" not in out, (path, out)
 
 
 def test_help_lists_the_exit_codes():

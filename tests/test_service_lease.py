@@ -165,6 +165,29 @@ def test_health_checking_and_reflection_are_on(daemon):
     assert {"vtalloc.v1.Pages", "vtalloc.v1.Admin", "grpc.health.v1.Health"} <= names
 
 
+def test_reflection_is_also_served_as_v1(daemon):
+    """grpcurl and newer clients ask grpc.reflection.v1 first (grpcio-reflection ships v1alpha
+    only; the daemon serves it under both names, and describes v1)."""
+    from google.protobuf import descriptor_pb2
+
+    with grpc.insecure_channel(daemon.address) as channel:
+        info = channel.stream_stream("/grpc.reflection.v1.ServerReflection/ServerReflectionInfo",
+                                     request_serializer=reflection_pb2.ServerReflectionRequest.SerializeToString,
+                                     response_deserializer=reflection_pb2.ServerReflectionResponse.FromString)
+        asks = [reflection_pb2.ServerReflectionRequest(list_services=""),
+                reflection_pb2.ServerReflectionRequest(file_containing_symbol="grpc.reflection.v1.ServerReflection"),
+                reflection_pb2.ServerReflectionRequest(file_containing_symbol="vtalloc.v1.Pages")]
+        listed, v1_file, pages_file = list(info(iter(asks), timeout=5))
+    names = {s.name for s in listed.list_services_response.service}
+    assert {"vtalloc.v1.Pages", "vtalloc.v1.Admin", "grpc.reflection.v1.ServerReflection",
+            "grpc.reflection.v1alpha.ServerReflection"} <= names
+    for answer, package in ((v1_file, "grpc.reflection.v1"), (pages_file, "vtalloc.v1")):
+        assert answer.WhichOneof("message_response") == "file_descriptor_response", answer
+        files = [descriptor_pb2.FileDescriptorProto.FromString(b)
+                 for b in answer.file_descriptor_response.file_descriptor_proto]
+        assert package in {f.package for f in files}
+
+
 def test_a_forked_child_cannot_use_its_parents_session(daemon):
     with ClientProc() as c:
         c.ok("open", address=daemon.address)

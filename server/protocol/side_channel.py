@@ -18,7 +18,7 @@ import array
 import json
 import os
 import socket
-from typing import Any
+from typing import Any, Sequence
 
 __all__ = [
     "ProtocolError", "MAX_MESSAGE_BYTES", "MAX_FDS_PER_MESSAGE", "PROTOCOL_VERSION", "FD_BYTES", "encode",
@@ -72,7 +72,7 @@ def connect(path: str, timeout_s: float) -> socket.socket:
     return sock
 
 
-def send_datagram(sock: socket.socket, data: bytes, fds: list[int] = ()) -> None:
+def send_datagram(sock: socket.socket, data: bytes, fds: Sequence[int] = ()) -> None:
     """One datagram, with its descriptors (``socket.send_fds``) if any."""
     if fds:
         socket.send_fds(sock, [data], list(fds))
@@ -80,7 +80,7 @@ def send_datagram(sock: socket.socket, data: bytes, fds: list[int] = ()) -> None
         sock.send(data)
 
 
-def send_message(sock: socket.socket, message: dict[str, Any], fds: list[int] = ()) -> None:
+def send_message(sock: socket.socket, message: dict[str, Any], fds: Sequence[int] = ()) -> None:
     send_datagram(sock, encode(message), fds)
 
 
