@@ -206,6 +206,8 @@ OTHER_ENV = frozenset({
     "VTALLOC_SOCKET",         # the service's address (server/protocol/address.py)
     "VTALLOC_RUNTIME_DIR",    # where published stats and the socket live (allocator/publish.py)
     "VTALLOC_DAEMON_UIDS",    # uids a client trusts to run its daemon (server/protocol/rendezvous.py)
+    "VTALLOC_QUOTA_MIN",      # a client's declared quota, sent in its hello (server/protocol/declared_quota.py)
+    "VTALLOC_QUOTA_MAX",
     "VTALLOC_PUBLISH_STATS",  # publish every space's stats for `vtalloc stats --pid`
     "VTALLOC_LIBRARY",        # the native library to load (allocator/_native.py)
     "VTALLOC_SLOW_TESTS",     # the test suite's slow tests
