@@ -194,7 +194,7 @@ class LeaseSource(Unique, PageSource):
                 call.cancel()
 
     def close(self) -> None:
-        """End the session (the daemon takes back the lease) and the threads. Idempotent."""
+        """End the session (the daemon releases the lease's pages) and the threads. Idempotent."""
         link, self._link = self._link, None
         if link is None:
             return
@@ -313,7 +313,7 @@ class LeaseSource(Unique, PageSource):
         self._send_return(session, owed, 0)
 
     def give_back(self, space: Any, max_pages: int, evict_request_id: int = 0) -> int:
-        """Return up to ``max_pages`` pages of ``space`` holding no live data to the daemon; returns how many."""
+        """Give back up to ``max_pages`` pages of ``space`` holding no live data to the daemon; returns how many."""
         self.check_usable()
         link = self._link
         if link is None:

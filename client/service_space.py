@@ -101,7 +101,7 @@ class ServiceAddressSpace(AddressSpace):
         return self.page_source.lease(self, pages)
 
     def give_back(self, max_pages: int, evict_request_id: int = 0) -> int:
-        """Return up to ``max_pages`` pages holding no live data to the daemon; returns how many."""
+        """Give back up to ``max_pages`` pages holding no live data to the daemon; returns how many."""
         return self.page_source.give_back(self, max_pages, evict_request_id)
 
     def evictable_addresses(self) -> list[int]:

@@ -85,7 +85,7 @@ class DaemonConfig:
     quotas: tuple[Quota, ...] = ()
     principals: PrincipalMap = field(default_factory=PrincipalMap)
     evict_deadline_s: float = 2.0          # how long a client has to answer an eviction request
-    kill_on_missed_deadline: bool = True   # see node.py, Note [Missed eviction deadline]
+    kill_on_missed_deadline: bool = True   # see node_pressure.py, Note [Missed eviction deadline]
     max_message_bytes: int | str = 4 << 20  # larger requests get RESOURCE_EXHAUSTED from gRPC itself
     max_concurrent_rpcs: int = 4096        # calls of non-admin uids at once, after each uid's own limit
                                            # (limits.py, Note [Calls per uid]); more get RESOURCE_EXHAUSTED

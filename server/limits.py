@@ -6,9 +6,9 @@ timeout, gRPC calls per uid; validated here, built once from DaemonConfig), :cla
 at most one per REFUSAL_LOG_EVERY_S with the count since) and :class:`RpcLimiter`, the gRPC
 interceptor that counts calls per caller before they count against the node's total
 (Note [Calls per uid]). The side-channel refusal itself (a ``refused`` message naming
-LimitExceededError, then the connection closes) is sent by node.py.
-Invariants: a slot is taken only if it is under its limit and given back exactly once
-(node.py takes and gives back in one task's try/finally); the limits apply to every uid,
+LimitExceededError, then the connection closes) is sent by node_connections.py.
+Invariants: a slot is taken only if it is under its limit and vacated exactly once
+(node_connections.py takes and vacates in one task's try/finally); the limits apply to every uid,
 root and admins included: they count per uid, so one uid's sessions never use another's.
 Under ``--principal-by pod`` a pod's connections count per pod instead (the key is
 ``pod:<uid>``, principals.py :func:`limit_key`): pods mostly share one uid (often root), and
@@ -100,7 +100,7 @@ class UidSlots:
                 f"({self.option} {self.limit}); close some, or ask the node's operator to raise it")
         self._held[uid] += 1
 
-    def give_back(self, uid: Hashable) -> None:
+    def vacate(self, uid: Hashable) -> None:
         self._held[uid] -= 1
         if self._held[uid] <= 0:
             del self._held[uid]
@@ -150,20 +150,20 @@ class RpcSlots:
         if admin:
             return
         if self.total >= self.total_limit:
-            self.per_uid.give_back(caller)
+            self.per_uid.vacate(caller)
             raise LimitExceededError(
                 f"{self.total} gRPC calls are in progress on this vtalloc daemon, its limit "
                 f"(--max-concurrent-rpcs {self.total_limit}); try again later, or ask the node's operator to raise it")
         self.total += 1
 
-    def give_back(self, caller: Hashable, admin: bool) -> None:
-        self.per_uid.give_back(caller)
+    def vacate(self, caller: Hashable, admin: bool) -> None:
+        self.per_uid.vacate(caller)
         if not admin:
             self.total -= 1
 
 
 class RpcLimiter(grpc.aio.ServerInterceptor):
-    """Takes a slot of :class:`RpcSlots` when a call's handler starts, gives it back when it ends."""
+    """Takes a slot of :class:`RpcSlots` when a call's handler starts, vacates it when it ends."""
 
     def __init__(self, slots: RpcSlots, identify: Callable[[str | None], tuple[Hashable, bool]]) -> None:
         self.slots = slots
@@ -204,7 +204,7 @@ class RpcLimiter(grpc.aio.ServerInterceptor):
                     result = inner(request, context)
                     return await result if hasattr(result, "__await__") else result
                 finally:
-                    slots.give_back(*held)
+                    slots.vacate(*held)
             return call
 
         def stream(inner: Callable) -> Callable:
@@ -221,7 +221,7 @@ class RpcLimiter(grpc.aio.ServerInterceptor):
                         for item in result:
                             yield item
                 finally:
-                    slots.give_back(*held)
+                    slots.vacate(*held)
             return call
 
         for kind, wrap, make in (("unary_unary", unary, grpc.unary_unary_rpc_method_handler),

@@ -1,8 +1,8 @@
 """How long the daemon's event loop could not run, and deadlines that do not count that time.
 
 Owns: :class:`LoopStalls` (a tick every STALL_TICK_S; a tick later than that by more than
-STALL_SLACK_S counts as a stall of the whole gap) and :func:`wait_judged`, how node.py waits
-for answers to eviction requests (node.py, Note [Missed eviction deadline]).
+STALL_SLACK_S counts as a stall of the whole gap) and :func:`wait_judged`, how node_pressure.py waits
+for answers to eviction requests (node_pressure.py, Note [Missed eviction deadline]).
 Invariant: a client is never judged late for time in which the daemon could not process its answer.
 """
 

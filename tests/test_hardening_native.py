@@ -410,7 +410,7 @@ def test_a_delivery_that_fails_at_any_step_gives_back_every_page_it_created(op, 
         node._peers[s.session_id] = _Peer(s, FakeConn(), None)
         _, ids = asyncio.run(node.lease(s, 4, None))  # served
         assert len(ids) == real.info().pages_held == page_fds() == 4
-        for p in ledger.take_back(s, ids, 0):
+        for p in ledger.give_back(s, ids, 0):
             real.release_page(p)
 
 

@@ -106,18 +106,18 @@ def test_returns_are_validated_all_or_nothing():
     pa = lease(ledger, a, ids, 3)
     pb = lease(ledger, b, ids, 2)
     with pytest.raises(NotFoundError):
-        ledger.take_back(a, [pa[0], 999])
+        ledger.give_back(a, [pa[0], 999])
     with pytest.raises(PermissionDeniedError):
-        ledger.take_back(a, [pa[0], pb[0]])
+        ledger.give_back(a, [pa[0], pb[0]])
     with pytest.raises(InvalidArgumentError):
-        ledger.take_back(a, [pa[0], pa[0]])
+        ledger.give_back(a, [pa[0], pa[0]])
     with pytest.raises(NotFoundError):
-        ledger.take_back(a, [pa[0]], evict_request_id=77)
+        ledger.give_back(a, [pa[0]], evict_request_id=77)
     assert ledger.held_pages() == 5  # nothing moved
-    assert ledger.take_back(a, pa[:2]) == pa[:2]
+    assert ledger.give_back(a, pa[:2]) == pa[:2]
     assert ledger.held_pages() == 3
     with pytest.raises(NotFoundError):
-        ledger.take_back(a, [pa[0]])  # already returned
+        ledger.give_back(a, [pa[0]])  # already returned
     ledger.check_invariants()
 
 
@@ -126,7 +126,7 @@ def test_a_page_still_being_delivered_cannot_be_returned():
     s = ledger.open_session(10, 1, 1, "client")
     ledger.add_pages(s, [1])
     with pytest.raises(FailedPreconditionError):
-        ledger.take_back(s, [1])
+        ledger.give_back(s, [1])
     ledger.drop_pages(s, [1])
     assert ledger.held_pages() == 0
 
@@ -189,11 +189,11 @@ def test_eviction_tickets_credit_returns_and_judge_misses():
     s = ledger.open_session(10, 1, 1, "client")
     pages = lease(ledger, s, ids, 6)
     t = ledger.open_eviction(s, 3)
-    ledger.take_back(s, pages[:2], evict_request_id=t.request_id)
+    ledger.give_back(s, pages[:2], evict_request_id=t.request_id)
     assert t.returned == 2
     assert ledger.close_eviction(t, judge=True) is True
     t2 = ledger.open_eviction(s, 1)
-    ledger.take_back(s, pages[2:3])  # any return while asked counts toward the request
+    ledger.give_back(s, pages[2:3])  # any return while asked counts toward the request
     assert ledger.close_eviction(t2, judge=True) is False
     t3 = ledger.open_eviction(s, 2)
     assert ledger.close_eviction(t3, judge=False) is False  # not needed any more: no miss
@@ -299,15 +299,15 @@ class LedgerMachine(RuleBasedStateMachine):
         other = next((p for x in self.sessions if x is not s for p in x.pages), None)
         if foreign and other is not None:
             with pytest.raises(PermissionDeniedError):
-                self.ledger.take_back(s, mine + [other])
-        self.ledger.take_back(s, mine)
+                self.ledger.give_back(s, mine + [other])
+        self.ledger.give_back(s, mine)
 
     @rule(i=st.integers(0, 3), k=st.integers(1, 4), judge=st.booleans())
     def evict(self, i, k, judge):
         s = self.sessions[i]
         if s.live:
             t = self.ledger.open_eviction(s, k)
-            self.ledger.take_back(s, list(s.pages)[: k // 2], evict_request_id=t.request_id)
+            self.ledger.give_back(s, list(s.pages)[: k // 2], evict_request_id=t.request_id)
             self.ledger.close_eviction(t, judge=judge)
 
     @rule(i=st.integers(0, 3), clean=st.booleans())

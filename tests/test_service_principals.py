@@ -169,7 +169,7 @@ def test_two_pods_of_one_uid_are_two_principals_with_their_own_quotas_and_no_vie
         ledger.admit(a, 1)
     lease(ledger, b, 100, 4)  # one shared uid:0 quota would refuse this
     with pytest.raises(PermissionDeniedError):
-        ledger.take_back(b, pages[:1])
+        ledger.give_back(b, pages[:1])
     with pytest.raises(PermissionDeniedError, match="another uid or principal"):
         ledger.session_for(b, a.session_id)
     view = ledger.node_view(b)

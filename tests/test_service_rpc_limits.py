@@ -92,5 +92,5 @@ def test_rpc_slots_count_per_caller_first_and_admins_only_per_uid():
     with pytest.raises(LimitExceededError, match="--max-rpcs-per-uid 2"):
         slots.take(0, True)
     for caller, admin in ((1000, False), (1000, False), (NO_SESSION, False), (0, True), (0, True)):
-        slots.give_back(caller, admin)
+        slots.vacate(caller, admin)
     assert slots.total == 0 and all(slots.per_uid.held(u) == 0 for u in (0, 1000, NO_SESSION))

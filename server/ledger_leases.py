@@ -1,0 +1,148 @@
+"""The ledger's leases: admitting a lease, the pages on their way to a session, and the
+pages a session gives back.
+
+Owns: the owner of every leased page from the moment the node creates it (``delivering``)
+through its delivery (``leased``) until the session gives it back or ends; lease ids.
+Invariants: every leased page id has exactly one owner, a live session, and is in that
+session's pages; the pages held by all sessions never exceed the node's capacity, and a lease
+is admitted only while they fit beside the pages inherited; a principal's pages never exceed
+its maximum because of a lease the ledger admitted (lowering a maximum later refuses new
+leases; it takes nothing away); pages given back are checked all or none (each owned by the
+session, none twice, none still being delivered) and any of them given back while the
+session is asked to evict counts toward its eviction requests.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Iterable
+
+from vtalloc.allocator.errors import InternalError, InvalidArgumentError
+
+from .ledger_quotas import LedgerQuotas
+from .protocol.errors import FailedPreconditionError, NotFoundError, PermissionDeniedError, QuotaExceededError
+from .records import Session
+
+__all__ = ["LedgerLeases"]
+
+log = logging.getLogger("vtalloc.server")
+
+
+class LedgerLeases(LedgerQuotas):
+    def admit(self, s: Session, pages: int) -> int:
+        """Check a lease of ``pages``; returns how many pages the node is short (0: go ahead).
+
+        Raises at once for a bad count, an observer session, or a lease past the maximum.
+        """
+        g = self.geometry
+        if not 1 <= pages <= g.max_lease_pages:
+            raise InvalidArgumentError(f"a lease asks for 1 to {g.max_lease_pages} pages, not {pages}")
+        with self._lock:
+            if s.kind != "client":
+                raise FailedPreconditionError("an observer session cannot lease pages")
+            q = self.quota_of(s.principal)
+            used = self._principal_pages(s.principal)
+            if (used + pages) * g.page_bytes > q.max_bytes:
+                self._counters.quota_rejections_total += 1
+                s.counters.quota_rejections += 1
+                self._quota_rejections[s.principal] = self._quota_rejections.get(s.principal, 0) + 1
+                log.info("lease of %d pages for session %s (%s, pid %d) refused: its principal holds %d pages, its "
+                         "maximum is %d bytes", pages, s.session_id, s.principal, s.pid, used, q.max_bytes)
+                raise QuotaExceededError(
+                    f"{s.principal} holds {used} pages of {g.page_bytes} bytes; {pages} more would pass its "
+                    f"maximum of {q.max_bytes} bytes", requested_bytes=pages * g.page_bytes,
+                    capacity_bytes=q.max_bytes, mapped_bytes=used * g.page_bytes)
+            return max(0, pages - (g.capacity_pages - len(self._owner) - self._inherited.pages))
+
+
+    def count_node_short(self) -> None:
+        with self._lock:
+            self._counters.node_short_rejections_total += 1
+
+    def new_lease_id(self) -> int:
+        with self._lock:
+            n = self._next_lease
+            self._next_lease += 1
+            return n
+
+    def add_pages(self, s: Session, page_ids: list[int]) -> None:
+        """Record fresh pages as on their way to ``s``."""
+        with self._lock:
+            if not s.live:
+                raise NotFoundError(f"session {s.session_id} has ended")
+            if len(self._owner) + len(page_ids) + self._inherited.pages > self.geometry.capacity_pages:
+                raise InternalError("the ledger would hold more pages than the node's capacity")
+            if twice := [p for p in page_ids if p in self._owner]:  # checked first: a refusal records none
+                raise InternalError(f"page {twice[0]} handed out twice")
+            for p in page_ids:
+                self._owner[p] = s
+                s.pages[p] = "delivering"
+
+    def mark_delivered(self, s: Session, page_ids: list[int]) -> None:
+        with self._lock:
+            for p in page_ids:
+                if s.pages.get(p) == "delivering":
+                    s.pages[p] = "leased"
+            s.counters.leases += 1
+            s.counters.pages_leased += len(page_ids)
+            self._counters.leases_total += 1
+            self._counters.pages_leased_total += len(page_ids)
+
+    def drop_pages(self, s: Session, page_ids: list[int]) -> None:
+        """Forget pages whose delivery failed (the caller releases them)."""
+        with self._lock:
+            for p in page_ids:
+                if self._owner.get(p) is s:
+                    del self._owner[p]
+                    s.pages.pop(p, None)
+
+    def _owned(self, s: Session, page_ids: Iterable[int], what: str) -> list[int]:
+        ids = list(page_ids)
+        if len(ids) > self.geometry.max_return_pages:
+            raise InvalidArgumentError(f"{what} carries {len(ids)} page ids; at most {self.geometry.max_return_pages}")
+        if len(set(ids)) != len(ids):
+            raise InvalidArgumentError(f"{what} names a page more than once")
+        for p in ids:
+            owner = self._owner.get(p)
+            if owner is None:
+                raise NotFoundError(f"{what}: no leased page {p}")
+            if owner is not s:
+                raise PermissionDeniedError(f"{what}: page {p} belongs to another session")
+        return ids
+
+
+    def give_back(self, s: Session, page_ids: Iterable[int], evict_request_id: int = 0) -> list[int]:
+        """Validate and remove the pages ``s`` gives back (all or none); returns them for the caller
+        to release to the page pool."""
+        with self._lock:
+            if not s.live:
+                raise NotFoundError(f"session {s.session_id} has ended")
+            ids = self._owned(s, page_ids, "return")
+            ticket = None
+            if evict_request_id:
+                ticket = self._tickets.get(evict_request_id)
+                if ticket is None or ticket.session_id != s.session_id:
+                    raise NotFoundError(f"no eviction request {evict_request_id} for this session")
+            for p in ids:
+                if s.pages[p] == "delivering":
+                    raise FailedPreconditionError(f"page {p} is still being delivered")
+            for p in ids:
+                del self._owner[p]
+                del s.pages[p]
+            s.counters.pages_returned += len(ids)
+            self._counters.pages_returned_total += len(ids)
+            # Any return while asked to evict counts toward the request (the client cannot
+            # always tell which request a freed page answers).
+            credit = min(len(ids), s.outstanding_evict)
+            if credit:
+                s.outstanding_evict -= credit
+                s.counters.evict_pages_returned += credit
+                self._counters.evict_pages_returned_total += credit
+                for t in sorted(self._tickets.values(), key=lambda t: (t is not ticket, t.request_id)):
+                    if credit == 0:
+                        break
+                    if t.session_id == s.session_id and t.open and t.returned < t.asked:
+                        n = min(credit, t.asked - t.returned)
+                        t.returned += n
+                        credit -= n
+            return ids

@@ -1,0 +1,105 @@
+"""The node's leases: serving a lease (asking for relief when short) and delivering its pages,
+and taking the pages a session gives back.
+
+Owns: a lease from admission to delivery (pages created in the page pool, recorded in the
+ledger, their descriptors sent on the session's side channel in batches), and pages given
+back (``give_back``, the ``Return`` RPC's work).
+Invariants: pages are created only after the ledger admits a lease, and released to the page
+pool at once when creating, recording or delivering it fails in any way (a cancellation too);
+what client processes hold is reported (``on_holdings_changed``) before delivery, so a crash
+never under-counts; a lease answers before its RPC's deadline (REPLY_MARGIN_S).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+
+from vtalloc.allocator.errors import OutOfMemoryError
+
+from .node_peers import SEND_TIMEOUT_S, _Peer
+from .node_pressure import KILL_WAIT_S, NodePressure
+from .protocol.errors import NodeShortError, ServiceUnavailableError
+from .protocol.side_channel import MAX_FDS_PER_MESSAGE
+from .records import Session
+
+__all__ = ["NodeLeases"]
+
+log = logging.getLogger("vtalloc.server")
+
+REPLY_MARGIN_S = 0.2  # a lease stops waiting this long before its RPC's deadline, to answer in time
+
+
+class NodeLeases(NodePressure):
+    async def lease(self, s: Session, pages: int, time_left_s: float | None) -> tuple[int, list[int]]:
+        loop = asyncio.get_running_loop()
+        budget = self.ledger.geometry.evict_deadline_s + KILL_WAIT_S
+        if time_left_s is not None:
+            budget = min(budget, max(0.0, time_left_s - REPLY_MARGIN_S))
+        deadline = loop.time() + budget
+        asked = False
+        while True:
+            short = self.ledger.admit(s, pages)
+            if not short:
+                break
+            if asked or loop.time() >= deadline:
+                self.ledger.count_node_short()
+                log.warning("lease of %d pages for session %s (%s, pid %d) refused: the node is %d pages short",
+                            pages, s.session_id, s.principal, s.pid, short)
+                raise NodeShortError(
+                    f"the node is {short} pages short and other sessions did not free enough in time",
+                    requested_bytes=pages * self.ledger.geometry.page_bytes,
+                    capacity_bytes=self.ledger.geometry.capacity_bytes)
+            await self._relieve(s, pages, short, deadline)
+            asked = True
+        peer = self._peers.get(s.session_id)
+        if peer is None:
+            raise ServiceUnavailableError("the session ended")
+        return await self._deliver(peer, pages)
+
+    async def _deliver(self, peer: _Peer, pages: int) -> tuple[int, list[int]]:
+        s = peer.session
+        created: list[int] = []
+        try:
+            for _ in range(pages):
+                created.append(self.pool.create_page())
+            self.ledger.add_pages(s, created)
+        except BaseException as e:
+            # Any failure, not only out-of-memory (a driver error, a cancellation): the pages
+            # created so far are on no session's books, so they go back to the page pool now;
+            # kept, the ledger would count them free while the pool holds them (the daemon then
+            # never leased again).
+            self._release_pages(created)
+            if isinstance(e, OutOfMemoryError):
+                self.ledger.count_node_short()
+            raise
+        self.on_holdings_changed()  # recorded before delivery: a crash from here on never under-counts
+        lease_id = self.ledger.new_lease_id()
+        try:
+            for i in range(0, len(created), MAX_FDS_PER_MESSAGE):
+                batch = created[i:i + MAX_FDS_PER_MESSAGE]
+                fds: list[int] = []
+                try:
+                    for p in batch:
+                        fds.append(self.pool.export_page(p))
+                    await peer.conn.send({"t": "pages", "lease_id": lease_id, "page_ids": batch}, fds,
+                                         timeout_s=SEND_TIMEOUT_S)
+                finally:
+                    for fd in fds:
+                        os.close(fd)
+        except BaseException as e:
+            # Not delivered (client gone, not reading, or cancelled): descriptors already sent
+            # are closed with the client's socket; the pages come back here at once.
+            self.ledger.drop_pages(s, created)
+            self._release_pages(created)
+            if isinstance(e, (OSError, EOFError, TimeoutError)):
+                raise ServiceUnavailableError(f"could not deliver pages to session {s.session_id}: {e}") from None
+            raise
+        self.ledger.mark_delivered(s, created)
+        return lease_id, created
+
+    def give_back(self, s: Session, page_ids: list[int], evict_request_id: int) -> int:
+        ids = self.ledger.give_back(s, page_ids, evict_request_id)
+        self._release_pages(ids)
+        return len(ids)

@@ -1,0 +1,159 @@
+"""The node's peers: one session's connection, pidfd and event queue, and what they share.
+
+Owns: the node's state (the peers by session id, the page pool, the ledger, the slots of
+limits.py, the wake-up future), a session's end (its pages released to the page pool, its
+queue closed), waiting for pages to come back (``_wait``), and the events queued for a
+session (``watch``: quota changes, eviction requests, shutdown; node_events.py).
+The other concerns are classes over this one: node_connections (the side channel),
+node_pressure (eviction requests, deadlines and kills), node_leases (leases and pages given
+back), composed into :class:`~.node.Node`.
+Invariants: a page is in the page pool exactly while the ledger has an owner for it: pages the
+ledger lets go of are released at once (``_release_pages``), never handed to another session,
+so no bytes cross between sessions (memfd pages start zeroed; see docs/service.md on cuda
+pages); every release and every ended session wakes every ``_wait``; a session is watched
+by at most one stream at a time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from typing import AsyncIterator, Callable
+
+from vtalloc.allocator.pool import PagePool
+
+from .ledger import Ledger
+from .limits import RefusalLog, SessionLimits, UidSlots
+from .loop_stalls import LoopStalls
+from .node_events import QuotaEvent, ShutdownEvent
+from .protocol.errors import FailedPreconditionError, ServiceUnavailableError
+from .quota import Quota
+from .records import Session
+from .side_channel import AsyncConnection, Closer
+
+__all__ = ["NodePeers", "_Peer", "SEND_TIMEOUT_S"]
+
+log = logging.getLogger("vtalloc.server")
+
+SEND_TIMEOUT_S = 5.0
+
+
+class _Peer:
+    """One session's connection, pidfd and event queue."""
+
+    def __init__(self, session: Session, conn: AsyncConnection, pidfd: int | None) -> None:
+        self.session = session
+        self.conn = conn
+        self.pidfd = pidfd
+        self.events: asyncio.Queue[object] = asyncio.Queue()
+        self.watching = False
+
+
+class NodePeers:
+    def __init__(self, pool: PagePool, ledger: Ledger, *, kill_on_missed_deadline: bool = True,
+                 limits: SessionLimits | None = None, principal_by: str = "uid") -> None:
+        self.pool = pool
+        self.principal_by = principal_by  # "uid" or "pod" (principals.py)
+        self.ledger = ledger
+        self.kill_on_missed_deadline = kill_on_missed_deadline
+        self.limits = limits = limits or SessionLimits()
+        self._pending = UidSlots("side-channel connections waiting for their hello", "--max-pending-per-uid",
+                                 limits.max_pending_per_uid)
+        self._sessions = UidSlots("open sessions", "--max-sessions-per-uid", limits.max_sessions_per_uid)
+        self._refusals = RefusalLog()
+        self._unidentified = UidSlots("connections whose cgroup could not be read", "--principal-by pod", 0)
+        self._closer = Closer()
+        self.stalls = LoopStalls()
+        self._peers: dict[str, _Peer] = {}
+        self._wake: asyncio.Future[None] | None = None
+        self._tasks: set[asyncio.Task] = set()
+        self._closing = False
+        # Called whenever what client processes hold changes (state_keeper.py persists it).
+        self.on_holdings_changed: Callable[[], None] = lambda: None
+
+    def capacity_changed(self) -> None:
+        """Pages became free outside the node's own sessions (an inherited holder exited)."""
+        self._changed()
+
+    def _changed(self) -> None:
+        """Wake everyone waiting in _wait(): pages came back or a session ended."""
+        self.on_holdings_changed()
+        if self._wake is not None and not self._wake.done():
+            self._wake.set_result(None)
+        self._wake = None
+
+    async def _wait(self, predicate: Callable[[], bool], timeout_s: float) -> bool:
+        """Wait until ``predicate()`` holds, re-checking at every _changed(); False at the timeout."""
+        loop = asyncio.get_running_loop()
+        end = loop.time() + max(0.0, timeout_s)
+        while not predicate():
+            remaining = end - loop.time()
+            if remaining <= 0:
+                return False
+            if self._wake is None:
+                self._wake = loop.create_future()
+            try:
+                await asyncio.wait_for(asyncio.shield(self._wake), remaining)
+            except asyncio.TimeoutError:
+                return predicate()
+        return True
+
+    def _end(self, peer: _Peer, *, clean: bool) -> None:
+        s = peer.session
+        if self._peers.get(s.session_id) is not peer:
+            return
+        del self._peers[s.session_id]
+        pages = self.ledger.end_session(s, clean=clean)
+        self._release_pages(pages)
+        peer.events.put_nowait(None)
+        peer.conn.close()
+        if peer.pidfd is not None:
+            os.close(peer.pidfd)
+            peer.pidfd = None
+        if s.kind == "client":
+            how = "closed" if clean else "gone (reclaimed)"
+            log.info("session %s %s: %d pages back to the page pool", s.session_id, how, len(pages))
+
+    def _release_pages(self, pages: list[int]) -> None:
+        """Release ``pages`` to the page pool (their ids are never reused) and wake every waiter."""
+        for p in pages:
+            try:
+                self.pool.release_page(p)
+            except Exception:  # noqa: BLE001 - a page the page pool cannot release is logged, not fatal
+                log.exception("could not release page %d", p)
+        self._changed()
+
+    # -- events -----------------------------------------------------------------------------
+    async def watch(self, s: Session) -> AsyncIterator[object]:
+        if s.kind != "client":
+            raise FailedPreconditionError("an observer session receives no events")
+        peer = self._peers.get(s.session_id)
+        if peer is None:
+            raise ServiceUnavailableError("the session ended")
+        if peer.watching:
+            raise FailedPreconditionError("this session is already watching its events")
+        peer.watching = True
+        try:
+            while True:
+                event = await peer.events.get()
+                if event is None:
+                    return
+                yield event
+                if isinstance(event, ShutdownEvent):
+                    return
+        finally:
+            peer.watching = False
+
+    def quota_changed(self, quota: Quota) -> None:
+        """Tell the principal's client sessions their quota: the one in force, lowered by declarations."""
+        quota = self.ledger.quota_of(quota.principal)
+        for peer in list(self._peers.values()):
+            if peer.session.principal == quota.principal and peer.session.kind == "client":
+                peer.events.put_nowait(QuotaEvent(quota))
+
+    # -- shutdown ---------------------------------------------------------------------------
+    def announce_shutdown(self, reason: str) -> None:
+        self._closing = True
+        for peer in self._peers.values():
+            peer.events.put_nowait(ShutdownEvent(reason))
