@@ -1,6 +1,6 @@
 """Issue 23, round two: nothing a peer sends blocks the daemon's event loop, and the daemon's
 own stalls never make a client late (server/side_channel.py, Note [Closing off the loop];
-server/node.py, Note [Missed eviction deadline]).
+server/node_pressure.py, Note [Missed eviction deadline]).
 
 The attack: a TCP socket with SO_LINGER on and unsent data (its peer does not read), sent to
 the daemon with a hello. Whoever drops the last reference blocks in close() for the linger

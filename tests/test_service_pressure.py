@@ -1,6 +1,6 @@
 """Pressure: the daemon asks sessions above their minimum to evict, with a deadline.
 
-What a miss costs is decided in server/node.py, Note [Missed eviction deadline]: the laggard
+What a miss costs is decided in server/node_pressure.py, Note [Missed eviction deadline]: the laggard
 is killed only when that is needed to honour the requester's guaranteed minimum; otherwise
 the lease fails with RESOURCE_EXHAUSTED (NodeShortError). Tests that need two principals run
 clients as other uids (root only), through a socket directory shared with group nogroup.
