@@ -86,10 +86,10 @@ uintptr_t AllocPolicy::allocate(const Request& r, StreamHandle stream, bool may_
   if (retried_) num_alloc_retries_++;
   if (!ok) throw_oom(r.requested);
   live_.add(address, Allocation{r.rounded, r.requested, stream, r.small});
-  // Only its first and last pages can hold other allocations, whose pages the LRU may list.
+  // Only its first and last pages can hold other allocations, whose pages the victim policy may list.
   if (live_.evictable_bytes()) {
-    port_->touch_range(address, 1);
-    port_->touch_range(address + r.rounded - 1, 1);
+    port_->note_use(address, 1);
+    port_->note_use(address + r.rounded - 1, 1);
   }
   return address;
 }
@@ -176,10 +176,10 @@ void AllocPolicy::free(uintptr_t address) {
   // Its pages may have become (un)evictable: all of them if it was evictable, else only the
   // pages it shared with others.
   if (a.evictable) {
-    port_->touch_range(address, a.size);
+    port_->note_use(address, a.size);
   } else if (live_.evictable_bytes()) {
-    port_->touch_range(address, 1);
-    port_->touch_range(address + a.size - 1, 1);
+    port_->note_use(address, 1);
+    port_->note_use(address + a.size - 1, 1);
   }
   retire(address, a, false);
   if (!uses_.empty()) poll_uses(false);
@@ -225,7 +225,7 @@ void AllocPolicy::keep(uintptr_t address) {
   auto it = live_.find_live(address);
   const Allocation a = it->second;
   live_.keep(it);
-  if (a.evictable || live_.evictable_bytes()) port_->touch_range(address, a.size);
+  if (a.evictable || live_.evictable_bytes()) port_->note_use(address, a.size);
   retire(address, a, true);
 }
 

@@ -45,7 +45,7 @@ void AddressSpace::set_evictable(uintptr_t address, bool evictable) {
   const Allocation& a = it->second;
   if (!evictable) ensure_resident_locked(it->first, a.size, a.stream);
   policy_.live().set_evictable(it, evictable);
-  residency_.touch_range(it->first, a.size);
+  residency_.note_use(it->first, a.size);
 }
 
 uint64_t AddressSpace::offload(uintptr_t address) {
