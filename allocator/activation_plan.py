@@ -49,7 +49,7 @@ class CostModel:
 
 
 # H100 (80GB HBM3, SXM). Link: pinned cudaMemcpy at 256 MiB, 55.1 GB/s D2H / 54.8 H2D, measured
-# 2026-11-22 (csrc/backend/cost_model.cpp, docs/cost-model.md); the lower figure is used.
+# 2026-11-22 (csrc/backend/testing/cost_model.cpp, docs/cost-model.md); the lower figure is used.
 # Compute: 989 TFLOP/s dense bf16 (NVIDIA datasheet; fp32 work runs slower, but what is planned
 # for recompute is memory-bound). Memory: 3.35 TB/s HBM3 (datasheet). Launch: ~5 us per kernel
 # issued from Python eager (an estimate, not measured here).

@@ -20,7 +20,7 @@ from helpers.sizes import MiB
 from vtalloc.allocator import AddressSpace, Config, InvalidArgumentError
 from vtalloc.allocator import _native
 
-# The H100 table of csrc/backend/cost_model.cpp, in microseconds and GB/s (2 MiB handles/copies).
+# The H100 table of csrc/backend/testing/cost_model.cpp, in microseconds and GB/s (2 MiB handles/copies).
 CREATE_2M, MAP_2M, SET_ACCESS_2M, UNMAP_2M, RELEASE_2M = 10.0, 2.1, 26.9, 18.2, 12.4
 EVENT_RECORD = 0.98
 D2H_2M, H2D_2M = 52.8, 51.1

@@ -15,6 +15,7 @@ from helpers.layers import (
     c_abi_findings,
     csrc_edges,
     csrc_findings,
+    csrc_room,
     cycles,
     python_edges,
     python_findings,
@@ -49,9 +50,13 @@ def test_checker_sees_upward_imports_and_cycles():
 
 def test_checker_sees_upward_includes_and_stray_c_abi(tmp_path: Path):
     made_up = [Edge("alloc", "evict", "x.cpp:3"), Edge("evict", "alloc", "y.cpp:3"),
-               Edge("backend", "capi", "z.cpp:9"), Edge("capi", "include", "w.cpp:1"), Edge("gadgets", "vmm", "v.cpp:1")]
+               Edge("backend", "capi", "z.cpp:9"), Edge("capi", "include", "w.cpp:1"), Edge("gadgets", "vmm", "v.cpp:1"),
+               Edge("backend", "backend/testing", "u.cpp:2"), Edge("capi", "torch", "t.cpp:4"),
+               Edge("torch", "capi", "s.cpp:4"), Edge("space", "backend/testing", "r.cpp:5")]
     findings = csrc_findings(made_up)
-    assert [f.split(":")[0] for f in findings] == ["x.cpp", "z.cpp", "v.cpp"]
+    assert [f.split(":")[0] for f in findings] == ["x.cpp", "z.cpp", "v.cpp", "u.cpp", "t.cpp"]
+    assert csrc_room("backend/testing/cost_model.hpp") == "backend/testing"
+    assert csrc_room("backend/host_backend.cpp") == "backend"
     stray = ROOT / "csrc" / "backend" / f"_layer_probe_{tmp_path.name}.cpp"
     stray.write_text('// probe\nextern "C" int vta_probe(void) { return 0; }\n')
     try:

@@ -86,29 +86,41 @@ uintptr_t AllocPolicy::allocate(const Request& r, StreamHandle stream, bool may_
   if (retried_) num_alloc_retries_++;
   if (!ok) throw_oom(r.requested);
   live_.add(address, Allocation{r.rounded, r.requested, stream, r.small});
-  // Only its first and last pages can hold other allocations, whose pages the LRU may list.
+  // Only its first and last pages can hold other allocations, whose pages the victim policy may list.
   if (live_.evictable_bytes()) {
-    port_->touch_range(address, 1);
-    port_->touch_range(address + r.rounded - 1, 1);
+    port_->note_use(address, 1);
+    port_->note_use(address + r.rounded - 1, 1);
   }
   return address;
 }
 
 bool AllocPolicy::obtain_handle(uint32_t npages, int32_t* id, bool may_evict, bool* driver_oom) {
+  // The policy's own sources first (take_handle), and only then what the eviction engine can
+  // free (ResidencyPort::free_device_page); after it freed one, the policy's sources again.
+  for (;;) {
+    switch (take_handle(npages, id)) {
+      case Take::taken:
+        return true;
+      case Take::refused:
+        if (driver_oom) *driver_oom = true;
+        return false;
+      case Take::spent:
+        if (!port_->free_device_page(may_evict)) return false;
+    }
+  }
+}
+
+AllocPolicy::Take AllocPolicy::take_handle(uint32_t npages, int32_t* id) {
   // Cheapest first: a free handle of this size (or a new one under capacity, unless the cached
   // handles exceed their allowance: then one of them, reuse_before_growth), a cached extent of
   // this size, room made by releasing free handles of other sizes, a cached handle, memory freed
-  // but waiting for its stream, and only then what the eviction engine can free
-  // (ResidencyPort::free_device_page).
+  // but waiting for its stream.
   auto cached = [&](int32_t h) { return is_cached(h); };
   for (;;) {
     reuse_before_growth(npages);
     bool refused = false;
-    if (npages == 1 ? pages_.acquire_page(id) : pages_.acquire_extent(npages, id, &refused)) return true;
-    if (refused) {
-      if (driver_oom) *driver_oom = true;
-      return false;
-    }
+    if (npages == 1 ? pages_.acquire_page(id) : pages_.acquire_extent(npages, id, &refused)) return Take::taken;
+    if (refused) return Take::refused;
     // A cached extent of this very size: unmapped, it is the free extent taken above (no
     // release, no create).
     int32_t victim = -1;
@@ -122,7 +134,7 @@ bool AllocPolicy::obtain_handle(uint32_t npages, int32_t* id, bool may_evict, bo
     if (reclaim_one_handle()) continue;
     if (uses_.freed_count() && poll_uses(true)) continue;  // now pending frees: drained next
     if (pending_.count() && drain_pending(true)) continue;  // none: streams capturing a graph
-    if (!port_->free_device_page(may_evict)) return false;
+    return Take::spent;
   }
 }
 
@@ -176,10 +188,10 @@ void AllocPolicy::free(uintptr_t address) {
   // Its pages may have become (un)evictable: all of them if it was evictable, else only the
   // pages it shared with others.
   if (a.evictable) {
-    port_->touch_range(address, a.size);
+    port_->note_use(address, a.size);
   } else if (live_.evictable_bytes()) {
-    port_->touch_range(address, 1);
-    port_->touch_range(address + a.size - 1, 1);
+    port_->note_use(address, 1);
+    port_->note_use(address + a.size - 1, 1);
   }
   retire(address, a, false);
   if (!uses_.empty()) poll_uses(false);
@@ -225,7 +237,7 @@ void AllocPolicy::keep(uintptr_t address) {
   auto it = live_.find_live(address);
   const Allocation a = it->second;
   live_.keep(it);
-  if (a.evictable || live_.evictable_bytes()) port_->touch_range(address, a.size);
+  if (a.evictable || live_.evictable_bytes()) port_->note_use(address, a.size);
   retire(address, a, true);
 }
 

@@ -124,11 +124,15 @@ class AllocPolicy final : public PageUsers {
   void settle();
   // Seal one stream's open frees (before the stream is destroyed).
   void settle_stream(StreamHandle stream);
-  // A device handle of `npages` pages (a page, or an extent when more than one) for the caller
-  // to map, cheapest source first; false when none can be had. *driver_oom (if given) is set
-  // when the driver refused an extent's size while capacity was there. What the eviction engine
-  // restores into: the space asks here, then hands the handle to the engine.
-  bool obtain_handle(uint32_t npages, int32_t* id, bool may_evict, bool* driver_oom = nullptr);
+  // What take_handle() came back with.
+  enum class Take { taken, refused, spent };
+  // A device handle of `npages` pages (a page, or an extent when more than one) from the
+  // policy's own sources, cheapest first, never from the eviction engine: taken (*id is it);
+  // refused (the driver refused an extent's size while capacity was there); spent (none of
+  // those sources has one: only the engine can free a page, then ask again). What the engine
+  // restores into: the space asks here, asks the engine itself when spent, and hands the handle
+  // to the engine, so a restore never goes through the policy back into the engine.
+  Take take_handle(uint32_t npages, int32_t* id);
   // No extents from now on (a leased space's pages are the service's one-page pages).
   void disable_extents() { extent_max_pages_ = 0; }
   // Unmap the cached handle that has been cached longest; false when there is none.
@@ -203,6 +207,9 @@ class AllocPolicy final : public PageUsers {
   // The handle sizes (in pages) for a run of npages unmapped pages; `partial_first` and
   // `partial_last`: the block covers the run's first / last page only in part.
   std::vector<uint32_t> handle_plan(size_t npages, bool partial_first, bool partial_last) const;
+  // take_handle() and, when spent, ResidencyPort::free_device_page(may_evict), until a handle
+  // is had; false when none can be had (*driver_oom set when the driver refused an extent's size).
+  bool obtain_handle(uint32_t npages, int32_t* id, bool may_evict, bool* driver_oom);
   // Map handles of these sizes back to back at va (unmapped); all or nothing.
   bool map_handles(uintptr_t va, const std::vector<uint32_t>& handles, bool may_evict, bool* driver_oom);
   void release_block(uintptr_t address, uint64_t size);

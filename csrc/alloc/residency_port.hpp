@@ -19,7 +19,8 @@ class ResidencyPort {
   // Memory is short and the cheaper sources are spent: make a device page free, in this
   // order: release the device pages that evicted pages still hold (one wait for their
   // streams), else finish the eviction copies still running (their pages are held next),
-  // else, if `may_evict`, evict the least recently used evictable handle, else give back the
+  // else, if `may_evict`, evict the evictable handle its victim policy picks (least recently
+  // used first), else give back the
   // device page of a restore made ahead of need (a prefetch). Never a page of the pinned range
   // (pin()). False when none of these could be done (nothing changed); true means "try to
   // acquire a page again".
@@ -37,8 +38,9 @@ class ResidencyPort {
   // copy. A device page still mapped there stays (the caller caches it); otherwise the address
   // ends up unmapped.
   virtual void drop_away_page(uintptr_t first) = 0;
-  // LRU: the pages of [start, start + bytes) may have become (un)evictable.
-  virtual void touch_range(uintptr_t start, uint64_t bytes) = 0;
+  // The pages of [start, start + bytes) were used, or may have become (un)evictable: the
+  // engine's victim policy (evict/victim_policy.hpp) brings its candidates up to date.
+  virtual void note_use(uintptr_t start, uint64_t bytes) = 0;
   // For out-of-memory messages.
   virtual uint64_t host_pool_used_bytes() const = 0;
   virtual uint64_t host_pool_capacity_bytes() const = 0;

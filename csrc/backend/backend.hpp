@@ -121,6 +121,9 @@ class Backend {
 Status make_backend(const BackendOptions& options, std::unique_ptr<Backend>* out);
 Status make_host_backend(const BackendOptions& options, std::unique_ptr<Backend>* out);
 Status make_cuda_backend(const BackendOptions& options, std::unique_ptr<Backend>* out);
+// The host backend under the modeled clock of options.cost_model (backend/testing/cost_model.cpp):
+// an unknown model, or a kind other than host, is VTA_ERR_INVALID_ARGUMENT.
+Status make_cost_model_backend(const BackendOptions& options, std::unique_ptr<Backend>* out);
 // Backend::stream_is_capturing for VTA_BACKEND_CUDA (cuda_backend.cpp).
 Status cuda_stream_is_capturing(StreamHandle stream, bool* capturing);
 // cuThreadExchangeStreamCaptureMode for the calling thread: *mode in, the previous mode out

@@ -2,9 +2,9 @@
 //
 // Owns: the "auto" rule (cuda when a CUDA device is usable, else host), the dispatch by kind
 // of the questions asked without a backend object (stream_is_capturing), the process-wide
-// counters every backend reports into, and the cost model's wrapping (host backend only).
+// counters every backend reports into, and the hand-off to the cost model (host backend only;
+// the wrapping itself is make_cost_model_backend, backend/testing/cost_model.cpp).
 #include "backend/backend.hpp"
-#include "backend/cost_model.hpp"
 #include "backend/counters.hpp"
 
 namespace vta {
@@ -35,14 +35,7 @@ Status make_backend_of_kind(const BackendOptions& options, std::unique_ptr<Backe
 
 Status make_backend(const BackendOptions& options, std::unique_ptr<Backend>* out) {
   if (options.cost_model == VTA_COST_MODEL_NONE) return make_backend_of_kind(options, out);
-  const DriverCosts* costs = driver_costs(options.cost_model);
-  if (!costs) return Status(VTA_ERR_INVALID_ARGUMENT, "unknown cost model " + std::to_string(options.cost_model));
-  if (options.kind != VTA_BACKEND_HOST)
-    return Status(VTA_ERR_INVALID_ARGUMENT, "a cost model runs on the host backend only (backend=host)");
-  std::unique_ptr<Backend> host;
-  if (Status s = make_host_backend(options, &host); !s.is_ok()) return s;
-  *out = std::make_unique<CostModelBackend>(std::move(host), *costs);
-  return Status::ok();
+  return make_cost_model_backend(options, out);  // backend/testing/cost_model.cpp
 }
 
 Status Backend::stream_is_capturing(int kind, StreamHandle stream, bool* capturing) {

@@ -5,7 +5,7 @@
 // memory. It enforces the CUDA rules listed in backend.hpp (whole-mapping unmap, access
 // only after set_access, granularity-sized operations, exact free_va) so that a policy bug
 // fails here as it would on a GPU. Each rule is a claim about CUDA, observed on a driver or
-// read in its documentation: conformance.cpp tags every check with its evidence. Where no
+// read in its documentation: testing/conformance.cpp tags every check with its evidence. Where no
 // observation exists the host is at least as strict as the documentation, so a bug cannot
 // pass here and fail on a GPU. Copies are memcpy. Stream 0 is synchronous; a created
 // stream is a worker thread (host_streams.hpp), so copies and events on it are really

@@ -1,10 +1,10 @@
 // C ABI of the driver-seam conformance check (vta_backend_conformance in vtalloc.h).
 //
 // Owns: nothing but the edge: the body runs under guarded(), the report is copied into the
-// caller's buffer (cut to fit, always NUL-terminated). The checks are backend/conformance.cpp's.
+// caller's buffer (cut to fit, always NUL-terminated). The checks are backend/testing/conformance.cpp's.
 #include <string>
 
-#include "backend/conformance.hpp"
+#include "backend/testing/conformance.hpp"
 #include "capi/guard.hpp"
 #include "vtalloc/vtalloc.h"
 

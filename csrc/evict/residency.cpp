@@ -139,7 +139,7 @@ bool Residency::evict_page(uintptr_t page, bool wait) {
   p.issued = Clock::now();
   add_away(va, p);
   in_flight_ += npages;
-  for (uint32_t k = 0; k < npages; ++k) lru_.remove(va + k * page_bytes_);
+  for (uint32_t k = 0; k < npages; ++k) victims_->forget(va + k * page_bytes_);
   if (wait) finish_inflight(va, true);
   return true;
 }
@@ -209,7 +209,7 @@ bool Residency::finish_evictions() {
 void Residency::finish_resident(uintptr_t va) {
   uint32_t npages = away_.at(va).npages;
   erase_away(va);
-  for (uint32_t k = 0; k < npages; ++k) touch_page(va + k * page_bytes_);
+  for (uint32_t k = 0; k < npages; ++k) note_page(va + k * page_bytes_);
 }
 
 void Residency::unevict_held(uintptr_t va) {
@@ -442,7 +442,7 @@ void Residency::close() {
   away_.clear();
   away_first_.clear();
   in_flight_ = 0;
-  lru_.clear();
+  victims_->clear();
   if (window_) keep(backend_.free_va(window_, window_bytes_));
   window_ = 0;
   free_window_ = RangeSet();

@@ -3,7 +3,8 @@
 // Owns: the residency of every virtual page under live data whose bytes are not, or not only,
 // in a device page (the away pages), tracked per physical handle: one away page covers the
 // virtual pages of one handle (a page, or an extent of several: docs/eviction.md), which
-// move together with one copy and one mapping change each, the LRU of evictable resident pages, the host pool and
+// move together with one copy and one mapping change each, the victim policy over evictable resident pages
+// (victim_policy.hpp; LRU: lru_policy.hpp), the host pool and
 // the copy stream, the mapped-mode window, and the eviction counters of the stats. It
 // implements the policy's ResidencyPort; what it needs to know of the blocks over a page (their
 // streams, whether they may be evicted) it asks through PageUsers, which only answers, and the
@@ -49,7 +50,8 @@
 #include "alloc/residency_port.hpp"
 #include "backend/backend.hpp"
 #include "evict/host_pool.hpp"
-#include "evict/lru_list.hpp"
+#include "evict/lru_policy.hpp"
+#include "evict/victim_policy.hpp"
 #include "vmm/event_pool.hpp"
 #include "vmm/page_table.hpp"
 #include "vmm/range_set.hpp"
@@ -95,7 +97,7 @@ class Residency final : public ResidencyPort {
   bool is_away(uintptr_t va) const override { return away_at(va) != nullptr; }
   bool away_span(uintptr_t va, uintptr_t* first, uint64_t* bytes) const override;
   void drop_away_page(uintptr_t first) override;
-  void touch_range(uintptr_t start, uint64_t bytes) override;
+  void note_use(uintptr_t start, uint64_t bytes) override;
   uint64_t host_pool_used_bytes() const override { return host_pool_ ? host_pool_->used_bytes() : 0; }
   uint64_t host_pool_capacity_bytes() const override { return host_capacity_; }
 
@@ -181,13 +183,14 @@ class Residency final : public ResidencyPort {
   void unevict_held(uintptr_t va);
   // A restored page goes back to evicted: its device page (at the window) returns to the free pages.
   void unrestore(AwayPage& p);
-  // The page is resident again: forget it as away, LRU.
+  // The page is resident again: forget it as away, a victim candidate again if evictable.
   void finish_resident(uintptr_t va);
 
-  // LRU (residency_ops.cpp).
-  void touch_page(uintptr_t va);
-  bool evict_lru();
-  // Under pressure, after the LRU: a prefetched restore outside the pin gives its device page back.
+  // Victim choice (residency_ops.cpp): which pages are candidates is decided here, their
+  // order by victims_.
+  void note_page(uintptr_t va);
+  bool evict_victim();
+  // Under pressure, after the victim policy: a prefetched restore outside the pin gives its device page back.
   bool give_back_prefetched();
 
   Backend& backend_;
@@ -203,7 +206,7 @@ class Residency final : public ResidencyPort {
   bool copy_stream_made_ = false;
   std::unordered_map<uintptr_t, AwayPage> away_;
   uint64_t in_flight_ = 0;  // pages of away pages being evicted or restored
-  LruList lru_;
+  std::unique_ptr<VictimPolicy> victims_ = std::make_unique<LruPolicy>();  // the candidates, best victim first
   uintptr_t pin_lo_ = 0, pin_hi_ = 0;  // pages of the allocation being made resident, or of the block being placed
   std::unordered_map<uintptr_t, uintptr_t> away_first_;  // other pages of multi-page away pages
   uintptr_t window_ = 0;               // mapped mode: device handles' window reservation

@@ -1,10 +1,10 @@
-// Residency operations over an allocation's pages, and the LRU (see residency.hpp).
+// Residency operations over an allocation's pages, and victim choice (see residency.hpp).
 //
 // Owns: what the address space asks of the engine for one live allocation (offload,
 // prefetch, ensure resident, residency, reads and writes that reach the bytes wherever they
-// are), the LRU of evictable resident pages and the choice of a victim under pressure, and
-// the eviction fields of the stats.
-// Invariants: those of residency.hpp; a page is in the LRU only while it is resident, mapped
+// are), which resident pages are victim candidates (their order is the VictimPolicy's) and the
+// eviction of a victim under pressure, and the eviction fields of the stats.
+// Invariants: those of residency.hpp; a page is a victim candidate only while it is resident, mapped
 // and every allocation on it is marked evictable; a victim is a whole handle, every allocation
 // on which is marked evictable; pages of the pinned range (pin_lo_, pin_hi_: the allocation
 // being made resident, or the block being placed) are never chosen as victims.
@@ -15,22 +15,24 @@
 
 namespace vta {
 
-// Put a resident, evictable page at the most-recently-used end; drop anything else.
-void Residency::touch_page(uintptr_t va) {
-  lru_.remove(va);
-  if (away_first(va) || pages_.page_at(va) < 0 || !users_.evictable(va, page_bytes_)) return;
-  lru_.push_back(va);
+// A resident, evictable page is a candidate, used now; anything else is not one.
+void Residency::note_page(uintptr_t va) {
+  if (away_first(va) || pages_.page_at(va) < 0 || !users_.evictable(va, page_bytes_)) {
+    victims_->forget(va);
+    return;
+  }
+  victims_->note_use(va);
 }
 
-void Residency::touch_range(uintptr_t start, uint64_t bytes) {
-  for (uintptr_t va = page_of(start); va < start + bytes; va += page_bytes_) touch_page(va);
+void Residency::note_use(uintptr_t start, uint64_t bytes) {
+  for (uintptr_t va = page_of(start); va < start + bytes; va += page_bytes_) note_page(va);
 }
 
 bool Residency::free_device_page(bool may_evict) {
   if (release_evicted()) return true;
   if (finish_evictions()) return true;  // copies still running: their pages are next
   if (!may_evict) return false;
-  if (evict_lru()) return true;
+  if (evict_victim()) return true;
   return give_back_prefetched();
 }
 
@@ -45,7 +47,7 @@ bool Residency::give_back_prefetched() {
     if (pinned(va, bytes_of(away_.at(va)))) continue;
     finish_inflight(va, true);  // a copy still running completes first
     auto it = away_.find(va);
-    if (it == away_.end()) return true;  // copy mode: resident now, an LRU victim like any other
+    if (it == away_.end()) return true;  // copy mode: resident now, a victim candidate like any other
     if (it->second.state != State::restored) continue;
     unrestore(it->second);
     return true;
@@ -53,19 +55,21 @@ bool Residency::give_back_prefetched() {
   return false;
 }
 
-bool Residency::evict_lru() {
-  for (auto it = lru_.begin(); it != lru_.end(); ++it) {
-    int32_t id = pages_.page_at(*it);  // the whole handle is the victim
+bool Residency::evict_victim() {
+  bool evicted = false;
+  victims_->visit([&](uintptr_t va) {
+    int32_t id = pages_.page_at(va);  // the whole handle is the victim
     uintptr_t h = pages_.address_of(id);
     uint64_t hb = pages_.bytes_of(id);
-    if (pinned(h, hb)) continue;  // under the allocation being made resident, or the block being placed
-    if (hb > page_bytes_ && !users_.evictable(h, hb)) continue;  // another page of it holds data that must stay
+    if (pinned(h, hb)) return false;  // under the allocation being made resident, or the block being placed
+    if (hb > page_bytes_ && !users_.evictable(h, hb)) return false;  // another page of it holds data that must stay
     uint32_t npages = pages_.pages_of(id);
-    if (!evict_page(*it, true)) return false;  // host pool full
+    if (!evict_page(va, true)) return true;  // host pool full: stop, nothing evicted
     counters_.pressure_evictions += npages;  // counted in pages, as evictions are
+    evicted = true;
     return true;
-  }
-  return false;
+  });
+  return evicted;
 }
 
 void Residency::finish_restore(uintptr_t start, uint64_t bytes) {
@@ -80,7 +84,7 @@ void Residency::finish_restore(uintptr_t start, uint64_t bytes) {
   }
   if (swap) swap_restored();  // one wait for every restored page, these included
   if (waited) counters_.restore_wait_ns += ns_since(t0);
-  touch_range(start, bytes);
+  note_use(start, bytes);
 }
 
 uint64_t Residency::offload(uintptr_t start, uint64_t bytes) {

@@ -3,7 +3,7 @@
 //
 // Owns: the backend (wrapped in a CallCountingBackend, then a FaultInjectingBackend), the PageTable and the EventPool of
 // one space; the allocation policy (csrc/alloc: live allocations, pending frees, the free
-// virtual space and the cached handles) and the eviction engine (csrc/evict: away pages, LRU, host pool, copy
+// virtual space and the cached handles) and the eviction engine (csrc/evict: away pages, victim policy, host pool, copy
 // stream); the streams the test hooks created; and the one mutex that guards all of it. Every
 // public method takes the mutex, so no part below is ever entered by two threads; no call
 // ever enters Python. The policy's order is in alloc/alloc_policy.hpp, the residency states
@@ -24,8 +24,8 @@
 #include "alloc/alloc_policy.hpp"
 #include "backend/backend.hpp"
 #include "backend/call_counting.hpp"
-#include "backend/cost_model.hpp"
-#include "backend/fault_injection.hpp"
+#include "backend/testing/cost_model.hpp"
+#include "backend/testing/fault_injection.hpp"
 #include "evict/residency.hpp"
 #include "vmm/event_pool.hpp"
 #include "vmm/page_table.hpp"
@@ -110,7 +110,7 @@ class AddressSpace {
   std::vector<vta_alloc_info_t> allocations();
   int backend_kind() const { return backend_kind_; }
   int device() const { return device_; }
-  // The cost model's host clock (backend/cost_model.hpp); false (and 0) without a cost model.
+  // The cost model's host clock (backend/testing/cost_model.hpp); false (and 0) without a cost model.
   bool modeled_ns(uint64_t* out) { return modeled_host_ns(calls_->inner(), out); }  // the model sits under the counter
 
  private:

@@ -23,8 +23,11 @@ void AddressSpace::restore_locked(uintptr_t start, uint64_t bytes, StreamHandle 
     uint32_t npages = 0;
     while (residency_.next_to_restore(&cursor, start + bytes, consumer, &first, &npages)) {
       int32_t id = -1;
-      if (!policy_.obtain_handle(npages, &id, true))
-        policy_.throw_oom(uint64_t{npages} * page_bytes_, "no device memory to restore an evicted page into");
+      // "Need a page": the policy's sources, then the engine's (free_device_page takes nothing
+      // from the pinned allocation), then the policy's again; neither calls the other.
+      for (AllocPolicy::Take t; (t = policy_.take_handle(npages, &id)) != AllocPolicy::Take::taken;)
+        if (t == AllocPolicy::Take::refused || !residency_.free_device_page(true))
+          policy_.throw_oom(uint64_t{npages} * page_bytes_, "no device memory to restore an evicted page into");
       residency_.restore_page(first, id, consumer);
     }
   } catch (...) {
@@ -45,7 +48,7 @@ void AddressSpace::set_evictable(uintptr_t address, bool evictable) {
   const Allocation& a = it->second;
   if (!evictable) ensure_resident_locked(it->first, a.size, a.stream);
   policy_.live().set_evictable(it, evictable);
-  residency_.touch_range(it->first, a.size);
+  residency_.note_use(it->first, a.size);
 }
 
 uint64_t AddressSpace::offload(uintptr_t address) {

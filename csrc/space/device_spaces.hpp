@@ -2,7 +2,7 @@
 //
 // Owns: the options of the spaces (a vta_config_t whose device is replaced by each ordinal),
 // the published space of each device, and every space it ever created. Knows nothing of
-// torch: the torch shim (capi/torch_shim.cpp) is its user, with the device ordinals torch
+// torch: the torch shim (torch/torch_shim.cpp) is its user, with the device ordinals torch
 // passes.
 // Invariants: a space pointer, once published, stays valid for the life of this object
 // (release() closes the spaces but keeps the objects: a racing caller may still hold one); the

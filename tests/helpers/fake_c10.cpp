@@ -1,5 +1,5 @@
 // A stand-in libc10.so for tests of the shim's binding to c10::OutOfMemoryError
-// (csrc/capi/c10_oom.cpp) in shapes the installed torch does not have. Built by
+// (csrc/torch/c10_oom.cpp) in shapes the installed torch does not have. Built by
 // tests/test_torch_shim.py with -Wl,-soname,libc10.so and loaded before torch is imported.
 //
 // It declares what torch 2.3-2.12 declare: c10::Error(SourceLocation, std::string) exported,

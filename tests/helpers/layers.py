@@ -43,12 +43,20 @@ PY_ONLY_THROUGH: dict[str, tuple[str, ...]] = {
 PY_ONLY_THROUGH_EXEMPT = PY_LAYERS[-1]  # the CLI: every module of its layer
 
 # csrc directories, lowest first. include/ (the public C ABI types) is below everything;
-# tests/ (native test programs) above everything. torch_binding/ is a library of its own (built
-# against the user's torch at enable()); it calls the core through include/ only.
-CSRC_LAYERS = ("include", "backend", "vmm", "alloc", "evict", "space", "capi", "torch_binding", "tests")
+# tests/ (native test programs) above everything. backend/testing/ (the backends' test and
+# model code: conformance, cost model, fault injection) is a room of its own just above the
+# real backends, so they cannot reach into it. torch/ is the core library's torch glue (the
+# shim's C ABI, the torch-native ABI, graph-private pools, capture parking, the c10 binding),
+# above capi/. torch_binding/ is a library of its own (built against the user's torch at
+# enable()); it calls the core through include/ only.
+CSRC_LAYERS = ("include", "backend", "backend/testing", "vmm", "alloc", "evict", "space", "capi", "torch",
+               "torch_binding", "tests")
+# Rooms below csrc's top level: a file or include under one of these belongs to it, not to its parent.
+CSRC_SUBROOMS = ("backend/testing",)
 # The only directories that may define C ABI entry points (extern "C"): the core library's
-# capi/, and the torch binding's install.cpp (the entry points its own library exports).
-CSRC_C_ABI_DIRS = ("capi", "torch_binding")
+# capi/ and torch/ (the torch shim's and the torch-native ABI), and the torch binding's
+# install.cpp (the entry points its own library exports).
+CSRC_C_ABI_DIRS = ("capi", "torch", "torch_binding")
 
 
 @dataclass(frozen=True)
@@ -188,15 +196,23 @@ def csrc_files() -> list[Path]:
     return sorted(p for p in (ROOT / "csrc").rglob("*") if p.suffix in {".cpp", ".hpp", ".h"})
 
 
+def csrc_room(relative: str) -> str:
+    """The room of a path relative to csrc/ ("backend/testing/x.hpp" -> "backend/testing")."""
+    for sub in CSRC_SUBROOMS:
+        if relative.startswith(sub + "/"):
+            return sub
+    return relative.split("/")[0]
+
+
 def csrc_edges(files: list[Path] | None = None) -> list[Edge]:
     edges = []
     for path in csrc_files() if files is None else files:
-        src = path.relative_to(ROOT / "csrc").parts[0]
+        src = csrc_room(path.relative_to(ROOT / "csrc").as_posix())
         text = path.read_text()
         for m in _INCLUDE.finditer(text):
             target = m.group(1)
             # "vtalloc/x.h" is the public header directory csrc/include/vtalloc.
-            dst = "include" if target.startswith("vtalloc/") else target.split("/")[0]
+            dst = "include" if target.startswith("vtalloc/") else csrc_room(target)
             line = text.count("\n", 0, m.start()) + 1
             edges.append(Edge(src, dst, f"{path.relative_to(ROOT)}:{line}"))
     return edges
@@ -216,10 +232,10 @@ _C_ABI = re.compile(r'^\s*extern\s+"C"', re.M)
 
 
 def c_abi_findings(files: list[Path] | None = None) -> list[str]:
-    """extern "C" outside capi/ (the public header's own guard aside)."""
+    """extern "C" outside CSRC_C_ABI_DIRS (the public header's own guard aside)."""
     out = []
     for path in csrc_files() if files is None else files:
-        top = path.relative_to(ROOT / "csrc").parts[0]
+        top = csrc_room(path.relative_to(ROOT / "csrc").as_posix())
         if top in CSRC_C_ABI_DIRS or top in ("include", "tests"):
             continue
         for m in _C_ABI.finditer(path.read_text()):

@@ -1,10 +1,10 @@
 // The torch shim's process-wide state, shared by its two C ABIs: torch_shim.h (the pluggable
-// allocator, capi/torch_shim.cpp) and torch_native.h (the torch-native binding,
-// capi/torch_native.cpp). Internal: nothing outside csrc/capi includes it.
+// allocator, torch/torch_shim.cpp) and torch_native.h (the torch-native binding,
+// torch/torch_native.cpp). Internal: nothing outside csrc/torch includes it.
 //
 // Owns: the declarations of the shim state (Shim), its failure records and the helpers both
 // ABIs use to record failures, flush parked frees and find spaces; the definitions are in
-// capi/torch_shim.cpp.
+// torch/torch_shim.cpp.
 // Invariants: shim() is immortal (see torch_shim.cpp); an out-of-memory is recorded with the
 // same fields and message shape whichever ABI saw it (oom_message).
 #pragma once
@@ -15,8 +15,8 @@
 #include <string>
 
 #include "backend/cuda_context_guard.hpp"
-#include "capi/capture_parking.hpp"
-#include "capi/private_pools.hpp"
+#include "torch/capture_parking.hpp"
+#include "torch/private_pools.hpp"
 #include "space/device_spaces.hpp"
 #include "vtalloc/torch_native.h"
 #include "vtalloc/torch_shim.h"

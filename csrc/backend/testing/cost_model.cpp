@@ -1,13 +1,17 @@
 // CostModelBackend implementation and the cost tables (see cost_model.hpp).
 //
-// Owns: the H100 table and the timeline rules. Calls not in the table (reserve, free_va,
+// Owns: the H100 table, the timeline rules, and make_cost_model_backend (the factory's
+// cost_model option: the host backend wrapped in the model). Calls not in the table (reserve, free_va,
 // stream and event creation, cuMemcpyAsync issue, cuStreamWaitEvent, cuEventSynchronize's own
 // cost, pinned host allocation, import and export) were not measured and cost 0 here.
 // Invariants: those of cost_model.hpp.
-#include "backend/cost_model.hpp"
+#include "backend/testing/cost_model.hpp"
 
 #include <algorithm>
 #include <cmath>
+#include <memory>
+#include <string>
+#include <utility>
 
 namespace vta {
 
@@ -55,6 +59,17 @@ double interpolate(const double* xs_mib, const double* ys, int n, size_t bytes) 
 }
 
 }  // namespace
+
+Status make_cost_model_backend(const BackendOptions& options, std::unique_ptr<Backend>* out) {
+  const DriverCosts* costs = driver_costs(options.cost_model);
+  if (!costs) return Status(VTA_ERR_INVALID_ARGUMENT, "unknown cost model " + std::to_string(options.cost_model));
+  if (options.kind != VTA_BACKEND_HOST)
+    return Status(VTA_ERR_INVALID_ARGUMENT, "a cost model runs on the host backend only (backend=host)");
+  std::unique_ptr<Backend> host;
+  if (Status s = make_host_backend(options, &host); !s.is_ok()) return s;
+  *out = std::make_unique<CostModelBackend>(std::move(host), *costs);
+  return Status::ok();
+}
 
 const DriverCosts* driver_costs(int cost_model) {
   switch (cost_model) {

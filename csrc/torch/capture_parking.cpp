@@ -2,7 +2,7 @@
 //
 // Owns: nothing beyond the class. Invariant: the lock of a device's parked frees is never held
 // while freeing into its space (flush takes the ready ones out first).
-#include "capi/capture_parking.hpp"
+#include "torch/capture_parking.hpp"
 
 #include <exception>
 

@@ -16,7 +16,7 @@
 #include "alloc/text.hpp"
 #include "backend/cuda_context_guard.hpp"
 #include "capi/guard.hpp"
-#include "capi/torch_shim_state.hpp"
+#include "torch/torch_shim_state.hpp"
 
 using namespace vta::capi::torch;  // NOLINT(google-build-using-namespace)
 using vta::AddressSpace;

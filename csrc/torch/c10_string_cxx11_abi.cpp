@@ -7,7 +7,7 @@
 
 #include <string>
 
-#include "capi/c10_string_call.hpp"
+#include "torch/c10_string_call.hpp"
 
 namespace vta::c10_oom {
 

@@ -18,7 +18,7 @@
 #include <unistd.h>
 #include <vector>
 
-#include "backend/conformance.hpp"
+#include "backend/testing/conformance.hpp"
 
 #include "backend/backend.hpp"
 #include "vtalloc/vtalloc.h"

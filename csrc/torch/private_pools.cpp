@@ -3,7 +3,7 @@
 // Owns: the lifecycle steps of a pool and the order of its space calls.
 // Invariants: those of private_pools.hpp; every space call that can fail comes before the
 // pool's own records change, so a failure leaves both as they were.
-#include "capi/private_pools.hpp"
+#include "torch/private_pools.hpp"
 
 #include <algorithm>
 #include <string>

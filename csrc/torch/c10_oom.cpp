@@ -6,7 +6,7 @@
 // Invariants: a library handle is kept open only by a binding that uses it (torch never
 // unloads these); the thrown object starts with std::exception (c10::Error derives from it
 // alone), so destroy_thrown runs its virtual destructor through that base.
-#include "capi/c10_oom.hpp"
+#include "torch/c10_oom.hpp"
 
 #include <cxxabi.h>
 #include <dlfcn.h>
@@ -21,7 +21,7 @@
 #include <vector>
 
 #include "backend/status.hpp"
-#include "capi/c10_string_call.hpp"
+#include "torch/c10_string_call.hpp"
 
 namespace vta::c10_oom {
 namespace {

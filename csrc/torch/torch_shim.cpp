@@ -16,10 +16,10 @@
 #include <string>
 
 #include "backend/cuda_context_guard.hpp"
-#include "capi/c10_oom.hpp"
-#include "capi/capture_parking.hpp"
+#include "torch/c10_oom.hpp"
+#include "torch/capture_parking.hpp"
 #include "capi/guard.hpp"
-#include "capi/torch_shim_state.hpp"
+#include "torch/torch_shim_state.hpp"
 #include "alloc/text.hpp"
 
 namespace vta::capi::torch {

@@ -1,0 +1,44 @@
+// VictimPolicy: which resident page the eviction engine evicts when memory is short.
+//
+// Owns: nothing; the interface between the engine (Residency), which decides which pages may
+// be victims at all (resident, mapped, every allocation on them marked evictable) and does the
+// eviction, and a policy, which only keeps the candidates in the order it would give them up.
+// The first and only implementation in the core is LruPolicy (lru_policy.hpp): least recently
+// used first.
+//
+// vtalloc has four victim policies; this is the one inside the core, the other three choose
+// at a coarser grain above it, and each one's inputs differ:
+//  - the core's (this interface, LruPolicy): one address space under pressure of its own picks
+//    a resident handle, least recently used first (ResidencyPort::free_device_page);
+//  - the client's (client/pressure.py, evict_for_pressure): when the daemon asks a client for
+//    pages, which allocations of its spaces to offload (free and cached pages first);
+//  - the daemon's (server/ledger.py, Ledger.pick_victims): which sessions to ask for pages,
+//    principals above their minimum, most excess first;
+//  - paged activations' (allocator/paged_activations.py, evict-behind): in a training step,
+//    the oldest saved tensors over a byte budget, on the order recorded in iteration 0.
+//
+// Invariants: each page is a candidate at most once; forget() of a page that is not one does
+// nothing; visit() offers the candidates best victim first and stops at the first one the
+// visitor takes (returns true), before it looks at the next, so the visitor may change the
+// candidates (evicting a page forgets it) as long as it then returns true. Every call is made
+// under the address space's lock.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+
+namespace vta {
+
+class VictimPolicy {
+ public:
+  virtual ~VictimPolicy() = default;
+  // Page `va` was used now and may be evicted: a candidate (again), in this policy's order.
+  virtual void note_use(uintptr_t va) = 0;
+  // Page `va` may not be evicted any more (away, unmapped, or an allocation on it is not evictable).
+  virtual void forget(uintptr_t va) = 0;
+  virtual void clear() = 0;
+  // Offer the candidates to `take`, best victim first, until it returns true; whether it did.
+  virtual bool visit(const std::function<bool(uintptr_t)>& take) const = 0;
+};
+
+}  // namespace vta
