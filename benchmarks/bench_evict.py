@@ -143,7 +143,7 @@ MEASURED_H100 = (
     (1024 * MiB, 32 * MiB, "copy", 51.9, 54.2, 2),
     (1024 * MiB, 64 * MiB, "copy", 53.2, 54.3, 2),
 )
-# Figures two parameters of the model were fitted to (csrc/backend/cost_model.cpp, kH100): their
+# Figures two parameters of the model were fitted to (csrc/backend/testing/cost_model.cpp, kH100): their
 # predictions are not independent of the measurement.
 FITTED_TO = {
     (1024 * MiB, 32 * MiB, "mapped", "evict"): "d2h_to_host_page_factor",

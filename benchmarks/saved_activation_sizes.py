@@ -54,7 +54,7 @@ MEASURED_CALL_US = {  # handle bytes -> (create, map, set_access, unmap, release
 }
 CALL_COLUMN = {"create_page": 0, "map": 1, "set_access": 2, "unmap": 3, "release_page": 4}
 MEASURED_PINNED_GBPS = {2 * MiB: (52.8, 51.1), 8 * MiB: (54.5, 54.2), 32 * MiB: (54.9, 54.9), 256 * MiB: (55.1, 54.8)}
-# The two fitted mapped-mode parameters of docs/cost-model.md (kH100 in csrc/backend/cost_model.cpp).
+# The two fitted mapped-mode parameters of docs/cost-model.md (kH100 in csrc/backend/testing/cost_model.cpp).
 FITTED_D2H_TO_HOST_PAGE_FACTOR = 0.66
 FITTED_HOST_PAGE_UNMAP_EXTRA_US = 36.0
 # One steady-state evict + restore of one handle in mapped mode (tests/test_saved_activation_sizes.py
