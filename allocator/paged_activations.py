@@ -314,7 +314,7 @@ class PagedActivations:
         self._rec_sigs: dict[int, tuple] = {}             # pack index -> verified recipe signature
         self._plan: Plan | None = None
         self._measuring = False
-        self._recorder_flops = 0                          # FLOPs of the recorded forward (all its operations)
+        self._recorder_flops = 0                          # FLOPs of the recorded forward (FlopCounterMode's count)
         self.max_recompute_fraction = max_recompute_fraction
         self._plan_sigs: dict[int, tuple] = {}
 
@@ -351,7 +351,10 @@ class PagedActivations:
         if self._recorder is not None:
             self._recorder.__exit__(*exc)
             if self._recorder.measure:
-                self._recorder_flops = self._recorder.flops
+                # The cap's base: the forward's FLOPs as torch's flop counter counts them. The
+                # elementwise operations it counts as 0 (one per element in the recorder) would
+                # raise the cap above 5% of that (a Llama decoder recomputed 5.5%).
+                self._recorder_flops = self._recorder.formula_flops
             self._recorder = None
         self._hooks.__exit__(*exc)
         self._hooks = None

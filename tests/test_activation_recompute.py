@@ -147,3 +147,27 @@ def test_parameter_changed_in_place_between_forward_and_backward_is_refused():
         with pytest.raises((SourceChangedError, RuntimeError)):
             loss.backward()
         del pager, loss
+
+
+def test_recompute_flops_within_five_percent_of_the_forward_as_flop_counter_counts_it():
+    # The cap is 5% of the forward's FLOPs as torch's FlopCounterMode counts them (matmuls,
+    # convolutions, attention). Elementwise operations, which it counts as 0, must not raise the
+    # cap: here they are most of the operations (a Llama decoder went to 5.5% so).
+    from torch.utils.flop_counter import FlopCounterMode
+
+    torch.manual_seed(0)
+    act = [nn.Tanh(), nn.Sigmoid()] * 5
+    model = nn.Sequential(*[nn.Sequential(nn.Linear(64, 64), *act) for _ in range(4)])
+    x = torch.randn(4096, 64)
+    with FlopCounterMode(display=False) as fc:
+        model(x)
+    forward = fc.get_total_flops()
+    with AddressSpace(backend="host", capacity=64 * MiB, host_capacity=256 * MiB, page_size="256KiB",
+                      host_granularity="256KiB") as space:
+        pager = paged_activations(space, budget=MiB)
+        run(model, x, pager, steps=2)
+        st = pager.stats()
+        assert st.step_recompute_flops > 0, str(pager.plan())
+        assert st.step_recompute_flops <= 0.05 * forward, (st.step_recompute_flops, forward)
+        assert pager.plan().summary.recompute_flops <= 0.05 * forward
+        del pager
