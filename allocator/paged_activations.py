@@ -478,9 +478,11 @@ class PagedActivations:
                 self._candidates.append(self._saved[-1])
         if self._measuring:
             self._note_candidate(tensor, saved)  # before evict-behind: its sources are likely still resident
-        if decision == PAGE:
+        if decision in (PAGE, KEEP):
+            # A kept tensor counts against the budget too: the plan keeps the newest, packed after
+            # the last paged one, so its pack must push paged ones out (it is no candidate itself).
             with self._lock:
-                self._evict_behind()
+                self._evict_behind(spare_newest=decision == PAGE)
         return saved
 
     # -- recompute --------------------------------------------------------------------------
@@ -574,7 +576,7 @@ class PagedActivations:
             if index >= len(sched) or sched[index] != signature:
                 self._fall_back()
 
-    def _evict_behind(self) -> None:
+    def _evict_behind(self, spare_newest: bool = True) -> None:
         # Oldest first: the first tensors saved are the last ones backward needs. The candidates
         # are the packed tensors that may still hold resident bytes, in pack order; one that is
         # gone, consumed or wholly away leaves the queue for good, so a pass costs what it
@@ -583,7 +585,7 @@ class PagedActivations:
         # candidate: once that neighbour is freed or saved too, the page moves. The newest one is
         # not offloaded by the pack that saved it.
         queue = self._candidates
-        newest = queue[-1] if queue else None
+        newest = queue[-1] if queue and spare_newest else None
         stuck: list[Callable[[], Any]] = []
         while queue and self._resident_bytes > self.budget:
             ref = queue[0]
