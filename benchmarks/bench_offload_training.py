@@ -356,7 +356,9 @@ def child(cfg: dict[str, Any]) -> dict[str, Any]:
         if step == cfg["warmup"]:
             before = counters()
         if space is not None and step >= cfg["warmup"]:
-            space.reset_peak_stats()  # this step's peak mapped bytes
+            # this step's peak mapped bytes: the ranges earlier steps freed stay cached until trimmed
+            space.trim()
+            space.reset_peak_stats()
         t0 = time.perf_counter()
         try:
             opt.zero_grad(set_to_none=True)
