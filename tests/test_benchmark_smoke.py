@@ -45,7 +45,7 @@ def check_provenance(record: dict) -> None:
 @pytest.mark.slow
 def test_offload_training_cpu_smoke_runs_every_config_with_equal_losses(tmp_path):
     out, png = tmp_path / "offload.json", tmp_path / "offload.png"
-    p = run_bench("bench_offload_training.py", "--cpu-smoke", "--out", str(out), "--chart", str(png))
+    p = run_bench("bench_offload_training.py", "--cpu-smoke", "--out", str(out), "--chart", str(png), timeout=600)
     record = json.loads(out.read_text())
     check_provenance(record)
     assert record["benchmark"] == "offload_training" and record["device"] == "cpu" and record["cpu_smoke"]
@@ -79,7 +79,7 @@ def quick_recompute_bench(tmp_path, models: str) -> dict:
     out = tmp_path / "recompute.json"
     p = run_bench("bench_offload_training.py", "--cpu-smoke", "--models", models, "--configs",
                   "native,vtalloc_off,vtalloc", "--budget-fraction", "0.25", "--steps", "3", "--warmup", "2",
-                  "--multiples", "1", "--out", str(out))
+                  "--multiples", "1", "--out", str(out), timeout=480)
     record = json.loads(out.read_text())
     check_provenance(record)
     assert "| recompute FLOPs / fwd |" in p.stdout and "vtalloc gradients bit-identical to native: True" in p.stdout
