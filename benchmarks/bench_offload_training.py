@@ -68,7 +68,7 @@ MiB = 1 << 20
 GPU_CONFIGS = ["native", "expandable", "save_on_cpu", "offloader", "checkpoint", "vtalloc_off", "vtalloc"]
 CPU_CONFIGS = ["native", "save_on_cpu", "offloader", "checkpoint", "vtalloc_off", "vtalloc"]
 REFERENCE_ORDER = ["native", "save_on_cpu", "offloader", "expandable", "checkpoint", "vtalloc_off", "vtalloc"]
-VTALLOC_CONFIGS = {"vtalloc": "auto", "vtalloc_off": "off"}  # config -> paged_activations(recompute=...)
+PAGER_CONFIGS = {"vtalloc": "auto", "vtalloc_off": "off"}  # config -> paged_activations(recompute=...)
 HF_MODELS = ("gpt2", "llama")  # transformers, CPU-sized, random weights
 MIN_SAVED_BYTES = 1024  # paged_activations' default min_bytes: what the budget fraction counts
 PROBE_START = {"resnet50": 32, "transformer": 2}
@@ -285,7 +285,7 @@ def child(cfg: dict[str, Any]) -> dict[str, Any]:
     if cfg.get("deterministic"):
         torch.backends.cudnn.deterministic = True
     space = vt = None
-    if name in VTALLOC_CONFIGS and cuda:
+    if name in PAGER_CONFIGS and cuda:
         import vtalloc.allocator.torch as vt
 
         vt.enable(capacity=cfg["cap"], **cfg.get("vtalloc_options", {}))
@@ -314,7 +314,7 @@ def child(cfg: dict[str, Any]) -> dict[str, Any]:
         out["forward"] = fwd
         budget = max(int(fwd["saved_bytes"] * cfg["budget_fraction"]), 1)
         cap = max(parse_bytes(cap), 2 * fwd["saved_bytes"] + 16 * MiB)
-    if name in VTALLOC_CONFIGS and not cuda:
+    if name in PAGER_CONFIGS and not cuda:
         from vtalloc.allocator import AddressSpace
 
         space = AddressSpace(backend="host", capacity=cap, host_capacity=cfg.get("host_capacity", "1GiB"),
@@ -330,10 +330,10 @@ def child(cfg: dict[str, Any]) -> dict[str, Any]:
     elif name == "offloader":
         offloader = StreamOffloader(cfg.get("offload_min_bytes", MiB))
         scope = offloader.hooks
-    elif name in VTALLOC_CONFIGS:
+    elif name in PAGER_CONFIGS:
         from vtalloc.allocator.torch import paged_activations
 
-        pager = paged_activations(space, budget, recompute=VTALLOC_CONFIGS[name])
+        pager = paged_activations(space, budget, recompute=PAGER_CONFIGS[name])
         scope = lambda: pager  # noqa: E731 - one pager for every step: it learns the order
         out["budget_bytes"] = pager.budget
     else:
@@ -342,7 +342,7 @@ def child(cfg: dict[str, Any]) -> dict[str, Any]:
     sync = torch.cuda.synchronize if cuda else (lambda: None)
 
     def counters() -> dict[str, int]:
-        if name in VTALLOC_CONFIGS:
+        if name in PAGER_CONFIGS:
             s = (vt.stats() if cuda else space.stats()).as_dict()
             return {k: v for k, v in s.items() if isinstance(v, int) and not isinstance(v, bool)}
         if offloader is not None:
@@ -350,7 +350,7 @@ def child(cfg: dict[str, Any]) -> dict[str, Any]:
         return dict(moved)
 
     losses, times, before, steps = [], [], {}, []
-    if cuda and name not in VTALLOC_CONFIGS:
+    if cuda and name not in PAGER_CONFIGS:
         torch.cuda.reset_peak_memory_stats()
     for step in range(cfg["steps"]):
         if step == cfg["warmup"]:
@@ -388,7 +388,7 @@ def child(cfg: dict[str, Any]) -> dict[str, Any]:
         n = len(timed)
         out.update(losses=losses, step_s=times, median_step_s=statistics.median(timed),
                    samples_per_s=cfg["batch"] / statistics.median(timed), timed_steps=n)
-        if name in VTALLOC_CONFIGS:
+        if name in PAGER_CONFIGS:
             moved_b = delta.get("bytes_evicted_total", 0) + delta.get("bytes_restored_total", 0)
             out["vtalloc_stats_delta_per_step"] = {k: v / n for k, v in delta.items() if v}
             out["pager"] = dataclasses.asdict(pager.stats())
@@ -434,7 +434,7 @@ def parse_bytes(size: Any) -> int:
 
 
 def peak_memory(torch: Any, cuda: bool, name: str, vt: Any, space: Any) -> dict[str, Any]:
-    if name in VTALLOC_CONFIGS:
+    if name in PAGER_CONFIGS:
         s = vt.stats() if cuda else space.stats()
         return {"peak_bytes": s.peak_mapped_bytes, "peak_allocated_bytes": s.peak_active_bytes,
                 "peak_how": "vtalloc peak_mapped_bytes (pages mapped) / peak_active_bytes"}
@@ -542,7 +542,7 @@ def recompute_rows(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     forward's, gradients bit-identical to no paging)."""
     rows = []
     for r in runs:
-        if r["config"] not in VTALLOC_CONFIGS or r.get("status") != "ok" or "pager_step" not in r:
+        if r["config"] not in PAGER_CONFIGS or r.get("status") != "ok" or "pager_step" not in r:
             continue
         st, fwd = r["pager_step"], r.get("forward", {})
         off = next((q for q in runs if (q["model"], q["batch"], q["config"]) == (r["model"], r["batch"], "vtalloc_off")
@@ -710,7 +710,7 @@ def main(argv: list[str] | None = None) -> int:
         r.pop("grads_out", None)  # a temporary file, gone with this process
     if grads_dir:
         grads_dir.cleanup()
-    paging_exact = all(c["bit_identical"] for c in grad_checks if c["config"] in VTALLOC_CONFIGS)
+    paging_exact = all(c["bit_identical"] for c in grad_checks if c["config"] in PAGER_CONFIGS)
     record: dict[str, Any] = {
         "benchmark": "offload_training", "device": device, "cpu_smoke": smoke,
         "provenance": {"date": _dt.date.today().isoformat(), "command": " ".join([Path(sys.argv[0]).as_posix()] + sys.argv[1:]),
