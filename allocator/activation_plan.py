@@ -78,7 +78,7 @@ class PlanRow:
     op: str
     decision: str                 # keep | page | recompute | shared
     cost_s: float                 # modelled time it adds to a step (0 for keep)
-    flops: int = 0                # recompute FLOPs (with recomputed sources)
+    flops: int = 0                # recompute FLOPs of one run (with recomputed sources)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -88,7 +88,7 @@ class PlanSummary:
     kept_bytes: int
     paged_bytes: int
     recomputed_bytes: int
-    recompute_flops: int
+    recompute_flops: int          # a tensor saved twice counted twice (each unpack may recompute it)
     transfer_s: float             # modelled: paged bytes out and back over the link
     recompute_s: float            # modelled: the recomputes
     cost_model: str
@@ -132,6 +132,12 @@ def plan_activations(cands: Sequence[Candidate], budget: int, model: CostModel =
     # offered to the pager again, as in the recorded iteration.
     decision = {c.index: (SHARED if c.shared_with is not None else KEEP if c.nbytes else PAGE) for c in cands}
     excess = total - budget
+    # A tensor saved twice (shared) is unpacked twice; autograd may drop the first value before
+    # the second unpack, which then recomputes again: its FLOPs count once per pack.
+    uses = {c.index: 1 for c in cands}
+    for c in cands:
+        if c.shared_with is not None and c.shared_with in uses:
+            uses[c.shared_with] += 1
 
     def chain(i: int) -> int:  # recompute nesting of i under the decisions so far
         c = by_index[i]
@@ -161,7 +167,7 @@ def plan_activations(cands: Sequence[Candidate], budget: int, model: CostModel =
             decision[c.index] = RECOMPUTE
             readers = [r for r in readers_of.get(c.index, ()) if decision[r] == RECOMPUTE]
             # Its FLOPs with its recomputed sources', and once more for each recomputed reader.
-            added = rec_cost(c.index)[1] + c.flops * len(readers)
+            added = rec_cost(c.index)[1] * uses[c.index] + c.flops * sum(uses[r] for r in readers)
             too_deep = chain(c.index) > MAX_CHAIN or any(chain(r) > MAX_CHAIN for r in readers)
             if too_deep or (max_recompute_flops is not None and spent + added > max_recompute_flops):
                 decision[c.index] = KEEP
@@ -190,7 +196,7 @@ def plan_activations(cands: Sequence[Candidate], budget: int, model: CostModel =
         kept_bytes=sum(r.nbytes for r in rows if r.decision == KEEP),
         paged_bytes=sum(r.nbytes for r in rows if r.decision == PAGE),
         recomputed_bytes=sum(r.nbytes for r in rows if r.decision == RECOMPUTE),
-        recompute_flops=sum(r.flops for r in rows if r.decision == RECOMPUTE),
+        recompute_flops=sum(r.flops * uses[r.index] for r in rows if r.decision == RECOMPUTE),
         transfer_s=sum(r.cost_s for r in rows if r.decision == PAGE),
         recompute_s=sum(r.cost_s for r in rows if r.decision == RECOMPUTE),
         cost_model=model.name)

@@ -99,8 +99,9 @@ def _rng_as(state: Any):
             torch.set_rng_state(before)
 
 
-def _cost(func: Any, args: Any, kwargs: Any, out: Any) -> tuple[int, int]:
-    """(FLOPs, bytes touched) of one call: torch's flop formulas where it has one, else one per element."""
+def _cost(func: Any, args: Any, kwargs: Any, out: Any) -> tuple[int, int, bool]:
+    """(FLOPs, bytes touched, whether torch has a FLOP formula for it) of one call: torch's
+    formula where it has one (what ``FlopCounterMode`` counts), else one per element."""
     tensors = [a for a in tree_flatten((args, kwargs))[0] if isinstance(a, torch.Tensor)]
     outs = [o for o in tree_flatten(out)[0] if isinstance(o, torch.Tensor)]
     touched = sum(t.numel() * t.element_size() for t in tensors + outs)
@@ -109,10 +110,10 @@ def _cost(func: Any, args: Any, kwargs: Any, out: Any) -> tuple[int, int]:
 
         f = flop_registry.get(func._overloadpacket)
         if f is not None:
-            return int(f(*args, **kwargs, out_val=out)), touched
+            return int(f(*args, **kwargs, out_val=out)), touched, True
     except Exception:  # noqa: BLE001 - a formula that does not fit this call: count per element
         pass
-    return sum(o.numel() for o in outs), touched
+    return sum(o.numel() for o in outs), touched, False
 
 
 class Recorder(TorchDispatchMode):
@@ -121,7 +122,10 @@ class Recorder(TorchDispatchMode):
     def __init__(self) -> None:
         super().__init__()
         self.measure = False
-        self.flops = 0  # measured: of every operation seen (the forward's FLOPs)
+        self.flops = 0  # measured: of every operation seen, one per element where torch has no formula
+        # measured: of the operations torch has a FLOP formula for (matmuls, convolutions,
+        # attention): the forward's FLOPs as FlopCounterMode counts them, what the cap is a share of
+        self.formula_flops = 0
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
@@ -134,8 +138,9 @@ class Recorder(TorchDispatchMode):
         out = func(*args, **kwargs)
         flops = touched = 0
         if self.measure:
-            flops, touched = _cost(func, args, kwargs, out)
+            flops, touched, formula = _cost(func, args, kwargs, out)
             self.flops += flops
+            self.formula_flops += flops if formula else 0
         written = [i for i, a in enumerate(schema.arguments) if a.alias_info is not None and a.alias_info.is_write]
         if written:
             name = func._schema.name.split("::")[-1]

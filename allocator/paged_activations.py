@@ -314,7 +314,7 @@ class PagedActivations:
         self._rec_sigs: dict[int, tuple] = {}             # pack index -> verified recipe signature
         self._plan: Plan | None = None
         self._measuring = False
-        self._recorder_flops = 0                          # FLOPs of the recorded forward (all its operations)
+        self._recorder_flops = 0                          # FLOPs of the recorded forward (FlopCounterMode's count)
         self.max_recompute_fraction = max_recompute_fraction
         self._plan_sigs: dict[int, tuple] = {}
 
@@ -351,7 +351,10 @@ class PagedActivations:
         if self._recorder is not None:
             self._recorder.__exit__(*exc)
             if self._recorder.measure:
-                self._recorder_flops = self._recorder.flops
+                # The cap's base: the forward's FLOPs as torch's flop counter counts them. The
+                # elementwise operations it counts as 0 (one per element in the recorder) would
+                # raise the cap above 5% of that (a Llama decoder recomputed 5.5%).
+                self._recorder_flops = self._recorder.formula_flops
             self._recorder = None
         self._hooks.__exit__(*exc)
         self._hooks = None
@@ -475,9 +478,11 @@ class PagedActivations:
                 self._candidates.append(self._saved[-1])
         if self._measuring:
             self._note_candidate(tensor, saved)  # before evict-behind: its sources are likely still resident
-        if decision == PAGE:
+        if decision in (PAGE, KEEP):
+            # A kept tensor counts against the budget too: the plan keeps the newest, packed after
+            # the last paged one, so its pack must push paged ones out (it is no candidate itself).
             with self._lock:
-                self._evict_behind()
+                self._evict_behind(spare_newest=decision == PAGE)
         return saved
 
     # -- recompute --------------------------------------------------------------------------
@@ -571,7 +576,7 @@ class PagedActivations:
             if index >= len(sched) or sched[index] != signature:
                 self._fall_back()
 
-    def _evict_behind(self) -> None:
+    def _evict_behind(self, spare_newest: bool = True) -> None:
         # Oldest first: the first tensors saved are the last ones backward needs. The candidates
         # are the packed tensors that may still hold resident bytes, in pack order; one that is
         # gone, consumed or wholly away leaves the queue for good, so a pass costs what it
@@ -580,7 +585,7 @@ class PagedActivations:
         # candidate: once that neighbour is freed or saved too, the page moves. The newest one is
         # not offloaded by the pack that saved it.
         queue = self._candidates
-        newest = queue[-1] if queue else None
+        newest = queue[-1] if queue and spare_newest else None
         stuck: list[Callable[[], Any]] = []
         while queue and self._resident_bytes > self.budget:
             ref = queue[0]

@@ -50,3 +50,14 @@ def test_chains_are_bounded():
         run = run + 1 if r.decision == "recompute" else 0
         best = max(best, run)
     assert 0 < best <= MAX_CHAIN
+
+
+def test_a_tensor_saved_twice_counts_its_recompute_flops_per_pack():
+    # Each unpack of a shared record may recompute it (autograd drops the first value before
+    # the second unpack): the cap and the summary count it once per pack.
+    cands = [Candidate(0, 4 * MiB, "x"), Candidate(1, 4 * MiB, "sigmoid", recomputable=True, flops=10**5,
+                                                   touched=8 * MiB, sources=(0,)),
+             Candidate(2, 0, "", shared_with=1)]
+    assert plan_activations(cands, MiB).summary.recompute_flops == 2 * 10**5
+    assert plan_activations(cands, MiB, max_recompute_flops=15 * 10**4).rows[1].decision != "recompute"
+    assert plan_activations(cands, MiB, max_recompute_flops=2 * 10**5).rows[1].decision == "recompute"

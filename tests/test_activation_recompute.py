@@ -61,8 +61,8 @@ def test_gradients_bit_identical_and_budget_held(name, model, x, autocast):
         peak = []
         orig = pager._evict_behind
 
-        def watch():
-            orig()
+        def watch(**kw):
+            orig(**kw)
             peak.append(pager._resident_bytes)
 
         pager._evict_behind = watch
@@ -147,3 +147,53 @@ def test_parameter_changed_in_place_between_forward_and_backward_is_refused():
         with pytest.raises((SourceChangedError, RuntimeError)):
             loss.backward()
         del pager, loss
+
+
+def test_recompute_flops_within_five_percent_of_the_forward_as_flop_counter_counts_it():
+    # The cap is 5% of the forward's FLOPs as torch's FlopCounterMode counts them (matmuls,
+    # convolutions, attention). Elementwise operations, which it counts as 0, must not raise the
+    # cap: here they are most of the operations (a Llama decoder went to 5.5% so).
+    from torch.utils.flop_counter import FlopCounterMode
+
+    torch.manual_seed(0)
+    act = [nn.Tanh(), nn.Sigmoid()] * 5
+    model = nn.Sequential(*[nn.Sequential(nn.Linear(64, 64), *act) for _ in range(4)])
+    x = torch.randn(4096, 64)
+    with FlopCounterMode(display=False) as fc:
+        model(x)
+    forward = fc.get_total_flops()
+    with AddressSpace(backend="host", capacity=64 * MiB, host_capacity=256 * MiB, page_size="256KiB",
+                      host_granularity="256KiB") as space:
+        pager = paged_activations(space, budget=MiB)
+        run(model, x, pager, steps=2)
+        st = pager.stats()
+        assert st.step_recompute_flops > 0, str(pager.plan())
+        assert st.step_recompute_flops <= 0.05 * forward, (st.step_recompute_flops, forward)
+        assert pager.plan().summary.recompute_flops <= 0.05 * forward
+        del pager
+
+
+@pytest.mark.parametrize("recompute", ["off", "auto"])
+def test_kept_tensors_count_against_the_budget_at_the_end_of_forward(recompute):
+    # The plan pages the oldest and keeps the newest: the kept packs come after the last paged
+    # one, and must still push paged tensors out, or resident saved bytes end the forward at the
+    # budget plus everything kept.
+    torch.manual_seed(0)
+    model = nn.Sequential(*[nn.Sequential(nn.Linear(256, 256), nn.GELU()) for _ in range(8)])
+    x = torch.randn(512, 256)
+    with AddressSpace(backend="host", capacity=64 * MiB, host_capacity=256 * MiB, page_size="256KiB",
+                      host_granularity="256KiB") as space:
+        pager = paged_activations(space, budget=2 * MiB, recompute=recompute)
+        for _ in range(2):
+            with pager:
+                loss = model(x).square().mean()
+            plan = pager.plan()
+            if plan is not None and pager.stats().scheduled_iterations:
+                assert plan.summary.kept_bytes > 0 and plan.summary.paged_bytes > 0, str(plan)
+                newest = max(r.nbytes for r in plan.rows)
+                resident = pager._resident_bytes
+                if resident > pager.budget + newest:
+                    loss.backward()  # autograd lets the saved tensors go before the check fails
+                    pytest.fail(f"resident saved bytes {resident} at the end of forward, budget {pager.budget}")
+            loss.backward()
+        del pager

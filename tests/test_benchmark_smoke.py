@@ -45,13 +45,13 @@ def check_provenance(record: dict) -> None:
 @pytest.mark.slow
 def test_offload_training_cpu_smoke_runs_every_config_with_equal_losses(tmp_path):
     out, png = tmp_path / "offload.json", tmp_path / "offload.png"
-    p = run_bench("bench_offload_training.py", "--cpu-smoke", "--out", str(out), "--chart", str(png))
+    p = run_bench("bench_offload_training.py", "--cpu-smoke", "--out", str(out), "--chart", str(png), timeout=600)
     record = json.loads(out.read_text())
     check_provenance(record)
     assert record["benchmark"] == "offload_training" and record["device"] == "cpu" and record["cpu_smoke"]
     models = record["settings"]["models"]
     assert models == ["cnn", "tiny_transformer"]
-    configs = ["native", "save_on_cpu", "offloader", "vtalloc"]
+    configs = ["native", "save_on_cpu", "offloader", "checkpoint", "vtalloc_off", "vtalloc"]
     assert record["settings"]["configs"] == configs
     runs = record["runs"]
     # per model: native at the base batch, then every config at 2x
@@ -64,7 +64,7 @@ def test_offload_training_cpu_smoke_runs_every_config_with_equal_losses(tmp_path
     assert len(checks) == len(models) * (len(configs) - 1)  # every config at 2x against native at 2x
     assert all(c["equal"] and c["reference"] == "native" for c in checks) and record["losses_match"]
     for r in runs:
-        if r["config"] == "vtalloc":  # the space was too small for the activations: pages really moved
+        if r["config"] in ("vtalloc", "vtalloc_off"):  # the space was too small for the activations: pages moved
             assert r["bytes_moved_per_step"] > 0 and r["pager"]["offloads"] > 0, r
         if r["config"] in ("save_on_cpu", "offloader"):
             assert r["bytes_moved_per_step"] > 0, r
@@ -73,6 +73,53 @@ def test_offload_training_cpu_smoke_runs_every_config_with_equal_losses(tmp_path
         assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     else:
         assert record["chart"].startswith("skipped")
+
+
+def quick_recompute_bench(tmp_path, models: str) -> dict:
+    out = tmp_path / "recompute.json"
+    p = run_bench("bench_offload_training.py", "--cpu-smoke", "--models", models, "--configs",
+                  "native,vtalloc_off,vtalloc", "--budget-fraction", "0.25", "--steps", "3", "--warmup", "2",
+                  "--multiples", "1", "--out", str(out), timeout=480)
+    record = json.loads(out.read_text())
+    check_provenance(record)
+    assert "| recompute FLOPs / fwd |" in p.stdout and "vtalloc gradients bit-identical to native: True" in p.stdout
+    return record
+
+
+def check_recompute_record(record: dict, models: list[str]) -> None:
+    """The exact parts of the benchmark (never speed): gradients bit-identical to no paging, and
+    recompute="auto" moving no more bytes than offload-only at the same budget."""
+    assert record["settings"]["models"] == models and record["settings"]["budget_fraction"] == 0.25
+    rows = {(w["model"], w["config"]): w for w in record["recompute"]}
+    assert set(rows) == {(m, c) for m in models for c in ("vtalloc", "vtalloc_off")}
+    for m in models:
+        auto, off = rows[(m, "vtalloc")], rows[(m, "vtalloc_off")]
+        for w in (auto, off):
+            assert w["scheduled"] and w["grads_bit_identical"] is True and w["grads_max_abs_diff"] == 0.0, w
+            assert w["budget_bytes"] == int(0.25 * w["saved_bytes"]) and w["forward_flops"] > 0, w
+            assert w["kept_bytes"] <= w["budget_bytes"] and w["modelled_h100_s"] is not None, w
+        assert auto["budget_bytes"] == off["budget_bytes"]  # the same byte budget
+        assert off["bytes_paged"] > 0 and off["bytes_recomputed"] == 0 and off["recompute_flops"] == 0, off
+        assert auto["bytes_paged"] <= off["bytes_paged"], (auto, off)
+        assert set(auto["targets_met"]) == {"bytes_paged_le_0.6x", "recompute_flops_le_5pct", "grads_bit_identical"}
+    assert record["vtalloc_grads_bit_identical"] is True
+    for c in record["grad_checks"]:
+        assert c["reference"] == "native" and c["tensors"] > 0
+
+
+def test_offload_training_recompute_quick_is_exact_and_moves_no_more_than_offload_only(tmp_path):
+    record = quick_recompute_bench(tmp_path, "cnn,tiny_transformer")
+    check_recompute_record(record, ["cnn", "tiny_transformer"])
+    auto = next(w for w in record["recompute"] if w["model"] == "tiny_transformer" and w["config"] == "vtalloc")
+    assert auto["bytes_recomputed"] > 0  # the transformer has cheap saved tensors: some were recomputed
+
+
+def test_offload_training_recompute_quick_transformers_gpt2_with_dropout(tmp_path):
+    pytest.importorskip("transformers")
+    record = quick_recompute_bench(tmp_path, "gpt2")
+    check_recompute_record(record, ["gpt2"])
+    auto = next(w for w in record["recompute"] if w["config"] == "vtalloc")
+    assert auto["bytes_recomputed"] > 0  # dropout (p=0.1) among them: RNG replayed bit-exact
 
 
 def test_churn_host_backend_smoke_has_no_oom_and_remaps(tmp_path):
