@@ -115,7 +115,12 @@ def test_offload_training_recompute_quick_is_exact_and_moves_no_more_than_offloa
 
 
 def test_offload_training_recompute_quick_transformers_gpt2_with_dropout(tmp_path):
-    pytest.importorskip("transformers")
+    # The model itself, not only the package: transformers imports torchvision when it is
+    # installed, and a torchvision built for another torch fails that import.
+    try:
+        import transformers.models.gpt2.modeling_gpt2  # noqa: F401
+    except Exception as e:  # noqa: BLE001 - ImportError, or torchvision's RuntimeError
+        pytest.skip(f"transformers' GPT-2 does not import here: {type(e).__name__}: {e}")
     record = quick_recompute_bench(tmp_path, "gpt2")
     check_recompute_record(record, ["gpt2"])
     auto = next(w for w in record["recompute"] if w["config"] == "vtalloc")
