@@ -2,7 +2,7 @@
 
 Owns: the ctypes mirror of ``csrc/include/vtalloc/vtalloc.h`` (structs and prototypes) and
 :func:`check`, which turns a non-zero status into the matching exception (declared and
-read back through ``_cabi``, the edge it shares with ``_torch_shim``). ctypes releases the
+read back through ``_cabi``, the edge it shares with ``torch.shim``). ctypes releases the
 GIL for the duration of every call, so no core operation holds it.
 Invariant: the structs below match the header field for field; ``load()`` refuses a
 library whose ABI version differs.
