@@ -16,7 +16,7 @@ LiveAllocations::Map::iterator AddressSpace::settled_live_locked(uintptr_t addre
   return policy_.live().find_live(address);
 }
 
-void AddressSpace::restore_locked(uintptr_t start, uint64_t bytes, StreamHandle consumer) {
+void AddressSpace::restore_locked(uintptr_t start, uint64_t bytes, StreamHandle consumer, bool count_oom) {
   residency_.begin_restore(start, bytes);
   try {
     uintptr_t cursor = start, first = 0;
@@ -24,7 +24,7 @@ void AddressSpace::restore_locked(uintptr_t start, uint64_t bytes, StreamHandle 
     while (residency_.next_to_restore(&cursor, start + bytes, consumer, &first, &npages)) {
       int32_t id = -1;
       if (!policy_.obtain_handle(npages, &id, true))
-        policy_.throw_oom(uint64_t{npages} * page_bytes_, "no device memory to restore an evicted page into");
+        policy_.throw_oom(uint64_t{npages} * page_bytes_, "no device memory to restore an evicted page into", count_oom);
       residency_.restore_page(first, id, consumer);
     }
   } catch (...) {
@@ -34,8 +34,8 @@ void AddressSpace::restore_locked(uintptr_t start, uint64_t bytes, StreamHandle 
   residency_.end_restore();
 }
 
-void AddressSpace::ensure_resident_locked(uintptr_t start, uint64_t bytes, StreamHandle consumer) {
-  restore_locked(start, bytes, consumer);
+void AddressSpace::ensure_resident_locked(uintptr_t start, uint64_t bytes, StreamHandle consumer, bool count_oom) {
+  restore_locked(start, bytes, consumer, count_oom);
   residency_.finish_restore(start, bytes);
 }
 
@@ -54,18 +54,18 @@ uint64_t AddressSpace::offload(uintptr_t address) {
   return residency_.offload(it->first, it->second.size);
 }
 
-void AddressSpace::prefetch(uintptr_t address, const StreamHandle* stream) {
+void AddressSpace::prefetch(uintptr_t address, const StreamHandle* stream, bool count_oom) {
   std::lock_guard<std::mutex> lk(mu_);
   auto it = settled_live_locked(address);
   if (stream) check(backend_->check_stream(*stream));
-  restore_locked(it->first, it->second.size, stream ? *stream : it->second.stream);
+  restore_locked(it->first, it->second.size, stream ? *stream : it->second.stream, count_oom);
 }
 
-void AddressSpace::ensure_resident(uintptr_t address, const StreamHandle* stream) {
+void AddressSpace::ensure_resident(uintptr_t address, const StreamHandle* stream, bool count_oom) {
   std::lock_guard<std::mutex> lk(mu_);
   auto it = settled_live_locked(address);
   if (stream) check(backend_->check_stream(*stream));
-  ensure_resident_locked(it->first, it->second.size, stream ? *stream : it->second.stream);
+  ensure_resident_locked(it->first, it->second.size, stream ? *stream : it->second.stream, count_oom);
 }
 
 int AddressSpace::residency(uintptr_t address) {
