@@ -6,7 +6,7 @@ AddressSpace over a :class:`~vtalloc.client.lease.LeaseSource` (its page source)
 Owns: that construction, and the pair: it is a composition, not a subclass. It holds the
 AddressSpace (:attr:`space`) and the lease, adds a few names for the lease (``session``,
 ``lease``, ``give_back``, ``report``, ``evictable_addresses``), and answers every other public
-name of the AddressSpace API (``malloc``, ``stats``, ``tensor``, ...) with the held space's.
+name of the AddressSpace API (``malloc``, ``stats``, ``tensor``, ..., and its test hooks) with the held space's.
 The space asks the lease for pages when it runs short; the lease never sees this object.
 Invariants: the held space lives exactly as long as this object (closing either closes the
 space; the lease holds it only weakly); the lease's invariants are in lease.py: a page goes
@@ -104,9 +104,10 @@ class ServiceAddressSpace(Unique):
         return self._lease
 
     def __getattr__(self, name: str) -> Any:
-        # Only names normal lookup did not find: the AddressSpace API (public names only).
+        # Only names normal lookup did not find: the held space's (its test hooks included, as
+        # the fault campaigns use them); never a dunder name, which is this object's own business.
         space = self.__dict__.get("_space")
-        if space is None or name.startswith("_"):
+        if space is None or (name.startswith("__") and name.endswith("__")):
             raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
         return getattr(space, name)
 
@@ -114,7 +115,7 @@ class ServiceAddressSpace(Unique):
         space = self.__dict__.get("_space")
         names = set(super().__dir__())
         if space is not None:
-            names.update(n for n in dir(space) if not n.startswith("_"))
+            names.update(n for n in dir(space) if not (n.startswith("__") and n.endswith("__")))
         return sorted(names)
 
     def __enter__(self) -> "ServiceAddressSpace":
