@@ -209,6 +209,8 @@ OTHER_ENV = frozenset({
     "VTALLOC_PUBLISH_STATS",  # publish every space's stats for `vtalloc stats --pid`
     "VTALLOC_LIBRARY",        # the native library to load (allocator/_native.py)
     "VTALLOC_SLOW_TESTS",     # the test suite's slow tests
+    "VTALLOC_QUOTA_MIN",      # the quota a client declares in its hello (server/protocol/declared_quota.py)
+    "VTALLOC_QUOTA_MAX",
     "VTALLOC_TORCH_BINDING",  # enable()'s binding: auto, native, pluggable (allocator/torch/binding_choice.py)
     "VTALLOC_CACHE_DIR",      # where the torch-native binding is built (allocator/torch/binding_build.py)
 })
