@@ -5,7 +5,7 @@ cuda backend resolves the driver at run time). The library is loaded with ctypes
 imported, so it exports only the C ABI of csrc/include/vtalloc/vtalloc.h.
 
 csrc/torch_binding/ is not part of it: that is the torch-native binding, compiled against the
-user's torch at the first enable() (allocator/_torch_binding.py). Its sources and the vtalloc
+user's torch at the first enable() (allocator/torch/binding_build.py). Its sources and the vtalloc
 headers they include are copied into the package (vtalloc/allocator/_binding_src/) so a wheel
 can build it; an editable install reads them from the repo. The JSON Schemas of schemas/ are
 copied the same way (vtalloc/client/_schemas/, read by vtalloc.client.schemas).

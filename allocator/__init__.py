@@ -17,7 +17,7 @@ if not any(isinstance(h, _logging.NullHandler) for h in _logging.getLogger("vtal
 
 from ._native import global_counters
 from .address_space import AddressSpace
-from .pool import PagePool, PoolInfo
+from .page_pool import PagePool, PagePoolInfo, PoolInfo
 from .config import Config, format_size, parse_size
 from .errors import (
     BackendUnavailableError,
@@ -35,7 +35,7 @@ from .probe import backend_available, cuda_available
 from .stats import AllocationRecord, PageRecord, Stats
 
 __all__ = [
-    "AddressSpace", "PagePool", "PoolInfo", "Config", "Stats", "PageRecord", "AllocationRecord",
+    "AddressSpace", "PagePool", "PagePoolInfo", "PoolInfo", "Config", "Stats", "PageRecord", "AllocationRecord",
     "VtallocError", "OutOfMemoryError", "HostPoolExhaustedError", "InvalidArgumentError", "ClosedError",
     "NotCopyableError", "BackendUnavailableError", "DriverError", "InternalError", "SourceChangedError",
     "global_counters", "backend_available", "cuda_available", "parse_size", "format_size",

@@ -2,7 +2,7 @@
 
 Owns: :func:`declare` (a table ``name -> (restype, argtypes)`` set on a loaded ``ctypes.CDLL``)
 and :func:`check` (a non-zero status becomes the matching vtalloc exception), shared by
-``_native`` (vtalloc.h) and ``_torch_shim`` (torch_shim.h), and the status codes they name.
+``_native`` (vtalloc.h) and ``torch.shim`` (torch_shim.h), and the status codes they name.
 Invariants: the whole C ABI keeps one last error per thread (csrc/capi/guard.hpp), so a
 failure of any entry point is read back with ``vta_last_error`` and, for an out-of-memory,
 ``vta_last_oom``, on the thread that made the call; the library passed to :func:`check` is

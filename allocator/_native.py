@@ -2,7 +2,7 @@
 
 Owns: the ctypes mirror of ``csrc/include/vtalloc/vtalloc.h`` (structs and prototypes) and
 :func:`check`, which turns a non-zero status into the matching exception (declared and
-read back through ``_cabi``, the edge it shares with ``_torch_shim``). ctypes releases the
+read back through ``_cabi``, the edge it shares with ``torch.shim``). ctypes releases the
 GIL for the duration of every call, so no core operation holds it.
 Invariant: the structs below match the header field for field; ``load()`` refuses a
 library whose ABI version differs.
@@ -76,6 +76,8 @@ class VtaPoolInfo(ctypes.Structure):
 
 CONFIG_LEASED = 1
 MALLOC_NO_EVICT = 1
+MALLOC_TRY = 2  # a shortage is not counted as an OOM (the page source answers it)
+RESTORE_WAIT, RESTORE_TRY = 1, 2
 EVICT_MODES = {"auto": 0, "copy": 1, "mapped": 2}
 EVICT_MODE_NAMES = {v: k for k, v in EVICT_MODES.items()}
 COST_MODEL_CODES = {None: 0, "h100": 1}  # VTA_COST_MODEL_*
@@ -141,6 +143,7 @@ _PROTOTYPES: _cabi.Prototypes = {
     "vta_offload_bytes": (i32, [ctypes.c_void_p, u64, _P(u64)]),
     "vta_prefetch": (i32, [ctypes.c_void_p, u64, u64, i32]),
     "vta_ensure_resident": (i32, [ctypes.c_void_p, u64, u64, i32]),
+    "vta_restore": (i32, [ctypes.c_void_p, u64, u64, i32, u32]),
     "vta_residency": (i32, [ctypes.c_void_p, u64, _P(i32)]),
     "vta_debug_inject_fault": (i32, [ctypes.c_void_p, i32, i32]),
     "vta_debug_inject_fault_after": (i32, [ctypes.c_void_p, i32, i32, i32]),

@@ -9,17 +9,18 @@ nothing. No method holds the GIL while the core works.
 
 A leased space (``leased=True``) holds no pages of its own: they are imported. With a
 ``page_source`` (allocator/page_source.py) it asks the source for pages when it runs short
-and tells it about frees, trims and its close; without one the caller imports pages.
+and tells it about frees, trims and its close; without one the caller imports pages. A
+shortage is reported by the core without counting an OOM (the tries are VTA_MALLOC_TRY /
+VTA_RESTORE_TRY); the last try, the one given up on, counts the one OOM a caller sees, so the
+core's num_ooms is the space's (nothing is counted in Python).
 """
 
 from __future__ import annotations
 
 import bisect
 import ctypes
-import dataclasses
 import itertools
-import threading
-from typing import Any, Callable
+from typing import Any
 
 from . import _native
 from .checks import MAX_U64 as _MAX_U64
@@ -29,8 +30,8 @@ from .checks import space_name as _space_name
 from ._handle import NativeHandle
 from ._test_hooks import TestHooks
 from .config import Config
-from .errors import ClosedError, InvalidArgumentError, OutOfMemoryError
-from .page_source import PageSource, malloc_from_source
+from .errors import ClosedError, InvalidArgumentError
+from .page_source import PageSource, malloc_from_source, restore_from_source
 from .publish import publish_from_env
 from .stats import PAGE_STATES, AllocationRecord, PageRecord, Stats
 
@@ -50,7 +51,6 @@ class AddressSpace(TestHooks, NativeHandle):
     """
 
     _CLOSE_FN, _DESTROY_FN = "vta_space_close", "vta_space_destroy"
-    _uncounted_ooms, _uncounted_lock = 0, threading.Lock()  # see _uncount_ooms; the lock: OOM paths only
 
     def __init__(
         self,
@@ -186,43 +186,24 @@ class AddressSpace(TestHooks, NativeHandle):
             return self._malloc_leased(n, s, evict)
         return self._malloc(n, s, evict)
 
-    def _malloc(self, n: int, s: int, evict: bool) -> int:
+    def _malloc(self, n: int, s: int, evict: bool, counted: bool = True) -> int:
+        """One malloc in the core; not ``counted``: a try, whose shortage is not an OOM (VTA_MALLOC_TRY)."""
         out = ctypes.c_uint64()
-        if evict:
-            status = self._lib.vta_malloc(self._h(), n, s, ctypes.byref(out))
+        flags = (0 if evict else _native.MALLOC_NO_EVICT) | (0 if counted else _native.MALLOC_TRY)
+        if flags:
+            status = self._lib.vta_malloc_ex(self._h(), n, s, flags, ctypes.byref(out))
         else:
-            status = self._lib.vta_malloc_ex(self._h(), n, s, _native.MALLOC_NO_EVICT, ctypes.byref(out))
+            status = self._lib.vta_malloc(self._h(), n, s, ctypes.byref(out))
         if status:
             _native.check(status)
         return out.value
 
     def _malloc_leased(self, n: int, s: int, evict: bool) -> int:
-        """A shortage is answered by the page source first (page_source.malloc_from_source).
-        The core counts each try that fails as an OOM; the caller sees one at most."""
-        failed = 0
-
-        def attempt(may_evict: bool) -> int:
-            nonlocal failed
-            try:
-                return self._malloc(n, s, may_evict)
-            except OutOfMemoryError:
-                failed += 1
-                raise
-
+        """A shortage is answered by the page source first (page_source.malloc_from_source):
+        the core reports it without counting an OOM; the try given up on counts one."""
         assert self._source is not None, "only a space with a page source leases"
-        try:
-            return malloc_from_source(self, self._source, n, evict, attempt)
-        except OutOfMemoryError:
-            failed -= 1  # the one the caller sees
-            raise
-        finally:
-            if failed:
-                self._uncount_ooms(failed)
-
-    def _uncount_ooms(self, n: int) -> None:
-        """``n`` OOMs the core counted were answered by the page source: no caller saw them."""
-        with self._uncounted_lock:
-            self._uncounted_ooms += n
+        return malloc_from_source(self, self._source, n, evict,
+                                  lambda may_evict, counted: self._malloc(n, s, may_evict, counted))
 
     def free(self, address: int) -> None:
         """Free an address returned by :meth:`malloc` (double, foreign or interior frees raise)."""
@@ -335,7 +316,9 @@ class AddressSpace(TestHooks, NativeHandle):
         of them are evictable. Evicted bytes keep their address and come back exact.
         """
         addr = _as_u64(address, "address")
-        self._restoring(lambda: _native.check(self._lib.vta_set_evictable(self._h(), addr, 1 if flag else 0)), addr)
+        if not flag and self._source is not None:
+            self._restore(addr, None, wait=True)  # with the source's pages: the core finds nothing left to restore
+        _native.check(self._lib.vta_set_evictable(self._h(), addr, 1 if flag else 0))
         if self._source is not None:
             self._source.after_set_evictable(self, address, flag)
 
@@ -355,31 +338,30 @@ class AddressSpace(TestHooks, NativeHandle):
     def prefetch(self, address: int, stream: int | None = None) -> None:
         """Start restoring the allocation (asynchronous); ``stream`` (default: the
         allocation's) is ordered after the copies."""
-        s, use = (0, 0) if stream is None else (_as_u64(stream, "stream"), 1)
-        addr = _as_u64(address, "address")
-        self._restoring(lambda: _native.check(self._lib.vta_prefetch(self._h(), addr, s, use)), addr)
+        self._restore(address, stream, wait=False)
 
     def ensure_resident(self, address: int, stream: int | None = None) -> None:
         """Block until every page of the allocation is resident at its address."""
+        self._restore(address, stream, wait=True)
+
+    def _restore(self, address: int, stream: int | None, wait: bool) -> None:
+        """A restore (prefetch; ``wait``: ensure_resident) in the core. With a page source, the
+        source first adds what the restore lacks (the core would evict this space's own
+        allocations to make room); a shortage, reported by a try that counts no OOM, asks it
+        again before one last try, which counts the OOM the caller may see."""
         s, use = (0, 0) if stream is None else (_as_u64(stream, "stream"), 1)
         addr = _as_u64(address, "address")
-        self._restoring(lambda: _native.check(self._lib.vta_ensure_resident(self._h(), addr, s, use)), addr)
+        flags = _native.RESTORE_WAIT if wait else 0
 
-    def _restoring(self, call: Callable[[], None], address: int) -> None:
-        """Run a core call that may need device pages (a restore); with a page source, the
-        source first adds what the restore lacks (the core would evict this space's own
-        allocations to make room), and a shortage asks it again before one more try."""
-        if self._source is None:
-            return call()
-        self._source.check_usable()
-        self._source.before_restore(self, address)
-        try:
-            return call()
-        except OutOfMemoryError:
-            if not self._source.on_shortage(self, self.size_of(address), restore=True):
-                raise
-            self._uncount_ooms(1)  # tried again below: the caller sees at most that one's
-            return call()
+        def restore(counted: bool) -> None:
+            _native.check(self._lib.vta_restore(self._h(), addr, s, use, flags | (0 if counted else _native.RESTORE_TRY)))
+
+        source = self._source
+        if source is None:
+            return restore(True)
+        source.check_usable()
+        source.before_restore(self, addr)
+        restore_from_source(self, source, addr, restore)
 
     def residency(self, address: int) -> str:
         """``"resident"``, ``"evicted"`` (some page's bytes are in host memory) or ``"in_flight"``."""
@@ -409,10 +391,7 @@ class AddressSpace(TestHooks, NativeHandle):
     def stats(self) -> Stats:
         raw = _native.VtaStats()
         _native.check(self._lib.vta_stats(self._h(), ctypes.byref(raw)))
-        stats = _native.stats_from_struct(raw)
-        if self._uncounted_ooms:
-            stats = dataclasses.replace(stats, num_ooms=max(0, stats.num_ooms - self._uncounted_ooms))
-        return stats
+        return _native.stats_from_struct(raw)
 
     def modeled_ns(self) -> int | None:
         """The cost model's modeled host clock (ns since the space was created): the time the

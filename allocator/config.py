@@ -211,8 +211,8 @@ OTHER_ENV = frozenset({
     "VTALLOC_PUBLISH_STATS",  # publish every space's stats for `vtalloc stats --pid`
     "VTALLOC_LIBRARY",        # the native library to load (allocator/_native.py)
     "VTALLOC_SLOW_TESTS",     # the test suite's slow tests
-    "VTALLOC_TORCH_BINDING",  # enable()'s binding: auto, native, pluggable (allocator/_torch_install.py)
-    "VTALLOC_CACHE_DIR",      # where the torch-native binding is built (allocator/_torch_binding.py)
+    "VTALLOC_TORCH_BINDING",  # enable()'s binding: auto, native, pluggable (allocator/torch/binding_choice.py)
+    "VTALLOC_CACHE_DIR",      # where the torch-native binding is built (allocator/torch/binding_build.py)
 })
 
 

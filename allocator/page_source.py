@@ -7,7 +7,9 @@ only when the source has no more pages), after a free, after marking an allocati
 trim and on close; the source imports pages into the space (``AddressSpace.import_page``)
 and takes back pages holding no live data (``AddressSpace.return_pages``). The per-node
 service's lease (vtalloc.client.service_space) is one; the allocator knows no other layer.
-Also the order a leased malloc tries things in (``malloc_from_source``).
+Also the order a leased malloc and a leased restore try things in (``malloc_from_source``,
+``restore_from_source``): the core reports a shortage without counting an OOM, the source
+answers it, and only the last try counts the OOM a caller sees.
 
 Invariants:
 - the allocator core decides which pages hold live data; a source only ever gets pages
@@ -24,7 +26,7 @@ from typing import Any, Callable
 
 from .errors import OutOfMemoryError
 
-__all__ = ["PageSource", "malloc_from_source"]
+__all__ = ["PageSource", "malloc_from_source", "restore_from_source"]
 
 # A malloc short of pages asks the page source this many times (each time it may get pages
 # another thread then takes) before it evicts or fails.
@@ -77,17 +79,19 @@ class PageSource(ABC):
 
 
 def malloc_from_source(space: Any, source: PageSource, nbytes: int, evict: bool,
-                       attempt: Callable[[bool], int]) -> int:
-    """A leased space's malloc: ``attempt(may_evict)`` is one try in the core. A shortage is
-    answered by the page source first; evictable pages are evicted (if ``evict``) only when
-    the source cannot supply enough. Raises the last OutOfMemoryError (a supplier's refusal
-    says why best)."""
+                       attempt: Callable[[bool, bool], int]) -> int:
+    """A leased space's malloc: ``attempt(may_evict, counted)`` is one try in the core. The
+    tries before the last are not ``counted``: the core reports their shortage (an
+    OutOfMemoryError) without counting an OOM, and the page source answers it; evictable pages
+    are evicted (if ``evict``) only when the source cannot supply enough, by the last try,
+    which counts the one OOM the caller may see. Raises the last OutOfMemoryError before that
+    try (a supplier's refusal says why best)."""
     source.check_usable()
     try:
-        return attempt(False)
+        return attempt(False, False)
     except OutOfMemoryError as e:
         if nbytes > space.capacity_bytes:
-            raise
+            raise  # more than the space may ever hold: the core counted it (no page source helps)
         last: OutOfMemoryError = e
     for _ in range(_SHORTAGE_RETRIES):
         try:
@@ -97,12 +101,31 @@ def malloc_from_source(space: Any, source: PageSource, nbytes: int, evict: bool,
             last = e
             break
         try:
-            return attempt(False)
+            return attempt(False, False)
         except OutOfMemoryError as e:
             last = e
-    if evict:
-        try:
-            return attempt(True)  # the supply cannot grow: evict what may be evicted
-        except OutOfMemoryError:
-            pass
-    raise last
+    try:
+        return attempt(evict, True)  # the supply cannot grow: evict what may be evicted; counted
+    except OutOfMemoryError:
+        raise last from None
+
+
+def restore_from_source(space: Any, source: PageSource, address: int, restore: Callable[[bool], None]) -> None:
+    """A leased space's restore of the allocation at ``address``: ``restore(counted)`` is one
+    try in the core, as for :func:`malloc_from_source`: a shortage is reported without an OOM
+    counted and answered by the page source, then one last, counted, try."""
+    try:
+        return restore(False)
+    except OutOfMemoryError:
+        pass  # a shortage: the source answers it
+    refusal: OutOfMemoryError | None = None
+    try:
+        source.on_shortage(space, space.size_of(address), restore=True)  # more pages, or none: one last try
+    except OutOfMemoryError as e:  # the supplier refused: its reason is the one to raise
+        refusal = e
+    try:
+        return restore(True)
+    except OutOfMemoryError:
+        if refusal is not None:
+            raise refusal from None
+        raise

@@ -55,7 +55,8 @@ _REPORT_INTERVAL_RANGE_S = (0.01, 3600.0)
 # A lease may wait for other clients to answer eviction requests: twice the daemon's
 # deadline (ask, then kill and reclaim) and a margin for the delivery, beyond the RPC's own.
 _LEASE_MARGIN_S = 3.0
-# The core's page states, as the daemon's PageUse of the leased page behind them.
+# The core's page states, as the daemon's PageUse of the leased page behind them: an allocated page
+# (under live data) with a leased page behind it has its bytes there, so it is resident (glossary).
 _PAGE_USE = {"allocated": pages_pb2.PAGE_USE_RESIDENT, "cached": pages_pb2.PAGE_USE_CACHED,
              "free": pages_pb2.PAGE_USE_UNMAPPED, "in_flight": pages_pb2.PAGE_USE_IN_FLIGHT}
 

@@ -4,7 +4,7 @@ Owns: the daemon's victim choice (``pick_victims``: principals above their guara
 minimum, most excess first) and the eviction tickets that record what was asked of whom.
 It is one of the project's four victim choices, each where its pages are: the core's LRU
 of away-able handles (csrc/evict/), a client's answer to a request (client/pressure.py),
-the paged activations' (allocator/paged_activations.py), and this one, across sessions.
+the paged activations' (allocator/torch/activation_paging.py), and this one, across sessions.
 Invariants: pages already asked for are not asked again; the requester is never asked; a
 principal is never asked below its minimum; a ticket is judged at most once, and a miss is
 counted once (session and node).

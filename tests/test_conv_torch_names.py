@@ -12,7 +12,7 @@ from helpers.sizes import MiB
 
 import vtalloc.allocator.torch as vt
 from vtalloc.allocator import Config, InvalidArgumentError
-from vtalloc.allocator import _torch_shim as shim
+from vtalloc.allocator.torch import enabling, shim
 
 
 @pytest.fixture
@@ -144,10 +144,10 @@ def test_mempool_on_a_torch_without_mempool_is_unsupported_and_says_the_version(
     floor = [r for r in tomllib.loads((Path(__file__).resolve().parent.parent / "pyproject.toml").read_text())
              ["project"]["dependencies"] if r.startswith("torch")]
     assert floor == ["torch>=2.3,<2.14"]
-    from vtalloc.allocator._torch_binding import SUPPORTED_TORCH
+    from vtalloc.allocator.torch.binding_build import SUPPORTED_TORCH
     assert SUPPORTED_TORCH[1] == (2, 13), "raise the cap in pyproject.toml with the binding's newest torch"
     old_torch = types.SimpleNamespace(__version__="2.4.1", cuda=types.SimpleNamespace(is_available=lambda: True))
-    monkeypatch.setattr(vt, "_torch", lambda: old_torch)
+    monkeypatch.setattr(enabling, "_torch", lambda: old_torch)
     with pytest.raises(vt.UnsupportedError, match=r"MemPool, new in PyTorch 2.5; this is PyTorch 2.4.1.*enable\(\)"):
         vt.mempool(capacity="1GiB")
     assert vt.mode() is None and not shim.current_config()[0]  # nothing changed

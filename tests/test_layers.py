@@ -17,7 +17,9 @@ from helpers.layers import (
     csrc_findings,
     csrc_room,
     cycles,
+    module_name,
     python_edges,
+    python_files,
     python_findings,
     python_layer,
 )
@@ -33,8 +35,8 @@ def _report(findings: list[str]) -> str:
 def test_checker_sees_upward_imports_and_cycles():
     made_up = [
         Edge("vtalloc.allocator.address_space", "vtalloc.client.service_space", "a.py:1"),  # core -> client
-        Edge("vtalloc.allocator.paged_activations", "vtalloc.allocator.torch", "b.py:1"),  # glue, one layer
-        Edge("vtalloc.allocator.torch", "vtalloc.allocator.paged_activations", "c.py:1"),  # ... and back
+        Edge("vtalloc.allocator.torch.activation_paging", "vtalloc.allocator.torch.enabling", "b.py:1"),  # glue, one layer
+        Edge("vtalloc.allocator.torch.enabling", "vtalloc.allocator.torch.activation_paging", "c.py:1"),  # ... and back
         Edge("vtalloc.client.session", "vtalloc.server.daemon", "d.py:1"),  # library -> daemon internals
         Edge("vtalloc.client.cli", "vtalloc.server.daemon", "e.py:1"),  # the CLI may start the daemon
         Edge("vtalloc.allocator.config", "vtalloc.widgets", "f.py:1"),  # unranked
@@ -44,7 +46,7 @@ def test_checker_sees_upward_imports_and_cycles():
     assert any(f.startswith("d.py:1") and "only through" in f for f in findings)
     assert any(f.startswith("f.py:1") and "no layer" in f for f in findings)
     assert not any(f.startswith(("b.py", "c.py", "e.py")) for f in findings)
-    assert cycles(made_up) == [["vtalloc.allocator.paged_activations", "vtalloc.allocator.torch"]]
+    assert cycles(made_up) == [["vtalloc.allocator.torch.activation_paging", "vtalloc.allocator.torch.enabling"]]
     assert python_layer("vtalloc.server.protocol.side_channel") < python_layer("vtalloc.server.daemon")
 
 
@@ -103,3 +105,37 @@ def test_no_long_file_without_a_reason():
         if len(lines) > MAX_LINES and not any(LONG_FILE_MARK in line for line in lines[:20]):
             long.append(f"{path.relative_to(ROOT)}: {len(lines)} lines")
     assert not long, (f"over {MAX_LINES} lines with no '{LONG_FILE_MARK}' line at the top:\n" + _report(long))
+
+
+def _imports_torch_at_module_level(path: Path) -> bool:
+    import ast
+
+    for node in ast.parse(path.read_text(), str(path)).body:  # top-level statements only
+        names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                 else [node.module or ""] if isinstance(node, ast.ImportFrom) and node.level == 0 else [])
+        if any(n == "torch" or n.startswith("torch.") for n in names):
+            return True
+    return False
+
+
+def test_torch_glue_is_one_package(tmp_path: Path):
+    """The torch glue is vtalloc.allocator.torch (allocator/torch/), all of it: no core module
+    imports torch at import, and the glue's folder is what the layer table ranks as glue."""
+    made_up = tmp_path / "glue.py"
+    made_up.write_text("import os\nimport torch.nn as nn\n")
+    assert _imports_torch_at_module_level(made_up)  # the check sees a stray glue module
+    core = [p for p in (ROOT / "allocator").glob("*.py")]
+    assert core and not [p.name for p in core if _imports_torch_at_module_level(p)]
+    glue = sorted((ROOT / "allocator" / "torch").glob("*.py"))
+    assert glue and all(python_layer(module_name(p)) == python_layer("vtalloc.allocator.torch") for p in glue)
+    assert python_layer("vtalloc.allocator.torch") == python_layer("vtalloc.allocator") + 1
+
+
+def test_every_package_folder_ships():
+    """A folder with an __init__.py under the packages is listed in pyproject.toml's packages
+    (setuptools' explicit list: a folder missing from it would be missing from the wheel)."""
+    import tomllib
+
+    listed = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    folders = {module_name(p) for p in python_files() if p.name == "__init__.py"}
+    assert folders - listed == set()

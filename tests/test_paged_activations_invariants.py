@@ -19,7 +19,7 @@ from hypothesis import HealthCheck, settings, strategies as st  # noqa: E402
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule  # noqa: E402
 
 from vtalloc.allocator import AddressSpace  # noqa: E402
-from vtalloc.allocator.paged_activations import PagedActivations, HostPager  # noqa: E402
+from vtalloc.allocator.torch.activation_paging import PagedActivations, HostPager  # noqa: E402
 from vtalloc.allocator.torch import paged_activations  # noqa: E402
 from helpers.sizes import MiB  # noqa: E402
 

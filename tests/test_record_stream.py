@@ -10,8 +10,8 @@ import pytest
 
 from helpers.spaces import MiB, host_space
 from vtalloc.allocator import InvalidArgumentError
-from vtalloc.allocator import _torch_native as native
-from vtalloc.allocator import _torch_shim as shim
+from vtalloc.allocator.torch import native_abi as native
+from vtalloc.allocator.torch import shim
 from vtalloc.allocator import Config
 
 

@@ -124,7 +124,7 @@ def test_pager_replay_offloads_what_paged_activations_offloads():
     (storage bytes per pack, as DevicePager reports): the same storages are offloaded."""
     import torch
 
-    from vtalloc.allocator.paged_activations import PagedActivations
+    from vtalloc.allocator.torch.activation_paging import PagedActivations
 
     class Recording:
         def __init__(self):

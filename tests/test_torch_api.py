@@ -17,7 +17,7 @@ from helpers.subproc import run_python
 
 import vtalloc.allocator.torch as vt
 from vtalloc.allocator import BackendUnavailableError, Config, InvalidArgumentError, OutOfMemoryError
-from vtalloc.allocator import _torch_shim as shim
+from vtalloc.allocator.torch import enabling, shim
 from helpers.sizes import MiB
 
 no_cuda = pytest.mark.skipif(torch.cuda.is_available(), reason="checks the behaviour without a CUDA device")
@@ -127,7 +127,7 @@ def test_before_torch_is_imported_the_binding_says_why_and_binds_later():
     out = run_python("""
         import dataclasses, json, sys
         import vtalloc.allocator.torch as vt
-        from vtalloc.allocator import _torch_shim as shim
+        from vtalloc.allocator.torch import shim
         before = dataclasses.asdict(vt.oom_binding())
         kind = shim.exception_kind()
         thrown = dataclasses.asdict(shim.exception_selftest("vtalloc: 64 MiB"))
@@ -227,7 +227,7 @@ def test_record_stream_on_a_cuda_tensor_fails_clearly():
         is_cuda = True
 
     with pytest.raises(vt.UnsupportedError, match=r"wait_stream"):
-        vt._record_stream_unsupported(FakeCudaTensor(), object())
+        enabling._record_stream_unsupported(FakeCudaTensor(), object())
     assert issubclass(vt.UnsupportedError, NotImplementedError)
     assert issubclass(vt.AllocatorConflictError, RuntimeError)
 

@@ -17,8 +17,9 @@ import pytest
 import torch
 
 import vtalloc.allocator.torch as vt
-from vtalloc.allocator import _native, _torch_binding, _torch_install, _torch_shim
-from vtalloc.allocator._torch_mode import state
+from vtalloc.allocator import _native
+from vtalloc.allocator.torch import binding_build as _torch_binding, binding_choice as _torch_install, enabling, shim as _torch_shim
+from vtalloc.allocator.torch.process_mode import state
 from vtalloc.allocator.errors import BackendUnavailableError, InvalidArgumentError
 
 
@@ -228,7 +229,7 @@ def enable_without_gpu(monkeypatch, fresh_warning):
     """enable() with the CUDA checks and torch's allocator switch faked; state restored after."""
     saved = (state.mode, state.config, state.allocator, state.binding, state.original_record_stream)
     original = torch.Tensor.record_stream
-    monkeypatch.setattr(vt, "_require_cuda", lambda t: None)
+    monkeypatch.setattr(enabling, "_require_cuda", lambda t: None)
     installed = []
     monkeypatch.setattr(_torch_install, "install", lambda t, b, lib, plug: installed.append(b) or None)
     monkeypatch.delenv("VTALLOC_TORCH_BINDING", raising=False)

@@ -12,8 +12,8 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, rule, precondi
 
 from helpers.sizes import MiB
 from vtalloc.allocator import Config, InvalidArgumentError, OutOfMemoryError
-from vtalloc.allocator import _torch_native as native
-from vtalloc.allocator import _torch_shim as shim
+from vtalloc.allocator.torch import native_abi as native
+from vtalloc.allocator.torch import shim
 from vtalloc.allocator import VtallocError
 
 P1, P2 = native.PoolId(1, 7), native.PoolId(2, 9)

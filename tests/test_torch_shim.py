@@ -17,7 +17,7 @@ import pytest
 from helpers.subproc import run_python
 
 from vtalloc.allocator import BackendUnavailableError, Config, InvalidArgumentError
-from vtalloc.allocator import _torch_shim as shim
+from vtalloc.allocator.torch import memory, shim
 from helpers.sizes import MiB
 from helpers.threads import run_threads
 
@@ -229,7 +229,7 @@ def binding_with_fake_c10(tmp_path, *flags: str) -> dict:
     return run_python("""
         import ctypes, dataclasses, json, sys
         from vtalloc.allocator import BackendUnavailableError
-        from vtalloc.allocator import _torch_shim as shim
+        from vtalloc.allocator.torch import shim
         ctypes.CDLL(sys.argv[1], mode=ctypes.RTLD_GLOBAL)
         forced = {}
         for route in ("constructor", "base+vtable"):
@@ -394,5 +394,5 @@ def test_torch_spaces_are_published_for_stats_pid(host_shim, tmp_path, monkeypat
         time.sleep(0.05)
     assert record is not None and record["spaces"][0]["name"] == "torch:cuda:0"  # one row per device
     assert record["spaces"][0]["stats"]["allocated_bytes"] == 3 * MiB
-    publish.unpublish_stats(vt._TORCH_VIEW)
+    publish.unpublish_stats(memory.TORCH_VIEW)
     shim.free_for_test(a, 3 * MiB)

@@ -61,7 +61,7 @@ AllocPolicy::Request AllocPolicy::request(uint64_t nbytes) {
   return Request{nbytes, rounded, nbytes <= small_threshold_};
 }
 
-uintptr_t AllocPolicy::allocate(const Request& r, StreamHandle stream, bool may_evict) {
+uintptr_t AllocPolicy::allocate(const Request& r, StreamHandle stream, bool may_evict, bool count_oom) {
   uintptr_t address = 0;
   if (!uses_.empty()) poll_uses(false);
   retried_ = false;
@@ -84,7 +84,7 @@ uintptr_t AllocPolicy::allocate(const Request& r, StreamHandle stream, bool may_
     }
   }
   if (retried_) num_alloc_retries_++;
-  if (!ok) throw_oom(r.requested);
+  if (!ok) throw_oom(r.requested, nullptr, count_oom);
   live_.add(address, Allocation{r.rounded, r.requested, stream, r.small});
   // Only its first and last pages can hold other allocations, whose pages the victim policy may list.
   if (live_.evictable_bytes()) {
@@ -303,8 +303,8 @@ void AllocPolicy::release_block(uintptr_t address, uint64_t size) {
   refresh_cached(address, address + size);
 }
 
-[[noreturn]] void AllocPolicy::throw_oom(uint64_t requested, const char* why) {
-  num_ooms_++;
+[[noreturn]] void AllocPolicy::throw_oom(uint64_t requested, const char* why, bool count) {
+  if (count) num_ooms_++;
   uint64_t mapped = pages_.pages_mapped() * page_bytes_;
   std::string msg = "vtalloc out of memory: " + std::string(why ? why : "tried to allocate") + " " + mib(requested) +
                     " (" + std::to_string(requested) + " bytes); capacity " + mib(capacity_) + ", " +

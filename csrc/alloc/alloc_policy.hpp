@@ -103,8 +103,9 @@ class AllocPolicy final : public PageUsers {
   // Validate and round a request; throws InvalidArgument, or OutOfMemory over capacity.
   Request request(uint64_t nbytes);
   // Place a validated request (the policy above); `may_evict`: under pressure, evict
-  // least-recently-used evictable pages before failing. Throws OutOfMemory.
-  uintptr_t allocate(const Request& r, StreamHandle stream, bool may_evict);
+  // least-recently-used evictable pages before failing. Throws OutOfMemory, counted in num_ooms
+  // unless `count_oom` is false: a leased space's try, whose shortage its page source answers.
+  uintptr_t allocate(const Request& r, StreamHandle stream, bool may_evict, bool count_oom = true);
   // The allocation becomes a pending free of its stream (no driver call; its stream may reuse
   // it at once, others after its event: pending_frees.hpp).
   void free(uintptr_t address);
@@ -139,7 +140,8 @@ class AllocPolicy final : public PageUsers {
   bool reclaim_one_handle();
   // Unmap every cached handle (trim).
   void unmap_cached();
-  [[noreturn]] void throw_oom(uint64_t requested, const char* why = nullptr);
+  // Throw OutOfMemory with the numbers; `count`: one more in num_ooms (false: a shortage a try reports).
+  [[noreturn]] void throw_oom(uint64_t requested, const char* why = nullptr, bool count = true);
   static uint64_t round_up(uint64_t n, uint64_t to) { return (n + to - 1) / to * to; }
 
   // PageUsers (for the eviction engine; read-only).

@@ -121,8 +121,8 @@ vta_status_t vta_malloc(vta_space_t* space, uint64_t nbytes, uint64_t stream, ui
 vta_status_t vta_malloc_ex(vta_space_t* space, uint64_t nbytes, uint64_t stream, uint32_t flags, uint64_t* out_address) {
   return guarded([&] {
     need(out_address, "output");
-    if (flags & ~VTA_MALLOC_NO_EVICT) vta::fail(VTA_ERR_INVALID_ARGUMENT, "unknown vta_malloc_ex flags");
-    *out_address = open_space(space).malloc(nbytes, stream, !(flags & VTA_MALLOC_NO_EVICT));
+    if (flags & ~(VTA_MALLOC_NO_EVICT | VTA_MALLOC_TRY)) vta::fail(VTA_ERR_INVALID_ARGUMENT, "unknown vta_malloc_ex flags");
+    *out_address = open_space(space).malloc(nbytes, stream, !(flags & VTA_MALLOC_NO_EVICT), !(flags & VTA_MALLOC_TRY));
   });
 }
 
@@ -223,6 +223,18 @@ vta_status_t vta_prefetch(vta_space_t* space, uint64_t address, uint64_t stream,
 
 vta_status_t vta_ensure_resident(vta_space_t* space, uint64_t address, uint64_t stream, int32_t use_stream) {
   return guarded([&] { open_space(space).ensure_resident(address, use_stream ? &stream : nullptr); });
+}
+
+vta_status_t vta_restore(vta_space_t* space, uint64_t address, uint64_t stream, int32_t use_stream, uint32_t flags) {
+  return guarded([&] {
+    if (flags & ~(VTA_RESTORE_WAIT | VTA_RESTORE_TRY)) vta::fail(VTA_ERR_INVALID_ARGUMENT, "unknown vta_restore flags");
+    vta::AddressSpace& s = open_space(space);
+    const uint64_t* consumer = use_stream ? &stream : nullptr;
+    if (flags & VTA_RESTORE_WAIT)
+      s.ensure_resident(address, consumer, !(flags & VTA_RESTORE_TRY));
+    else
+      s.prefetch(address, consumer, !(flags & VTA_RESTORE_TRY));
+  });
 }
 
 vta_status_t vta_residency(vta_space_t* space, uint64_t address, int32_t* out) {

@@ -14,7 +14,7 @@
 //    pages, which allocations of its spaces to offload (free and cached pages first);
 //  - the daemon's (server/ledger.py, Ledger.pick_victims): which sessions to ask for pages,
 //    principals above their minimum, most excess first;
-//  - paged activations' (allocator/paged_activations.py, evict-behind): in a training step,
+//  - paged activations' (allocator/torch/activation_paging.py, evict-behind): in a training step,
 //    the oldest saved tensors over a byte budget, on the order recorded in iteration 0.
 //
 // Invariants: each page is a candidate at most once; forget() of a page that is not one does

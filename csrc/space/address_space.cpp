@@ -52,13 +52,13 @@ void AddressSpace::check_open_locked() const {
   if (closed_) fail(VTA_ERR_CLOSED, "the address space is closed");
 }
 
-uintptr_t AddressSpace::malloc(uint64_t nbytes, StreamHandle stream, bool allow_evict) {
+uintptr_t AddressSpace::malloc(uint64_t nbytes, StreamHandle stream, bool allow_evict, bool count_oom) {
   std::lock_guard<std::mutex> lk(mu_);
   check_open_locked();
   check(backend_->check_stream(stream));  // the host backend refuses an unknown stream; cuda cannot tell
   AllocPolicy::Request r = policy_.request(nbytes);
   residency_.drain_inflight(false);  // pending frees: the policy polls them only when it needs them
-  return policy_.allocate(r, stream, allow_evict);
+  return policy_.allocate(r, stream, allow_evict, count_oom);
 }
 
 void AddressSpace::free(uintptr_t address) {

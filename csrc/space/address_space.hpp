@@ -41,7 +41,10 @@ class AddressSpace {
 
   // allow_evict: under pressure, evict least-recently-used evictable pages before failing.
   // A stream the backend does not know is refused (Backend::check_stream: host only).
-  uintptr_t malloc(uint64_t nbytes, StreamHandle stream, bool allow_evict = true);
+  // count_oom false: a try (VTA_MALLOC_TRY): running short of pages throws OutOfMemory without
+  // counting an OOM, the shortage a leased space's page source answers (a request over capacity
+  // is an OOM all the same).
+  uintptr_t malloc(uint64_t nbytes, StreamHandle stream, bool allow_evict = true, bool count_oom = true);
   // free, size_of and the eviction calls take the start address malloc returned; read and
   // write take any address inside a live allocation, and [address + offset, + nbytes) must
   // lie inside its requested bytes (an interior address is an error everywhere else).
@@ -60,8 +63,9 @@ class AddressSpace {
   void set_evictable(uintptr_t address, bool evictable);
   // The bytes of the allocation now away (pages shared with allocations not marked evictable stay).
   uint64_t offload(uintptr_t address);
-  void prefetch(uintptr_t address, const StreamHandle* stream);
-  void ensure_resident(uintptr_t address, const StreamHandle* stream);
+  // count_oom false: a try (VTA_RESTORE_TRY), as for malloc.
+  void prefetch(uintptr_t address, const StreamHandle* stream, bool count_oom = true);
+  void ensure_resident(uintptr_t address, const StreamHandle* stream, bool count_oom = true);
   int residency(uintptr_t address);
   void inject_fault(int op, int times, int skip = 0);
   // Test support: deliberately break one ordering rule (VTA_DEBUG_BREAK_* bits), to show
@@ -123,8 +127,8 @@ class AddressSpace {
   LiveAllocations::Map::iterator settled_live_locked(uintptr_t address);
   // Restore the away pages of [start, start + bytes) for `consumer`: device handles come from the
   // policy, the copies from the engine (prefetch); ensure_resident_locked() also waits for them.
-  void restore_locked(uintptr_t start, uint64_t bytes, StreamHandle consumer);
-  void ensure_resident_locked(uintptr_t start, uint64_t bytes, StreamHandle consumer);
+  void restore_locked(uintptr_t start, uint64_t bytes, StreamHandle consumer, bool count_oom = true);
+  void ensure_resident_locked(uintptr_t start, uint64_t bytes, StreamHandle consumer, bool count_oom = true);
 
   mutable std::mutex mu_;
   bool closed_ = false;

@@ -16,7 +16,7 @@ LiveAllocations::Map::iterator AddressSpace::settled_live_locked(uintptr_t addre
   return policy_.live().find_live(address);
 }
 
-void AddressSpace::restore_locked(uintptr_t start, uint64_t bytes, StreamHandle consumer) {
+void AddressSpace::restore_locked(uintptr_t start, uint64_t bytes, StreamHandle consumer, bool count_oom) {
   residency_.begin_restore(start, bytes);
   try {
     uintptr_t cursor = start, first = 0;
@@ -27,7 +27,8 @@ void AddressSpace::restore_locked(uintptr_t start, uint64_t bytes, StreamHandle 
       // from the pinned allocation), then the policy's again; neither calls the other.
       for (AllocPolicy::Take t; (t = policy_.take_handle(npages, &id)) != AllocPolicy::Take::taken;)
         if (t == AllocPolicy::Take::refused || !residency_.free_device_page(true))
-          policy_.throw_oom(uint64_t{npages} * page_bytes_, "no device memory to restore an evicted page into");
+          policy_.throw_oom(uint64_t{npages} * page_bytes_, "no device memory to restore an evicted page into",
+                            count_oom);
       residency_.restore_page(first, id, consumer);
     }
   } catch (...) {
@@ -37,8 +38,8 @@ void AddressSpace::restore_locked(uintptr_t start, uint64_t bytes, StreamHandle 
   residency_.end_restore();
 }
 
-void AddressSpace::ensure_resident_locked(uintptr_t start, uint64_t bytes, StreamHandle consumer) {
-  restore_locked(start, bytes, consumer);
+void AddressSpace::ensure_resident_locked(uintptr_t start, uint64_t bytes, StreamHandle consumer, bool count_oom) {
+  restore_locked(start, bytes, consumer, count_oom);
   residency_.finish_restore(start, bytes);
 }
 
@@ -57,18 +58,18 @@ uint64_t AddressSpace::offload(uintptr_t address) {
   return residency_.offload(it->first, it->second.size);
 }
 
-void AddressSpace::prefetch(uintptr_t address, const StreamHandle* stream) {
+void AddressSpace::prefetch(uintptr_t address, const StreamHandle* stream, bool count_oom) {
   std::lock_guard<std::mutex> lk(mu_);
   auto it = settled_live_locked(address);
   if (stream) check(backend_->check_stream(*stream));
-  restore_locked(it->first, it->second.size, stream ? *stream : it->second.stream);
+  restore_locked(it->first, it->second.size, stream ? *stream : it->second.stream, count_oom);
 }
 
-void AddressSpace::ensure_resident(uintptr_t address, const StreamHandle* stream) {
+void AddressSpace::ensure_resident(uintptr_t address, const StreamHandle* stream, bool count_oom) {
   std::lock_guard<std::mutex> lk(mu_);
   auto it = settled_live_locked(address);
   if (stream) check(backend_->check_stream(*stream));
-  ensure_resident_locked(it->first, it->second.size, stream ? *stream : it->second.stream);
+  ensure_resident_locked(it->first, it->second.size, stream ? *stream : it->second.stream, count_oom);
 }
 
 int AddressSpace::residency(uintptr_t address) {

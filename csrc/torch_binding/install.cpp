@@ -1,5 +1,5 @@
 // The torch-native binding's entry points: the extern "C" functions vtalloc's Python side
-// (allocator/_torch_binding.py) calls through ctypes to install VtaAllocator as torch's allocator.
+// (allocator/torch/binding_build.py) calls through ctypes to install VtaAllocator as torch's allocator.
 //
 // Owns: the one VtaAllocator of the process (a shared_ptr that is never destroyed: torch keeps
 // calling it during its own static destruction), and this thread's last error message.

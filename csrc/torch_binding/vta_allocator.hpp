@@ -5,7 +5,7 @@
 // their stream filters. Every byte it hands out comes from vtalloc's C ABI
 // (vtalloc/torch_native.h); it keeps no memory and no statistics of its own.
 // Invariants:
-//  - Compiled against the user's torch (allocator/_torch_binding.py builds it), never into the
+//  - Compiled against the user's torch (allocator/torch/binding_build.py builds it), never into the
 //    core library; supported torch versions: TORCH_BINDING_MIN .. TORCH_BINDING_MAX below.
 //  - A failure of the C ABI becomes torch's own exception: c10::OutOfMemoryError for an
 //    out-of-memory (after the OutOfMemoryObservers ran), c10::Error otherwise; no exception

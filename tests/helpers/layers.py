@@ -19,13 +19,11 @@ ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = {"allocator": "vtalloc.allocator", "server": "vtalloc.server", "client": "vtalloc.client"}
 
 # Python layers, lowest first. A module's layer is that of the longest prefix listed.
-# The torch glue sits above the allocator core; the wire (protocol and generated stubs) is
+# The torch glue (the vtalloc.allocator.torch package, all of it) sits above the allocator core; the wire (protocol and generated stubs) is
 # what server and client both speak; the client library reaches the daemon only through it.
 PY_LAYERS: tuple[tuple[str, ...], ...] = (
     ("vtalloc.allocator",),
-    ("vtalloc.allocator.torch", "vtalloc.allocator._torch_shim", "vtalloc.allocator._torch_mode", "vtalloc.allocator._torch_stats",
-     "vtalloc.allocator._torch_native",
-     "vtalloc.allocator.paged_activations", "vtalloc.allocator.activation_recompute"),
+    ("vtalloc.allocator.torch",),
     ("vtalloc.server.protocol", "vtalloc.server.proto"),
     ("vtalloc.server",),
     ("vtalloc.client",),

@@ -203,6 +203,10 @@ VTA_API vta_status_t vta_malloc(vta_space_t* space, uint64_t nbytes, uint64_t st
 /* vta_malloc with flags: VTA_MALLOC_NO_EVICT fails with VTA_ERR_OUT_OF_MEMORY rather than
  * evict evictable pages (a leased space first asks the service for more pages). */
 #define VTA_MALLOC_NO_EVICT 1u
+/* A try: running short of pages fails with VTA_ERR_OUT_OF_MEMORY without counting an OOM
+ * (num_ooms): the shortage a leased space reports to its page source, which answers it; the
+ * caller's last try, the one it gives up on, is made without this flag and counted. */
+#define VTA_MALLOC_TRY 2u
 VTA_API vta_status_t vta_malloc_ex(vta_space_t* space, uint64_t nbytes, uint64_t stream, uint32_t flags,
                                    uint64_t* out_address);
 VTA_API vta_status_t vta_free(vta_space_t* space, uint64_t address);
@@ -237,6 +241,12 @@ VTA_API vta_status_t vta_offload_bytes(vta_space_t* space, uint64_t address, uin
 VTA_API vta_status_t vta_prefetch(vta_space_t* space, uint64_t address, uint64_t stream, int32_t use_stream);
 /* Block until every page of the allocation is resident and mapped at its address. */
 VTA_API vta_status_t vta_ensure_resident(vta_space_t* space, uint64_t address, uint64_t stream, int32_t use_stream);
+/* vta_prefetch (flags without VTA_RESTORE_WAIT) or vta_ensure_resident (with it); VTA_RESTORE_TRY:
+ * no device page to restore into fails without counting an OOM, as VTA_MALLOC_TRY. */
+#define VTA_RESTORE_WAIT 1u
+#define VTA_RESTORE_TRY 2u
+VTA_API vta_status_t vta_restore(vta_space_t* space, uint64_t address, uint64_t stream, int32_t use_stream,
+                                 uint32_t flags);
 VTA_API vta_status_t vta_residency(vta_space_t* space, uint64_t address, int32_t* out);
 /* Tests only: make the next `times` calls of a backend operation fail (0 copy, 1 map,
  * 2 create_page, 3 set_access). */

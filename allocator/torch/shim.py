@@ -19,10 +19,10 @@ import ctypes
 import dataclasses
 import threading
 
-from . import _cabi, _native
-from .config import Config
-from .errors import InvalidArgumentError
-from .stats import Stats
+from .. import _cabi, _native
+from ..config import Config
+from ..errors import InvalidArgumentError
+from ..stats import Stats
 
 __all__ = [
     "MAX_DEVICES", "ALL_DEVICES", "FAIL_RETURN_NULL", "FAIL_THROW", "Failures", "check_device", "normalized",

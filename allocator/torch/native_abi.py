@@ -6,7 +6,7 @@ and typed wrappers that return frozen dataclasses (:class:`PoolId`, :class:`Bloc
 
 Invariants: every argument is checked before it crosses into C (a bad one is an
 InvalidArgumentError); a non-zero status raises the exception of allocator/errors.py with the
-core's message; the spaces are the pluggable shim's (_torch_shim), configured there.
+core's message; the spaces are the pluggable shim's (``shim``), configured there.
 """
 
 from __future__ import annotations
@@ -15,9 +15,10 @@ import ctypes
 import dataclasses
 from typing import Any
 
-from . import _cabi, _torch_shim
-from .checks import as_u64
-from .errors import InvalidArgumentError
+from .. import _cabi
+from . import shim as _torch_shim
+from ..checks import as_u64
+from ..errors import InvalidArgumentError
 
 __all__ = ["PoolId", "Block", "Stat", "DeviceStats", "abi", "malloc", "free", "device_of", "base_allocation",
            "record_stream", "largest_allocatable", "device_stats", "reset_accumulated", "set_limit", "get_limit",

@@ -59,10 +59,10 @@ import time
 import weakref
 from typing import Any, Callable, Protocol
 
-from . import _torch_mode, _torch_shim
-from .config import parse_size
-from .activation_plan import KEEP, PAGE, RECOMPUTE, H100, Candidate, CostModel, Plan, plan_activations
-from .errors import InvalidArgumentError, OutOfMemoryError, SourceChangedError
+from . import process_mode as _torch_mode, shim as _torch_shim
+from ..config import parse_size
+from ..activation_plan import KEEP, PAGE, RECOMPUTE, H100, Candidate, CostModel, Plan, plan_activations
+from ..errors import InvalidArgumentError, OutOfMemoryError, SourceChangedError
 
 __all__ = ["PagedActivations", "PagedStats", "HostPager", "DevicePager", "paged_activations"]
 

@@ -36,8 +36,8 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 from torch.utils._pytree import tree_flatten, tree_map_only
 
-from .activation_plan import MAX_CHAIN
-from .errors import SourceChangedError
+from ..activation_plan import MAX_CHAIN
+from ..errors import SourceChangedError
 
 __all__ = ["Recorder", "Recipe", "Node", "bitwise_equal", "SourceChangedError"]
 

@@ -19,8 +19,9 @@ import os
 import warnings
 from typing import Any, Callable, Mapping
 
-from . import _native, _torch_binding
-from .errors import InvalidArgumentError
+from .. import _native
+from . import binding_build as _torch_binding
+from ..errors import InvalidArgumentError
 
 __all__ = ["BINDINGS", "BINDING_ENV", "Binding", "BindingFallbackWarning", "binding_choice", "prepare", "install"]
 

@@ -28,8 +28,8 @@ import time
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from . import _native
-from .errors import BackendUnavailableError
+from .. import _native
+from ..errors import BackendUnavailableError
 
 __all__ = [
     "BuildFailure", "BindingBuildError", "FAILURE_KINDS", "SUPPORTED_TORCH", "SyntaxCheck", "build", "cache_dir",
@@ -72,9 +72,9 @@ def _environ(environ: Mapping[str, str] | None) -> Mapping[str, str]:
 
 def _source_root() -> Path:
     """Where the binding's sources are: copied into the package by setup.py (a wheel), else the repo."""
-    here = Path(__file__).resolve().parent
-    packaged = here / "_binding_src"
-    return packaged if (packaged / "torch_binding").is_dir() else here.parent / "csrc"
+    package = Path(__file__).resolve().parent.parent  # vtalloc/allocator (this file is in its torch/)
+    packaged = package / "_binding_src"
+    return packaged if (packaged / "torch_binding").is_dir() else package.parent / "csrc"
 
 
 def source_files() -> list[Path]:

@@ -17,9 +17,9 @@ import re
 import sys
 from typing import Any
 
-from . import _torch_native, _torch_shim
-from .errors import InvalidArgumentError
-from .stats import Stats
+from . import native_abi as _torch_native, shim as _torch_shim
+from ..errors import InvalidArgumentError
+from ..stats import Stats
 
 __all__ = ["ALL", "device_index", "device_list", "sum_stats", "flat_stats", "nested", "ACCUMULATED_KEYS"]
 

@@ -1,0 +1,53 @@
+"""vtalloc as PyTorch's CUDA allocator, and the torch glue over the allocator core.
+
+Owns: the public face of the torch glue (``import vtalloc.allocator.torch as vt``): the names
+below, re-exported from the modules that own them, one concept each:
+``enabling`` (enable() / mempool(): how torch uses vtalloc in this process), ``memory``
+(statistics and maintenance under torch.cuda's names), ``offloading`` (offload / prefetch of a
+tensor), ``activation_paging`` (saved activations paged to host or recomputed),
+``activation_recompute`` (what made each saved tensor, run again bit-exact), ``process_mode``
+(the process's mode and the glue's errors), ``shim`` and ``native_abi`` (ctypes faces of the
+core's torch shim and torch-native C ABI), ``binding_choice`` and ``binding_build`` (which
+binding enable() installs, and building the torch-native one), ``stat_keys`` (the memory_stats
+keys and torch's device argument).
+Invariants: importing this package never imports torch (only ``activation_recompute``
+does, and it is imported inside functions); nothing here but re-exports.
+"""
+
+from __future__ import annotations
+
+from .activation_paging import PagedActivations, PagedStats, paged_activations
+from .binding_choice import Binding, BindingFallbackWarning
+from .enabling import binding, enable, is_enabled, mempool, mode, resolve_config
+from .memory import (
+    OomBinding,
+    empty_cache,
+    failures,
+    max_memory_allocated,
+    max_memory_reserved,
+    mem_get_info,
+    memory_allocated,
+    memory_reserved,
+    memory_stats,
+    memory_stats_as_nested_dict,
+    memory_summary,
+    oom_binding,
+    oom_exception,
+    publish_stats,
+    reset_accumulated_memory_stats,
+    reset_max_memory_allocated,
+    reset_peak_memory_stats,
+    stats,
+)
+from .offloading import offload, prefetch
+from .process_mode import AllocatorConflictError, UnsupportedError
+
+__all__ = [
+    "enable", "is_enabled", "mode", "binding", "Binding", "BindingFallbackWarning", "mempool", "resolve_config",
+    "stats", "memory_stats", "memory_stats_as_nested_dict", "memory_allocated", "max_memory_allocated",
+    "memory_reserved", "max_memory_reserved", "reset_peak_memory_stats", "reset_max_memory_allocated",
+    "reset_accumulated_memory_stats", "mem_get_info", "memory_summary", "empty_cache", "failures", "oom_exception",
+    "oom_binding", "OomBinding",
+    "AllocatorConflictError", "UnsupportedError",
+    "paged_activations", "PagedActivations", "PagedStats", "offload", "prefetch", "publish_stats",
+]
