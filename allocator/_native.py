@@ -132,7 +132,7 @@ _PROTOTYPES: _cabi.Prototypes = {
     "vta_write": (i32, [ctypes.c_void_p, u64, u64, ctypes.c_void_p, u64]),
     "vta_read": (i32, [ctypes.c_void_p, u64, u64, ctypes.c_void_p, u64]),
     "vta_trim": (i32, [ctypes.c_void_p, _P(u64)]),
-    "vta_release_offloaded": (i32, [ctypes.c_void_p, _P(u64)]),
+    "vta_release_offloaded": (i32, [ctypes.c_void_p, ctypes.c_uint32, _P(u64)]),
     "vta_synchronize": (i32, [ctypes.c_void_p]),
     "vta_stats": (i32, [ctypes.c_void_p, _P(VtaStats)]),
     "vta_reset_peak_stats": (i32, [ctypes.c_void_p]),

@@ -290,15 +290,16 @@ class AddressSpace(TestHooks, NativeHandle):
         _native.check(self._lib.vta_trim(self._h(), ctypes.byref(out)))
         return out.value
 
-    def release_offloaded(self) -> int:
+    def release_offloaded(self, wait: bool = False) -> int:
         """Unmap the device pages that offloaded allocations still hold (their bytes are safe on
         the host); returns the mapped bytes released. An offload keeps its device page until
         memory is needed, so a restore before then costs no copy; this ends that early, so the
         mapped bytes follow what is resident. One wait for the streams that may touch those pages
         (the same rule as :meth:`synchronize`); copies still in flight are not waited for and
-        their pages stay held. The pages stay in the space, free for the next allocation."""
+        their pages stay held, unless ``wait``: then they are waited for first and released too.
+        The pages stay in the space, free for the next allocation."""
         out = ctypes.c_uint64()
-        _native.check(self._lib.vta_release_offloaded(self._h(), ctypes.byref(out)))
+        _native.check(self._lib.vta_release_offloaded(self._h(), 1 if wait else 0, ctypes.byref(out)))
         return out.value
 
     def synchronize(self) -> None:

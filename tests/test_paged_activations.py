@@ -179,9 +179,15 @@ def test_forward_mapped_bytes_follow_the_budget_on_a_large_space(mode):
         forward_peak = space.stats().peak_mapped_bytes
         loss.backward()
         del loss
-        assert forward_peak < saved * 3 // 4  # before: every saved byte (the whole forward stayed mapped)
         st = pager.stats()
         assert st.offloads > 0 and st.releases > 0
+        # Before: every saved byte (the whole forward stayed mapped). Now: the resident saved bytes
+        # (at most the budget), at most two slacks of offloaded pages (a release waits for the
+        # copies in flight when they alone pass the slack), the tensor being saved, and the
+        # pages its ends round up to.
+        slack = budget // 4
+        largest = 512 * 256 * 4
+        assert forward_peak <= budget + 2 * slack + largest + 2 * 256 * 1024, (forward_peak, st)
         model.zero_grad(set_to_none=True)
         assert same(run(model, data, pager, steps=1), reference[1:])
     del pager
@@ -200,6 +206,11 @@ def test_release_offloaded_unmaps_what_offloads_left_held():
             released += space.release_offloaded()  # a copy in flight is not waited for: its pages stay
         assert released == 8 * MiB and space.stats().mapped_bytes == 0
         assert space.release_offloaded() == 0
+        b = space.malloc(8 * MiB)
+        space.set_evictable(b)
+        space.offload(b)
+        assert space.release_offloaded(wait=True) == 8 * MiB  # the copies in flight waited for first
+        space.free(b)
         assert space.read(a, 4096) == b"\x5a" * 4096  # back from the host, exact
         space.free(a)
         space.close()

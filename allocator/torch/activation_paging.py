@@ -86,6 +86,7 @@ class PagedStats:
     passed_through_no_room: int  # of those, the pager had no room to take them (OutOfMemoryError at pack)
     offloads: int              # evictions started behind the forward pass
     releases: int              # times the device pages offloaded tensors still held were unmapped
+    release_waits: int         # of those, times the copies in flight were waited for (forward ahead of the link)
     prefetches: int            # restores started ahead of the backward pass
     on_demand: int             # unpacks that found their tensor not resident and had to restore it
     unpack_wait_s: float       # time unpacks spent waiting for bytes
@@ -114,7 +115,7 @@ class Pager(Protocol):
     def release(self, handle: Any) -> None: ...                 # evictable again (after a borrow)
     def value_changed(self, handle: Any, version: int) -> bool: ...  # written in place since it was packed
     # Optional: unmap the device pages offloaded tensors still hold; -> bytes released.
-    def release_offloaded(self) -> int: ...
+    def release_offloaded(self, wait: bool = False) -> int: ...
 
 
 def _storage_span(tensor: Any) -> int:
@@ -161,8 +162,8 @@ class HostPager:
     def is_resident(self, handle: Any) -> bool:
         return self.space.residency(handle[1]) == "resident"
 
-    def release_offloaded(self) -> int:
-        return self.space.release_offloaded()
+    def release_offloaded(self, wait: bool = False) -> int:
+        return self.space.release_offloaded(wait)
 
     def unpack(self, handle: Any) -> Any:
         # Resident, and not evictable any more: autograd holds the value now, and neither pressure
@@ -233,8 +234,8 @@ class DevicePager:
     def is_resident(self, handle: Any) -> bool:
         return self._shim.residency_op(handle[2], self._shim.OP_RESIDENCY, handle[1]) == "resident"
 
-    def release_offloaded(self) -> int:
-        return self._shim.release_offloaded()
+    def release_offloaded(self, wait: bool = False) -> int:
+        return self._shim.release_offloaded(wait=wait)
 
     def unpack(self, handle: Any) -> Any:
         self._shim.residency_op(handle[2], self._shim.OP_ENSURE_RESIDENT, handle[1], self._stream(handle[2]))
@@ -302,8 +303,8 @@ class PagedActivations:
         self._held_bytes = 0                              # offloaded since the last release: device pages may still hold them
         self._release_at = max(self.budget // RELEASE_SLACK_DIVISOR, 1)  # release when _held_bytes passes this
         self._counts = dict(iterations=0, scheduled_iterations=0, fallback_iterations=0, packed=0, packed_bytes=0,
-                            passed_through=0, passed_through_no_room=0, offloads=0, releases=0, prefetches=0,
-                            on_demand=0, shared=0, kept_bytes=0, bytes_paged=0, bytes_recomputed=0,
+                            passed_through=0, passed_through_no_room=0, offloads=0, releases=0, release_waits=0,
+                            prefetches=0, on_demand=0, shared=0, kept_bytes=0, bytes_paged=0, bytes_recomputed=0,
                             recompute_flops=0, recompute_fallbacks=0)
         self._step = dict.fromkeys(("kept_bytes", "bytes_paged", "bytes_recomputed", "recompute_flops"), 0)
         self._wait_s = 0.0
@@ -626,16 +627,21 @@ class PagedActivations:
         # offloaded bytes since the last release pass the slack, one call unmaps them all: one
         # wait for the streams that may touch them per slack's worth of offloads, not one per
         # tensor.
-        # Copies still in flight keep their pages until a later release: what was not released
-        # stays counted, and the next release comes after another slack's worth of offloads.
+        # Copies still in flight keep their pages: if they alone hold more than the slack, the
+        # forward pass is running ahead of the copy link, and the release waits for them (the
+        # back-pressure that keeps mapped bytes bounded; `release_waits` counts it). What still
+        # cannot be released stays counted; the next release comes a slack's worth later.
         release = getattr(self.pager, "release_offloaded", None)
         if release is None:
             self._held_bytes = 0
             return
-        released = release()
+        slack = max(self.budget // RELEASE_SLACK_DIVISOR, 1)
+        self._held_bytes = max(self._held_bytes - release(), 0)
         self._counts["releases"] += 1
-        self._held_bytes = max(self._held_bytes - released, 0)
-        self._release_at = self._held_bytes + max(self.budget // RELEASE_SLACK_DIVISOR, 1)
+        if self._held_bytes > slack:
+            self._held_bytes = max(self._held_bytes - release(wait=True), 0)
+            self._counts["release_waits"] += 1
+        self._release_at = self._held_bytes + slack
 
     def _unpack(self, saved: Any) -> Any:
         if not isinstance(saved, _Saved):

@@ -111,7 +111,7 @@ _PROTOTYPES: _cabi.Prototypes = {
     "vta_torch_stats": (i32, [i32, _P(_native.VtaStats)]),
     "vta_torch_reset_peak_stats": (i32, [i32]),
     "vta_torch_trim": (i32, [i32, _P(u64)]),
-    "vta_torch_release_offloaded": (i32, [i32, _P(u64)]),
+    "vta_torch_release_offloaded": (i32, [i32, ctypes.c_uint32, _P(u64)]),
     "vta_torch_failures": (i32, [i32, _P(VtaTorchFailures), ctypes.c_char_p, u64]),
     "vta_torch_release": (i32, []),
     "vta_torch_exception_kind": (i32, []),
@@ -216,11 +216,13 @@ def trim(device: int | None = None) -> int:
     return out.value
 
 
-def release_offloaded(device: int | None = None) -> int:
-    """Unmap the device pages offloaded allocations still hold: one device, or every device (None)."""
+def release_offloaded(device: int | None = None, wait: bool = False) -> int:
+    """Unmap the device pages offloaded allocations still hold: one device, or every device (None);
+    ``wait``: the copies still in flight first."""
     check_device(device, every=True)
     out = u64()
-    check(lib().vta_torch_release_offloaded(ALL_DEVICES if device is None else device, ctypes.byref(out)))
+    check(lib().vta_torch_release_offloaded(ALL_DEVICES if device is None else device, 1 if wait else 0,
+                                            ctypes.byref(out)))
     return out.value
 
 

@@ -162,9 +162,10 @@ vta_status_t vta_trim(vta_space_t* space, uint64_t* out_released) {
   });
 }
 
-vta_status_t vta_release_offloaded(vta_space_t* space, uint64_t* out_released) {
+vta_status_t vta_release_offloaded(vta_space_t* space, uint32_t flags, uint64_t* out_released) {
   return guarded([&] {
-    uint64_t r = open_space(space).release_offloaded();
+    if (flags & ~uint32_t{VTA_RELEASE_WAIT}) vta::fail(VTA_ERR_INVALID_ARGUMENT, "release_offloaded: unknown flags");
+    uint64_t r = open_space(space).release_offloaded(flags & VTA_RELEASE_WAIT);
     if (out_released) *out_released = r;
   });
 }

@@ -99,10 +99,10 @@ uint64_t AddressSpace::trim() {
   return pages_.release_free_pages();
 }
 
-uint64_t AddressSpace::release_offloaded() {
+uint64_t AddressSpace::release_offloaded(bool wait) {
   std::lock_guard<std::mutex> lk(mu_);
   check_open_locked();
-  residency_.drain_inflight(false);  // copies already done become evicted; none is waited for
+  residency_.drain_inflight(wait);  // copies done become evicted; with wait, every copy in flight first
   uint64_t before = pages_.pages_mapped();
   residency_.release_evicted();
   uint64_t after = pages_.pages_mapped();

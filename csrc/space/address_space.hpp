@@ -55,7 +55,8 @@ class AddressSpace {
   uint64_t trim();
   // The device pages that offloaded allocations still hold, released (their bytes are safe on
   // the host): one wait for the streams that may touch them, no wait for copies in flight.
-  uint64_t release_offloaded();
+  // wait: first wait for the copies in flight, so their pages are released too.
+  uint64_t release_offloaded(bool wait);
   void synchronize();
   void close();
 

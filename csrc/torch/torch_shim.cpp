@@ -266,12 +266,13 @@ vta_status_t vta_torch_trim(int32_t device, uint64_t* out_released) {
   });
 }
 
-vta_status_t vta_torch_release_offloaded(int32_t device, uint64_t* out_released) {
+vta_status_t vta_torch_release_offloaded(int32_t device, uint32_t flags, uint64_t* out_released) {
   return guarded([&] {
+    if (flags & ~uint32_t{VTA_RELEASE_WAIT}) vta::fail(VTA_ERR_INVALID_ARGUMENT, "release_offloaded: unknown flags");
     uint64_t released = 0;
     for_devices(device, [&](int, AddressSpace& space) {
       CudaContextGuard guard(space.backend_kind() == VTA_BACKEND_CUDA);
-      released += space.release_offloaded();
+      released += space.release_offloaded(flags & VTA_RELEASE_WAIT);
     });
     if (out_released) *out_released = released;
   });

@@ -86,7 +86,7 @@ VTA_API vta_status_t vta_torch_stats(int32_t device, vta_stats_t* out);
 VTA_API vta_status_t vta_torch_reset_peak_stats(int32_t device);
 VTA_API vta_status_t vta_torch_trim(int32_t device, uint64_t* out_released_bytes);
 /* vta_release_offloaded on the device's space (-1: every device). */
-VTA_API vta_status_t vta_torch_release_offloaded(int32_t device, uint64_t* out_released_bytes);
+VTA_API vta_status_t vta_torch_release_offloaded(int32_t device, uint32_t flags, uint64_t* out_released_bytes);
 /* Counters and the last failure message of one device (message may be NULL). */
 /* Residency of the allocation at `address` (a tensor's storage under enable()) on `device`:
  * the eviction engine's calls (vtalloc.h) for the shim's spaces. `stream`/`use_stream` as in

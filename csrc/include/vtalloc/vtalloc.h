@@ -218,8 +218,9 @@ VTA_API vta_status_t vta_trim(vta_space_t* space, uint64_t* out_released_bytes);
 VTA_API vta_status_t vta_synchronize(vta_space_t* space);
 /* Unmap the device pages that offloaded allocations still hold (their bytes are on the host):
  * one wait for the streams that may touch them, none for copies still in flight (those pages
- * stay held). Reports the mapped bytes released. */
-VTA_API vta_status_t vta_release_offloaded(vta_space_t* space, uint64_t* out_released_bytes);
+ * stay held) unless VTA_RELEASE_WAIT. Reports the mapped bytes released. */
+#define VTA_RELEASE_WAIT 1u
+VTA_API vta_status_t vta_release_offloaded(vta_space_t* space, uint32_t flags, uint64_t* out_released_bytes);
 
 VTA_API vta_status_t vta_stats(vta_space_t* space, vta_stats_t* out);
 VTA_API vta_status_t vta_reset_peak_stats(vta_space_t* space);
