@@ -178,3 +178,18 @@ def test_handle_sweep_prediction_falls_in_calls_and_rises_in_rate_with_handle_si
         if mode == "copy":  # the model is deterministic: bigger handles, fewer calls, faster
             rates = [r["evict_GBps"] for r in rows]
             assert rates == sorted(rates) and rates[0] < rates[-1]
+
+
+def test_paged_footprint_probe_reads_kept_plus_mapped_at_every_pack(tmp_path):
+    """benchmarks/probe_paged_footprint.py on the CPU smoke CNN: what paged_activations holds at
+    once stays within the budget, two quarter-budget slacks of offloaded pages and the pages
+    the tensors being saved round up to (the CNN's budget is about one 256 KiB page)."""
+    out = tmp_path / "footprint.json"
+    run_bench("probe_paged_footprint.py", "--model", "cnn", "--steps", "2", "--out", str(out))
+    rec = json.loads(out.read_text())
+    assert rec["model"] == "cnn" and len(rec["steps"]) == 2 and rec["provenance"]["git"]
+    budget, page = rec["budget_bytes"], 256 * 1024
+    for r in rec["steps"]:
+        assert 0 < r["peak_kept_plus_mapped"] == r["mapped_then"] + r["kept_then"]
+        assert r["peak_kept_plus_mapped"] <= budget + 2 * (budget // 4) + 4 * page, r
+        assert r["releases"] > 0

@@ -1,0 +1,100 @@
+"""What paged_activations keeps in memory during a forward pass, sampled at every saved tensor.
+
+Owns: the footprint probe for ``paged_activations`` on CPU: for one model of
+bench_offload_training.py and one byte budget, the bytes the plan keeps outside the space
+(``step_kept_bytes``) plus the space's mapped bytes, read after every pack of every step, and
+the maximum of their sum. The two peak at different moments (the space's early in the
+forward, before the newest tensors are kept; the kept bytes at its end), so adding the two
+peaks overstates what is held at once; this probe reads the sum at each pack.
+Invariants: the same model, data, budget and space as bench_offload_training.py's
+``--budget-fraction`` runs (its functions are used, not copied); the space is trimmed before
+each step; the pack hook is wrapped, never changed; JSON with provenance to ``--out``.
+
+    python benchmarks/probe_paged_footprint.py --model gpt2 --recompute off --out F.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import bench_offload_training as bench  # noqa: E402
+from provenance import git_info, machine_info  # noqa: E402
+
+MiB = 1 << 20
+
+
+def probe(model: str, budget_fraction: float, recompute: str, steps: int, batch: int) -> dict[str, Any]:
+    import torch
+
+    from vtalloc.allocator import AddressSpace
+    from vtalloc.allocator.torch import paged_activations
+
+    torch.use_deterministic_algorithms(True)
+    torch.set_num_threads(1)
+    net, x, y, loss_fn = bench.build(torch, model, batch, "cpu")
+    net.train()
+    fwd = bench.measure_forward(torch, net, x)
+    budget = max(int(fwd["saved_bytes"] * budget_fraction), 1)
+    cap = 2 * fwd["saved_bytes"] + 16 * MiB
+    rows = []
+    with AddressSpace(backend="host", capacity=cap, host_capacity="1GiB", page_size="256KiB",
+                      host_granularity="256KiB") as space:
+        pager = paged_activations(space, budget=budget, recompute=recompute)
+        pack = pager._pack
+        for step in range(steps):
+            space.trim()
+            space.reset_peak_stats()
+            worst = {"sum": 0, "mapped": 0, "kept": 0}
+
+            def sampled(t: Any, worst: dict = worst, pager: Any = pager) -> Any:
+                out = pack(t)
+                mapped = space.stats().mapped_bytes
+                kept = pager.stats().step_kept_bytes
+                if mapped + kept > worst["sum"]:
+                    worst.update(sum=mapped + kept, mapped=mapped, kept=kept)
+                return out
+
+            pager._pack = sampled
+            with pager:
+                loss = loss_fn(net(x), y)
+            pager._pack = pack
+            st = pager.stats()
+            rows.append({"step": step, "peak_kept_plus_mapped": worst["sum"], "mapped_then": worst["mapped"],
+                         "kept_then": worst["kept"], "fwd_peak_mapped": space.stats().peak_mapped_bytes,
+                         "kept_at_end": st.step_kept_bytes, "releases": st.releases,
+                         "release_waits": st.release_waits})
+            loss.backward()
+            del loss
+        del pager
+    return {"model": model, "recompute": recompute, "budget_bytes": budget, "saved_bytes": fwd["saved_bytes"],
+            "steps": rows}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--model", default="gpt2", help="a CPU model of bench_offload_training.py (gpt2, llama, cnn, ...)")
+    p.add_argument("--budget-fraction", type=float, default=0.25)
+    p.add_argument("--recompute", choices=("off", "auto"), default="off")
+    p.add_argument("--steps", type=int, default=3)
+    p.add_argument("--batch", type=int, default=8)
+    p.add_argument("--out", type=Path, required=True)
+    a = p.parse_args()
+    rec = probe(a.model, a.budget_fraction, a.recompute, a.steps, a.batch)
+    rec["provenance"] = {"command": " ".join(sys.argv), "machine": machine_info(), "git": git_info()}
+    a.out.write_text(json.dumps(rec, indent=1) + "\n")
+    for r in rec["steps"]:
+        print(f"step {r['step']}: kept+mapped peak {r['peak_kept_plus_mapped'] / MiB:.2f} MiB "
+              f"({r['peak_kept_plus_mapped'] / rec['budget_bytes']:.2f}x the budget {rec['budget_bytes'] / MiB:.2f} MiB; "
+              f"mapped {r['mapped_then'] / MiB:.2f} + kept {r['kept_then'] / MiB:.2f} then), "
+              f"fwd peak mapped {r['fwd_peak_mapped'] / MiB:.2f}, kept at end {r['kept_at_end'] / MiB:.2f}, "
+              f"releases {r['releases']} (waits {r['release_waits']})")
+
+
+if __name__ == "__main__":
+    main()
