@@ -149,6 +149,8 @@ def _gpu_worker(allocator: str, steps: int) -> dict[str, Any]:
     out: dict[str, Any] = {"losses": losses}
     if vt is not None:
         out["stats"] = vt.stats().as_dict()
+        b = vt.binding()
+        out["binding"] = b.kind if b.reason is None else f"{b.kind} ({b.reason})"
     return out
 
 
@@ -166,7 +168,7 @@ def _train_on_gpu(steps: int) -> TrainReport:
     paged = _run_worker("vtalloc", steps)
     return TrainReport(
         device="cuda",
-        placement="every CUDA tensor (vtalloc.allocator.torch.enable())",
+        placement=f"every CUDA tensor (vtalloc.allocator.torch.enable(), {paged.get('binding')} binding)",
         steps=steps, losses=paged["losses"], reference="the same training with PyTorch's native allocator",
         identical_to_reference=paged["losses"] == native["losses"],
         stats={k: paged["stats"][k] for k in PAGE_STAT_KEYS}, saved_activation_bytes=0,
