@@ -40,6 +40,7 @@ from provenance import git_info, machine_info
 from vtalloc.allocator import AddressSpace, backend_available
 
 MiB = 1 << 20
+GiB = 1 << 30
 REPO = Path(__file__).resolve().parent.parent
 
 
@@ -74,7 +75,7 @@ def evict_restore_cycles(space: AddressSpace, a: int, repeats: int, clock) -> tu
 
 def bandwidth(backend: str, size: int, repeats: int) -> dict[str, Any]:
     out: dict[str, Any] = {"size_bytes": size, "modes": {}}
-    for mode in ("mapped", "copy"):
+    for mode in ("mapped", "copy", "auto"):  # "auto": the mode a default space gets (active_mode says which)
         try:
             space = AddressSpace(backend=backend, capacity=size + 8 * MiB, host_capacity=size + 8 * MiB, evict_mode=mode)
         except Exception as e:  # e.g. mapped mode unsupported on this driver
@@ -84,10 +85,15 @@ def bandwidth(backend: str, size: int, repeats: int) -> dict[str, Any]:
             a = space.malloc(size)
             space.write(a, os.urandom(1 << 20) * (size // (1 << 20)))
             space.set_evictable(a)
+            before = space.stats()
             evict, restore = evict_restore_cycles(space, a, repeats, time.perf_counter)
+            after = space.stats()
             space.free(a)
+            calls = (after.num_map_calls - before.num_map_calls) + (after.num_unmap_calls - before.num_unmap_calls)
             out["modes"][mode] = {
                 "active_mode": space.evict_mode,
+                # driver map + unmap calls of the timed cycles, per GiB moved (evicted + restored)
+                "map_unmap_calls_per_GiB": round(calls / (2 * repeats * size / GiB), 1),
                 "evict_s": evict, "restore_s": restore,
                 "evict_GBps": round(gbps(size, median_s(evict)), 3),
                 "restore_GBps": round(gbps(size, median_s(restore)), 3),
@@ -398,7 +404,8 @@ def main() -> None:
         if "unavailable" in r:
             print(f"  {mode:6s}: unavailable: {r['unavailable']}")
         else:
-            print(f"  {mode:6s}: evict {r['evict_GBps']:.2f} GB/s, restore {r['restore_GBps']:.2f} GB/s")
+            print(f"  {mode:6s}: evict {r['evict_GBps']:.2f} GB/s, restore {r['restore_GBps']:.2f} GB/s "
+                  f"({r['active_mode']}; {r['map_unmap_calls_per_GiB']:g} map+unmap calls per GiB)")
     ref = bw["reference"]
     print(f"  reference ({ref['what']}): " + (f"{ref['GBps']:.2f} GB/s" if "GBps" in ref else
                                                f"h2d {ref['h2d']['GBps']:.2f} GB/s, d2h {ref['d2h']['GBps']:.2f} GB/s"))

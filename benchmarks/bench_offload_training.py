@@ -700,6 +700,11 @@ def main(argv: list[str] | None = None) -> int:
             r = run_child({**base, "config": c, "model": m, "batch": b, **grads}, a.timeout)
             r.update(grads)
             runs.append(r)
+            # a stage cut short (a lent GPU's time limit) still leaves the runs it finished
+            partial = Path(a.out.format(device=device, date=_dt.date.today().isoformat()) + ".partial")
+            partial.parent.mkdir(parents=True, exist_ok=True)
+            partial.write_text(json.dumps({"benchmark": "offload_training", "partial": True, "settings": base,
+                                           "runs": runs}, indent=1, default=str) + "\n")
             print(f"  {m:16s} batch {b:5d} {c:12s} {r.get('status')}"
                   + (f"  {r['median_step_s']:.4f} s/step  {r['samples_per_s']:.1f} samples/s" if r.get("status") == "ok"
                      else f"  {r.get('error', '')[:120]}"), flush=True)
@@ -724,6 +729,7 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(a.out.format(device=device, date=record["provenance"]["date"]))
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(record, indent=1) + "\n")
+    Path(str(out) + ".partial").unlink(missing_ok=True)  # the whole record replaces it
     print(table(runs, checks))
     if rec_rows:
         print(recompute_table(rec_rows))

@@ -22,6 +22,7 @@ import dataclasses
 import json
 import os
 import shlex
+import signal
 import subprocess
 import sys
 import time
@@ -29,6 +30,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 STAGE_BUDGET_S = 570  # a call may run 600 s; leave room for the start and the summary
+INTERRUPT_GRACE_S = 20  # a step past its time gets SIGINT, then this long to report, then SIGKILL
 
 
 @dataclasses.dataclass(frozen=True)
@@ -112,6 +114,23 @@ def build_if_needed() -> int:
     return subprocess.run(cmd, cwd=ROOT).returncode
 
 
+def run_with_interrupt(cmd: list[str], log, timeout: float, grace_s: float = INTERRUPT_GRACE_S) -> int | None:
+    """Run ``cmd`` with its output in ``log``; its exit status, or None when it ran past
+    ``timeout``. Past it the step gets SIGINT first, so that pytest prints its failures and
+    writes its report (a killed run leaves neither), and SIGKILL ``grace_s`` later."""
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        return proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(timeout=grace_s)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        return None
+
+
 def run_stage(name: str, out: Path, budget_s: int, dry_run: bool) -> int:
     steps = STAGES[name]
     if not dry_run:
@@ -133,10 +152,11 @@ def run_stage(name: str, out: Path, budget_s: int, dry_run: bool) -> int:
             t0 = time.monotonic()
             with open(out / f"{step.name}.log", "wb") as log:
                 try:
-                    rc = subprocess.run(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, timeout=timeout).returncode
-                    row.update(outcome="passed" if rc == 0 else "failed", rc=rc)
-                except subprocess.TimeoutExpired:
-                    row.update(outcome="timed_out", timeout_s=timeout)
+                    rc = run_with_interrupt(cmd, log, timeout)
+                    if rc is None:
+                        row.update(outcome="timed_out", timeout_s=timeout)
+                    else:
+                        row.update(outcome="passed" if rc == 0 else "failed", rc=rc)
                 except OSError as e:  # the command itself is missing
                     row.update(outcome="failed", rc=None, why=str(e))
             row["wall_s"] = round(time.monotonic() - t0, 1)

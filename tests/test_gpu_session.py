@@ -84,3 +84,20 @@ def test_bad_arguments_are_refused(capsys):
         with pytest.raises(SystemExit) as e:
             session.main(argv)
         assert e.value.code == 2
+
+
+def test_a_step_past_its_time_is_interrupted_first_so_it_can_report(tmp_path):
+    # pytest prints its failures and writes its report on SIGINT; a SIGKILL leaves neither
+    # (the first GPU session of 2026-11-26 lost the failures of a timed-out `pytest -m gpu` so).
+    script = ("import sys, time\nprint('started', flush=True)\ntry:\n    time.sleep(60)\n"
+              "except KeyboardInterrupt:\n    print('interrupted: report written')\n    sys.exit(2)\n")
+    log_path = tmp_path / "step.log"
+    with open(log_path, "wb") as log:
+        rc = session.run_with_interrupt([sys.executable, "-c", script], log, timeout=1.0, grace_s=10)
+    assert rc is None
+    assert "interrupted: report written" in log_path.read_text()
+    with open(log_path, "wb") as log:  # one that ignores SIGINT is killed after the grace
+        rc = session.run_with_interrupt([sys.executable, "-c", "import signal, time\n"
+                                         "signal.signal(signal.SIGINT, signal.SIG_IGN)\ntime.sleep(60)"],
+                                        log, timeout=0.5, grace_s=0.5)
+    assert rc is None
