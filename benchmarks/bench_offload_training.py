@@ -291,7 +291,9 @@ def child(cfg: dict[str, Any]) -> dict[str, Any]:
         vt.enable(capacity=cfg["cap"], **cfg.get("vtalloc_options", {}))
     elif cuda:
         total = torch.cuda.get_device_properties(0).total_memory
-        torch.cuda.set_per_process_memory_fraction(min(1.0, cfg["cap"] / total), 0)
+        from vtalloc.allocator.config import parse_size  # the cap is given as text ("16GiB")
+
+        torch.cuda.set_per_process_memory_fraction(min(1.0, parse_size(cfg["cap"]) / total), 0)
     device = "cuda" if cuda else "cpu"
     if cfg.get("probe"):
         return probe(torch, cfg, device)

@@ -101,3 +101,10 @@ def test_a_step_past_its_time_is_interrupted_first_so_it_can_report(tmp_path):
                                          "signal.signal(signal.SIGINT, signal.SIG_IGN)\ntime.sleep(60)"],
                                         log, timeout=0.5, grace_s=0.5)
     assert rc is None
+
+
+def test_the_oom_crash_probe_says_so_where_there_is_no_gpu(tmp_path):
+    p = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "probe_oom_crash.py"), "--out", str(tmp_path / "o.json")],
+                       capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert p.returncode == 2 and "no CUDA device" in p.stdout
+    assert not (tmp_path / "o.json").exists()

@@ -1,5 +1,7 @@
 """vtalloc as PyTorch's CUDA allocator, on a GPU. Each test runs its torch code in a fresh
 interpreter (the allocator can be chosen only once per process) and checks the JSON it prints.
+enable() takes the torch-native binding where it can be built; the tests of what only the
+pluggable fallback refuses name binding="pluggable".
 
 Skipped where vtalloc's cuda backend is unavailable (see conftest.py).
 """
@@ -95,11 +97,14 @@ def test_training_losses_match_the_native_allocator(script):
 
 
 def test_mixed_streams():
+    """Record_stream is refused with the wait_stream advice: the pluggable binding (the fallback where the torch-native one cannot be built), named
+    explicitly since enable() takes the native binding where it can (its counterpart:
+    tests/test_torch_binding_gpu.py, record_stream works)."""
     out = run_python("""
         import json
         import torch
         import vtalloc.allocator.torch as vt
-        vt.enable()
+        vt.enable(binding="pluggable")
         main = torch.cuda.current_stream()
         side = torch.cuda.Stream()
         a = torch.randn(1 << 20, device="cuda")
@@ -251,11 +256,14 @@ def test_enable_twice_same_options_is_harmless_other_options_refused():
 
 
 def test_cuda_graph_without_allocation_works_allocation_during_capture_is_refused():
+    """Allocation during capture is refused: the pluggable binding (the fallback where the torch-native one cannot be built), named
+    explicitly since enable() takes the native binding where it can (its counterpart:
+    tests/test_torch_binding_gpu.py, captured graphs with their pools)."""
     out = run_python("""
         import json
         import torch
         import vtalloc.allocator.torch as vt
-        vt.enable()
+        vt.enable(binding="pluggable")
         x = torch.randn(1024, device="cuda")
         y = torch.empty_like(x)
         s = torch.cuda.Stream()
@@ -289,18 +297,21 @@ def test_cuda_graph_without_allocation_works_allocation_during_capture_is_refuse
 
 
 def test_cudnn_benchmark_is_refused_at_enable_and_fails_clearly_later():
+    """Cudnn.benchmark is refused: the pluggable binding (the fallback where the torch-native one cannot be built), named
+    explicitly since enable() takes the native binding where it can (its counterpart:
+    tests/test_torch_binding_gpu.py, cudnn.benchmark works)."""
     out = run_python("""
         import json
         import torch
         import vtalloc.allocator.torch as vt
         torch.backends.cudnn.benchmark = True
         try:
-            vt.enable()
+            vt.enable(binding="pluggable")
             at_enable = ""
         except vt.AllocatorConflictError as e:
             at_enable = str(e)
         torch.backends.cudnn.benchmark = False
-        vt.enable()
+        vt.enable(binding="pluggable")
         conv = torch.nn.Conv2d(3, 8, 3).cuda()
         x = torch.randn(2, 3, 16, 16, device="cuda")
         y = conv(x)                       # cudnn without benchmark: works, and computes the convolution

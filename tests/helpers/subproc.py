@@ -19,7 +19,9 @@ import pytest
 def run_python(code: str, *args: str, env: dict[str, str] | None = None, timeout: float = 600) -> dict[str, Any]:
     """Run ``code`` (dedented) with ``args``; fail the test with its output unless it exits 0 and
     its last stdout line is a JSON object, which is returned."""
-    full_env = dict(os.environ)
+    # A crash in native code then prints the Python stack that led to it: three GPU tests of
+    # 2026-11-26 died of SIGSEGV with an empty stderr.
+    full_env = dict(os.environ, PYTHONFAULTHANDLER="1")
     full_env.update(env or {})
     proc = subprocess.run(
         [sys.executable, "-c", textwrap.dedent(code), *args],
