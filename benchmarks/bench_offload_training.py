@@ -335,7 +335,8 @@ def child(cfg: dict[str, Any]) -> dict[str, Any]:
     elif name in PAGER_CONFIGS:
         from vtalloc.allocator.torch import paged_activations
 
-        pager = paged_activations(space, budget, recompute=PAGER_CONFIGS[name])
+        extra = {"max_recompute_fraction": cfg["max_recompute_fraction"]} if cfg.get("max_recompute_fraction") else {}
+        pager = paged_activations(space, budget, recompute=PAGER_CONFIGS[name], **extra)
         scope = lambda: pager  # noqa: E731 - one pager for every step: it learns the order
         out["budget_bytes"] = pager.budget
     else:
@@ -646,6 +647,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--budget", default=None, help="paged_activations budget (default: its own, half the cap)")
     ap.add_argument("--budget-fraction", type=float, default=None,
                     help="CPU: budget = this fraction of the bytes one plain forward saves (overrides --budget)")
+    ap.add_argument("--max-recompute-fraction", type=float, default=None,
+                    help="paged_activations' cap on recompute FLOPs, a share of the forward's (its default 0.05); "
+                         "above it the plan may recompute matmuls and convolutions where the cost model finds them "
+                         "cheaper than the copy")
     ap.add_argument("--vtalloc-option", action="append", default=[], help="k=v passed to enable() / AddressSpace")
     ap.add_argument("--loss-rtol", type=float, default=None, help="GPU 2e-2 (bf16, cuDNN), smoke 1e-5")
     ap.add_argument("--deterministic", action="store_true", help="cudnn.deterministic in every child")
@@ -678,7 +683,8 @@ def main(argv: list[str] | None = None) -> int:
             "warmup": a.warmup if a.warmup is not None else (1 if smoke else 3), "budget": a.budget,
             "vtalloc_options": opts, "deterministic": a.deterministic,
             "offload_min_bytes": 64 * 1024 if smoke else MiB,  # smoke: its tensors are small
-            "budget_fraction": a.budget_fraction if smoke else None}
+            "budget_fraction": a.budget_fraction if smoke else None,
+            "max_recompute_fraction": a.max_recompute_fraction}
     rtol = a.loss_rtol if a.loss_rtol is not None else (1e-5 if smoke else 2e-2)
     runs, probes = [], {}
     grads_dir = tempfile.TemporaryDirectory(prefix="bench_offload_grads-") if smoke else None

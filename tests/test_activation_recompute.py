@@ -197,3 +197,30 @@ def test_kept_tensors_count_against_the_budget_at_the_end_of_forward(recompute):
                     pytest.fail(f"resident saved bytes {resident} at the end of forward, budget {pager.budget}")
             loss.backward()
         del pager
+
+
+def test_a_raised_recompute_cap_lets_the_plan_recompute_convolutions_exactly():
+    # At the default cap (5% of the forward's FLOPs) a conv -> ReLU stack recomputes nothing:
+    # every saved tensor needs a convolution to rebuild. With the cap raised the cost model
+    # decides, and the convolutions it recomputes give bit-identical gradients.
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 32, 3, padding=1), nn.ReLU(), nn.Conv2d(32, 32, 3, padding=1), nn.ReLU(),
+                          nn.Conv2d(32, 32, 3, padding=1), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(),
+                          nn.Linear(32, 10))
+    x = torch.randn(8, 3, 32, 32)
+    ref = run(model, x, contextlib.nullcontext())
+    with AddressSpace(backend="host", capacity=64 * MiB, host_capacity=256 * MiB, page_size="256KiB",
+                      host_granularity="256KiB") as space:
+        default = paged_activations(space, budget=256 * 1024)
+        assert same(run(model, x, default), ref)
+        assert default.plan().summary.recomputed_bytes == 0, str(default.plan())
+        raised = paged_activations(space, budget=256 * 1024, max_recompute_fraction=1.0)
+        assert same(run(model, x, raised), ref)
+        plan = raised.plan()
+        # a ReLU output rebuilt from the convolution that made it: the FLOPs are the convolution's
+        assert plan.summary.recomputed_bytes > 0 and plan.summary.recompute_flops > 0, str(plan)
+        assert raised.stats().bytes_recomputed > 0
+        for bad in (-0.1, float("nan"), float("inf"), "0.5", True, None):
+            with pytest.raises(ValueError):
+                paged_activations(space, budget=256 * 1024, max_recompute_fraction=bad)
+        del default, raised

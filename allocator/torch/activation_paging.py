@@ -54,6 +54,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import dataclasses
+import math
 import threading
 import time
 import weakref
@@ -282,6 +283,10 @@ class PagedActivations:
                  max_recompute_fraction: float = DEFAULT_MAX_RECOMPUTE_FRACTION) -> None:
         if recompute not in ("auto", "off"):
             raise InvalidArgumentError(f"recompute must be 'auto' or 'off', not {recompute!r}")
+        if (isinstance(max_recompute_fraction, bool) or not isinstance(max_recompute_fraction, (int, float))
+                or not math.isfinite(max_recompute_fraction) or max_recompute_fraction < 0):
+            raise InvalidArgumentError("max_recompute_fraction must be a finite number >= 0 (a share of the "
+                                       f"forward's FLOPs), not {max_recompute_fraction!r}")
         if budget is None:
             if capacity_hint is None:
                 raise InvalidArgumentError("give a budget (bytes of saved activations kept resident)")
@@ -714,6 +719,7 @@ class PagedActivations:
 def paged_activations(
     space: Any = None, budget: int | str | None = None, *, min_bytes: int = DEFAULT_MIN_BYTES,
     recompute: str = "auto", cost_model: CostModel = H100,
+    max_recompute_fraction: float = DEFAULT_MAX_RECOMPUTE_FRACTION,
 ) -> PagedActivations:
     """Page the activations autograd saves within ``budget`` resident bytes.
 
@@ -732,11 +738,15 @@ def paged_activations(
     ``recompute="auto"`` (the default) plans, from the first iteration, which saved tensors to
     keep as they are, page out or recompute at unpack (bit-exact, verified; see
     docs/activation-plan.md and :meth:`PagedActivations.plan`); ``"off"`` only keeps and pages.
+    ``max_recompute_fraction`` caps what recomputation may cost, as a share of the recorded
+    forward's FLOPs (default 0.05: cheap operations only); raised, the plan may recompute
+    matmuls and convolutions wherever the cost model finds them cheaper than the copy.
     """
     if space is None:
         pager = DevicePager(min_bytes=min_bytes)
         devices = _torch_shim.devices()
         hint = _torch_shim.device_stats(devices[0]).capacity_bytes if devices else None
-        return PagedActivations(pager, budget, capacity_hint=hint, recompute=recompute, cost_model=cost_model)
+        return PagedActivations(pager, budget, capacity_hint=hint, recompute=recompute, cost_model=cost_model,
+                                max_recompute_fraction=max_recompute_fraction)
     return PagedActivations(HostPager(space, min_bytes=min_bytes), budget, capacity_hint=space.capacity_bytes,
-                            recompute=recompute, cost_model=cost_model)
+                            recompute=recompute, cost_model=cost_model, max_recompute_fraction=max_recompute_fraction)
