@@ -134,8 +134,12 @@ def reference_copy(backend: str, size: int, repeats: int) -> dict[str, Any]:
 
 
 # -- predicted GPU rates: the host backend under a driver cost model -------------------------
-# Measured on an H100 (80GB HBM3), 2026-11-22, with `bench_evict.py --backend cuda` (run 1:
-# 256 MiB as above, and 1 GiB; run 2: 1 GiB, median of 4 offload+restore cycles in one process).
+# History, not reproducible (no raw data in the repository; BENCHMARKS.md "History, not
+# reproducible"): measured on an H100 (80GB HBM3), 2026-11-22, with `bench_evict.py --backend cuda`
+# (run 1: 256 MiB as above, and 1 GiB; run 2: 1 GiB, median of 4 offload+restore cycles in one
+# process), one handle per page, before extents. The model was fitted to these; the reproducible
+# comparison at default settings is BENCHMARKS.md "GPU figures (H100, 2026-11-26)" (raw JSON
+# benchmarks/results/evict-cuda-2026-11-26.json and evict-cuda-32MiB-2026-11-26.json).
 # (allocation bytes, page bytes, mode, evict GB/s, restore GB/s, run)
 MEASURED_H100 = (
     (256 * MiB, 2 * MiB, "mapped", 16.8, 15.5, 1),

@@ -7,7 +7,7 @@ the per-step driver calls and their modeled H100 cost for each placement. Prints
 JSON (--out).
 Invariants: every figure here is computed on CPU; the only GPU figures are the H100 per-call
 costs and pinned copy rates copied from docs/cost-model.md (MEASURED_* below) and the measured
-training rows of BENCHMARKS.md ("First GPU figures"), which the predictions start from and say so;
+training rows of BENCHMARKS.md ("History, not reproducible": no raw data in the repository), which the predictions start from and say so;
 bytes by backing add up to the saved total; tests/test_saved_activation_sizes.py checks
 `backing()` against a real host-backend AddressSpace.
 
@@ -63,7 +63,8 @@ FITTED_HOST_PAGE_UNMAP_EXTRA_US = 36.0
 # maps the device handle back with its access. One of the unmaps is of a host-located page.
 MAPPED_CYCLE_CALLS = {"map": 3, "unmap": 3, "set_access": 3}
 
-# Measured on the H100, 2026-11-22 (BENCHMARKS.md "First GPU figures"; 16 GiB cap, budget 6 GiB,
+# History, not reproducible (no raw data in the repository): measured on the H100, 2026-11-22
+# (BENCHMARKS.md "History, not reproducible"; 16 GiB cap, budget 6 GiB,
 # mapped mode, before extents): median step seconds. Ranges are (low, high).
 MEASURED_STEPS = {
     ("resnet50", 1024): {"save_on_cpu": (3.265, 3.265), "offloader": (2.750, 2.750), "page2": (8.05, 8.29),
