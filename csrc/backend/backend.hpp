@@ -6,11 +6,13 @@
 //
 // Contract, kept identical on both implementations so that a bug shows on either:
 //  - sizes passed to reserve/create_page/map/unmap are multiples of granularity();
-//  - map() places one whole page at a reserved, currently unmapped address; a new mapping
-//    has no access until set_access() is called on it;
-//  - unmap() covers whole mappings only (one or several adjacent ones) or nothing mapped at
-//    all (accepted, changes nothing: what the driver does); a range that cuts a mapping or
-//    mixes mappings and holes is refused;
+//  - map() places one whole page at a currently unmapped range inside one reservation; a new
+//    mapping has no access until set_access() is called on it. A range past the reservation's
+//    end is refused by the host backend only (the driver accepts it, observed): callers never
+//    ask for it (PageTable::map_pages checks);
+//  - unmap() may not cut a mapping: every mapping it touches lies wholly inside the range
+//    (one or several adjacent ones, with or without unmapped holes between or beside them;
+//    holes change nothing: what the driver does); a range that cuts a mapping is refused;
 //  - free_va() takes exactly a (base, size) that reserve() returned, with nothing mapped;
 //  - release_page() of a mapped page is legal: its memory lives until the last unmap;
 //  - copy() is ordered on `stream`; event_* order work between streams; on the host

@@ -202,7 +202,21 @@ class MappingRollback {
 };
 }  // namespace
 
+bool PageTable::inside_reservation(uintptr_t va, uint64_t bytes) const {
+  auto it = reservations_.upper_bound(va);
+  if (it == reservations_.begin()) return false;
+  --it;
+  return va >= it->first && bytes <= it->second && va - it->first <= it->second - bytes;
+}
+
 void PageTable::map_pages(uintptr_t va, const std::vector<int32_t>& ids) {
+  // The range lies in one reservation of ours, checked here: the CUDA driver accepts a map
+  // that runs past a reservation's end (observed, docs/design.md "Host backend fidelity"), so
+  // only the host backend would otherwise catch a range computed wrong. Before any driver call:
+  // the error leaves nothing mapped.
+  uint64_t total = 0;
+  for (int32_t id : ids) total += bytes_of(id);
+  VTA_INVARIANT(inside_reservation(va, total));
   MappingRollback rollback(backend_);
   uintptr_t at = va;
   for (int32_t id : ids) {

@@ -61,8 +61,11 @@ class PageTable {
   // one-page handles first when `pages_first`, else extents first. Whether any was released.
   bool release_free_for(uint64_t npages, bool pages_first);
 
+  // [va, va + bytes) lies inside one reservation made by reserve().
+  bool inside_reservation(uintptr_t va, uint64_t bytes) const;
   // Map handles ids[0], ids[1], ... back to back from va and make the range accessible (one
-  // set-access call). All or nothing.
+  // set-access call). All or nothing; the range must lie inside one reservation (an internal
+  // error before any driver call otherwise: the driver would not refuse it).
   void map_pages(uintptr_t va, const std::vector<int32_t>& ids);
   // Unmap the whole handles in [va, va + bytes); they become free handles.
   void unmap_range(uintptr_t va, size_t bytes);
