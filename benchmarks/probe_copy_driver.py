@@ -129,6 +129,52 @@ class Probe:
                 d.cuMemSetAccess(va, self.nbytes, descs, len(descs)))
         return va
 
+    def location_prop(self, location: str) -> Any:
+        """The allocation properties of a page at `location`: "device" (the device page), or a
+        host target's location with no handle type, as the cuda backend makes host pages."""
+        loc, none = self.d.CUmemLocationType, self.d.CUmemAllocationHandleType.CU_MEM_HANDLE_TYPE_NONE
+        if location == "device":
+            return self.dev_prop
+        if location in ("host_numa", "host_numa_cpu") and self.numa_id < 0:
+            raise Refused("cuDeviceGetAttribute(HOST_NUMA_ID)", f"no host NUMA id ({self.numa_id})")
+        where = {"host_numa": (loc.CU_MEM_LOCATION_TYPE_HOST_NUMA, self.numa_id),
+                 "host": (loc.CU_MEM_LOCATION_TYPE_HOST, 0)}[location]
+        return self.prop(*where, none)
+
+    def time_mapping_calls(self, location: str, nbytes: int, reps: int) -> dict[str, list[float]]:
+        """Wall microseconds of each VMM call in the life of one handle of `nbytes` at `location`,
+        `reps` times: cuMemCreate, cuMemMap, cuMemSetAccess (device read-write, as the engine
+        grants it to device and host pages alike), cuMemUnmap, cuMemRelease. Mapped-mode
+        eviction makes, maps and grants access to host-located handles, and the copy into them
+        alone ran at pinned speed on the H100 (2026-11-26): these say what the calls around it
+        cost by location and size. One reservation of `nbytes`, released with the probe; each
+        handle is unmapped and released before the next, also when a call is refused."""
+        d = self.d
+        prop = self.location_prop(location)
+        va = int(self.owned("cuMemAddressReserve", d.cuMemAddressReserve(nbytes, self.gran, 0, 0),
+                            lambda p: d.cuMemAddressFree(p, nbytes)))
+        desc = [self.access(d.CUmemLocationType.CU_MEM_LOCATION_TYPE_DEVICE, int(self.dev))]
+        out: dict[str, list[float]] = {k: [] for k in ("cuMemCreate", "cuMemMap", "cuMemSetAccess", "cuMemUnmap",
+                                                        "cuMemRelease")}
+
+        def timed(call: str, fn: Callable[[], Any]) -> Any:
+            t0 = time.perf_counter()
+            result = fn()
+            out[call].append((time.perf_counter() - t0) * 1e6)
+            return self.ok(call, result)
+
+        for _ in range(reps):
+            handle = timed("cuMemCreate", lambda: d.cuMemCreate(nbytes, prop, 0))
+            try:
+                timed("cuMemMap", lambda h=handle: d.cuMemMap(va, nbytes, 0, h, 0))
+                try:
+                    timed("cuMemSetAccess", lambda: d.cuMemSetAccess(va, nbytes, desc, 1))
+                finally:
+                    timed("cuMemUnmap", lambda: d.cuMemUnmap(va, nbytes))
+            finally:
+                timed("cuMemRelease", lambda h=handle: d.cuMemRelease(h))
+        return out
+
     def access(self, location_type: Any, location_id: int) -> Any:
         a = self.d.CUmemAccessDesc()
         a.location.type, a.location.id = location_type, location_id

@@ -5,7 +5,10 @@ question: mapped-mode eviction", says what each outcome means for the engine.
 
 Owns: the probe's plan (targets x methods x streams x sizes x directions), its JSON, table and
 VERDICT, and the pure logic the CPU tests call: parse_sizes(), split_plan(), pct(), with_pct(),
-verdict(), estimate_s(). The driver work is in probe_copy_driver.py.
+verdict(), estimate_s(); and the mapping-call timings (mapping_calls(): what creating, mapping,
+granting access to, unmapping and releasing one handle costs, device and host-located, by
+size), which the 2026-11-26 verdict made the next question. The driver work is in
+probe_copy_driver.py.
 Invariants: nothing of vtalloc's library is used (the probe measures the driver); a refusal of
 the driver is a recorded result, never a crash; without cuda-python, a CUDA driver or a device
 it prints one line on stderr and exits 2; the pinned memcpy_async 1-stream row of the same
@@ -255,6 +258,45 @@ def _under_load(probe: Probe, load: MatmulLoad, made: dict[str, int], idle: list
 
 
 # -- report ----------------------------------------------------------------------------------
+MAPPING_LOCATIONS = ("device", "host_numa")
+MAPPING_REPS = 5
+
+
+def mapping_calls(probe: Probe, sizes: tuple[int, ...], reps: int, deadline: float,
+                  refusals: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One row per location and size: the median wall microseconds of each call in one handle's
+    life (Probe.time_mapping_calls); a refusal is recorded, a size past the deadline skipped."""
+    rows: list[dict[str, Any]] = []
+    for location in MAPPING_LOCATIONS:
+        for size in sizes:
+            row: dict[str, Any] = {"location": location, "size_bytes": size, "reps": reps}
+            if time.monotonic() > deadline:
+                rows.append(row | {"status": "skipped"})
+                continue
+            try:
+                times = probe.time_mapping_calls(location, size, reps)
+            except Refused as e:
+                refusals.append({"step": "mapping_calls", "target": location, "size_bytes": size, "call": e.call,
+                                 "error": e.code})
+                rows.append(row | {"status": "refused", "error": e.code})
+                continue
+            rows.append(row | {"status": "ok", "us": times,
+                               "median_us": {k: round(statistics.median(v), 1) for k, v in times.items()}})
+    return rows
+
+
+def mapping_table(rows: list[dict[str, Any]]) -> str:
+    calls = ("cuMemCreate", "cuMemMap", "cuMemSetAccess", "cuMemUnmap", "cuMemRelease")
+    out = ["mapping calls, median wall us:  location   size | " + " ".join(f"{c[5:]:>10}" for c in calls)]
+    for r in rows:
+        head = f"{'':32}{r['location']:>10} {r['size_bytes'] // MiB:>4}MiB | "
+        if r.get("status") != "ok":
+            out.append(head + r.get("status", "?") + (f" ({r['error']})" if r.get("error") else ""))
+            continue
+        out.append(head + " ".join(f"{r['median_us'][c]:>10.1f}" for c in calls))
+    return "\n".join(out)
+
+
 def table(rows: list[dict[str, Any]]) -> str:
     """target x method x streams x size x direction: GB/s (events), GB/s (wall), % of pinned."""
     head = f"{'direction':9} {'size':>8} {'target':17} {'method':12} {'str':>3} {'load':6} | " \
@@ -339,6 +381,7 @@ def main(argv: list[str] | None = None) -> int:
             return 1
         rows, made = measure(probe, sizes, reps, streams, deadline, refusals)
         compute = under_load(probe, made, rows, reps, deadline, refusals) if args.with_compute else None
+        mapping = mapping_calls(probe, sizes, MAPPING_REPS, deadline, refusals)
     if compute and "rows" in compute:
         rows += compute.pop("rows")
     rows = with_pct(rows)
@@ -352,7 +395,8 @@ def main(argv: list[str] | None = None) -> int:
                            "threshold_pct": THRESHOLD, "judged_from_bytes": JUDGED_FROM, "quick": args.quick,
                            "with_compute": args.with_compute},
               "estimate_s": round(estimate, 1), "elapsed_s": round(time.monotonic() - t0, 1), "notes": args.note,
-              "rows": rows, "refusals": refusals, "compute_load": compute, "verdict": verdict(rows)}
+              "rows": rows, "refusals": refusals, "compute_load": compute, "verdict": verdict(rows),
+              "mapping_calls": mapping}
     out = Path(args.out.format(date=record["provenance"]["date"]))
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(record, indent=2) + "\n")
@@ -363,6 +407,7 @@ def main(argv: list[str] | None = None) -> int:
         print("refused: " + ", ".join(f"{k}={v}" for k, v in r.items() if v is not None))
     if compute:
         print(f"compute load: {json.dumps({k: v for k, v in compute.items()})}")
+    print(mapping_table(mapping))
     print("\n".join(verdict_lines(record["verdict"])))
     print(f"wrote {out} ({record['elapsed_s']:.0f} s)")
     return 0

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from helpers import fake_cuda_driver
 from helpers.fake_cuda_driver import FakeDriver
 from helpers.sizes import MiB
 
@@ -159,6 +160,14 @@ def test_the_probe_runs_every_path_records_refusals_and_releases_everything(prob
     printed = capsys.readouterr().out
     assert "VERDICT evict: best non-pinned path" in printed and "VERDICT restore:" in printed
     assert "refused: target=host_numa_current" in printed
+    # the life of one handle, timed call by call, device and host-located, at each size
+    calls = {"cuMemCreate", "cuMemMap", "cuMemSetAccess", "cuMemUnmap", "cuMemRelease"}
+    rows = rec["mapping_calls"]
+    assert [(r["location"], r["size_bytes"]) for r in rows] == [
+        (loc, size) for loc in ("device", "host_numa") for size in (2 * MiB, 32 * MiB)]
+    assert all(r["status"] == "ok" and set(r["median_us"]) == calls and all(len(v) == r["reps"] for v in r["us"].values())
+               for r in rows)
+    assert "mapping calls, median wall us" in printed
 
 
 def test_a_spent_time_budget_records_the_rest_as_skipped(probe, monkeypatch, tmp_path):
@@ -168,6 +177,7 @@ def test_a_spent_time_budget_records_the_rest_as_skipped(probe, monkeypatch, tmp
     assert probe.main(["--quick", "--max-seconds", "0", "--out", str(out)]) == 0
     rec = json.loads(out.read_text())
     assert rec["rows"] == [] and fake.held() == {}
+    assert rec["mapping_calls"] and all(r["status"] == "skipped" for r in rec["mapping_calls"])
     skipped = [r for r in rec["refusals"] if r["step"] == "skipped"]
     assert len(skipped) == 4 * 3 * 2 * 1 * 2  # host_numa_cpu made (access granted) x methods x streams x size x dirs
     assert rec["verdict"]["evict"]["best"] is None
@@ -241,3 +251,31 @@ def test_a_quick_probe_on_the_gpu_measures_pinned_copies_both_ways(tmp_path):
               if (r["target"], r["method"], r["streams"], r.get("status")) == ("pinned", "memcpy_async", 1, "ok")}
     assert pinned.keys() == {"evict", "restore"} and all(g > 1.0 for g in pinned.values()), pinned
     assert set(rec["verdict"]) == {"evict", "restore"}
+
+
+def test_a_refused_mapping_call_is_recorded_and_its_handle_given_back(probe, monkeypatch, tmp_path):
+    fake = FakeDriver(RATES)
+    real_set_access, timing = fake.cuMemSetAccess, {"on": False}
+
+    def refuse_host_pages(va, size, descs, count):  # once the mapping calls are timed: host pages refused
+        if timing["on"] and fake.live["map"].get(int(va), ("",))[0] == "host_page":
+            return (fake_cuda_driver.CUresult.CUDA_ERROR_INVALID_VALUE,)
+        return real_set_access(va, size, descs, count)
+
+    real_mapping_calls = probe.mapping_calls
+
+    def mapping_calls(*args, **kwargs):
+        timing["on"] = True
+        return real_mapping_calls(*args, **kwargs)
+
+    monkeypatch.setattr(fake, "cuMemSetAccess", refuse_host_pages)
+    monkeypatch.setattr(probe, "mapping_calls", mapping_calls)
+    monkeypatch.setattr(probe, "load_driver", lambda: fake)
+    out = tmp_path / "probe.json"
+    assert probe.main(["--quick", "--out", str(out)]) == 0
+    rec = json.loads(out.read_text())
+    assert fake.held() == {}, "a refused grant left a handle mapped or alive"
+    status = {r["location"]: r["status"] for r in rec["mapping_calls"]}
+    assert status == {"device": "ok", "host_numa": "refused"}
+    assert any(r["step"] == "mapping_calls" and r["call"] == "cuMemSetAccess" and r["target"] == "host_numa"
+               for r in rec["refusals"])
