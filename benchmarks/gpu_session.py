@@ -138,7 +138,10 @@ def run_with_interrupt(cmd: list[str], log, timeout: float, grace_s: float = INT
     """Run ``cmd`` with its output in ``log``; its exit status, or None when it ran past
     ``timeout``. Past it the step gets SIGINT first, so that pytest prints its failures and
     writes its report (a killed run leaves neither), and SIGKILL ``grace_s`` later."""
-    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
+    # SIGINT back to its default in the step: a shell runs background jobs with it ignored, and a
+    # Python started so ignores it too (no KeyboardInterrupt, so no report: only the SIGKILL).
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         return proc.wait(timeout=timeout)
     except subprocess.TimeoutExpired:

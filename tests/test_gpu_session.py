@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import re
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -97,6 +98,15 @@ def test_a_step_past_its_time_is_interrupted_first_so_it_can_report(tmp_path):
         rc = session.run_with_interrupt([sys.executable, "-c", script], log, timeout=5.0, grace_s=20)
     assert rc is None
     assert "interrupted: report written" in log_path.read_text()
+    # the same from a process that ignores SIGINT, as a shell's background job does: the step
+    # still gets it (the full suite run with `&` saw only "started" before this)
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        with open(log_path, "wb") as log:
+            rc = session.run_with_interrupt([sys.executable, "-c", script], log, timeout=5.0, grace_s=20)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    assert rc is None and "interrupted: report written" in log_path.read_text()
     with open(log_path, "wb") as log:  # one that ignores SIGINT is killed after the grace
         rc = session.run_with_interrupt([sys.executable, "-c", "import signal, time\n"
                                          "signal.signal(signal.SIGINT, signal.SIG_IGN)\ntime.sleep(60)"],
