@@ -67,7 +67,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # path_check and provenance sit beside this file
+if str(Path(__file__).resolve().parent) not in sys.path:
+    sys.path.insert(0, str(Path(__file__).resolve().parent))  # path_check and provenance sit beside this file
 
 from path_check import check, failed, summary  # noqa: E402
 
