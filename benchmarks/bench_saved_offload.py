@@ -253,21 +253,25 @@ def replay(trace: trace_format.Trace, share: float) -> dict[str, Any]:
         "pressure_evictions": stats.pressure_evictions, "ooms": stats.num_ooms,
         "peak_mapped_bytes": stats.peak_mapped_bytes, "wall_s": round(time.perf_counter() - t0, 2),
         "meets_requirement": None if not asked_bytes else moved_bytes >= REQUIRED * asked_bytes,
-        "path_check": replay_check(f"{trace.name} budget {share:g}", active_mode, stats.as_dict(), moved_bytes),
+        "path_check": replay_check(f"{trace.name} budget {share:g}", active_mode, stats.as_dict(), moved_bytes,
+                                   offload_calls),
     }
 
 
-def replay_check(row: str, active_mode: str, stats: dict[str, Any], moved_bytes: int) -> dict[str, Any]:
+def replay_check(row: str, active_mode: str, stats: dict[str, Any], moved_bytes: int,
+                 offload_calls: int = 0) -> dict[str, Any]:
     """The replay took paged_activations' evict-behind path, no other: copy mode as set; every byte
     counted as moved was evicted by the engine (bytes_evicted_total covers it: an allocation offloaded
     again counts its bytes again there); nothing restored (nothing is read back in a replay); no
     eviction under memory pressure and no OOM (at 4x peak live, a pressure eviction would move bytes
-    the rule did not ask for)."""
+    the rule did not ask for). ``offload_calls`` is recorded, not checked: a row whose resident saved
+    bytes never exceeded its budget asks nothing (0 calls) and says so in its table ("-")."""
     return check(row, "evict-behind offload (copy mode)",
                  {"evict_mode": "copy", "bytes_evicted_total": {"min": moved_bytes}, "restores": 0,
                   "pressure_evictions": 0, "num_ooms": 0},
                  {"evict_mode": active_mode, **{k: stats[k] for k in ("bytes_evicted_total", "restores",
-                                                                      "pressure_evictions", "num_ooms")}})
+                                                                      "pressure_evictions", "num_ooms")},
+                  "offload_calls": offload_calls})
 
 
 def _mib(n: int | None) -> str:
