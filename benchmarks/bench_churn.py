@@ -8,7 +8,9 @@ what happened in an earlier run); the sequence never holds more live bytes, roun
 pages, than ``--live-fraction`` of the cap, so an out-of-memory error during the replay is
 fragmentation, not demand; an allocation that fails is counted and skipped (its later free is a
 no-op); vtalloc must finish with 0 OOMs (its invariant: any free page can back any allocation),
-else the script exits 1.
+else the script exits 1; so does a run whose allocator is not the one it names (``path_check`` in
+each run, ``path_checked`` in the record: the counters of the allocator named grew by the
+allocations served; on the host, exactly, with the cap reached).
 
     python benchmarks/bench_churn.py                       # GPU: native, expandable, vtalloc
     python benchmarks/bench_churn.py --backend host        # CPU: vtalloc's AddressSpace, scaled down
@@ -32,6 +34,11 @@ import sys
 import time
 from pathlib import Path
 from typing import Any
+
+if str(Path(__file__).resolve().parent) not in sys.path:
+    sys.path.insert(0, str(Path(__file__).resolve().parent))  # path_check and provenance sit beside this file
+
+from path_check import check, failed, summary  # noqa: E402
 
 MiB = 1 << 20
 PAGE = 2 * MiB
@@ -150,11 +157,21 @@ def gpu_child(cfg: dict[str, Any]) -> dict[str, Any]:
     if vt:
         res["stats_delta"] = delta(int_fields(vt.stats()), before)
         res["peak_bytes"] = vt.stats().peak_mapped_bytes
+        served = {"num_allocs": res["stats_delta"].get("num_allocs", 0)}
     else:
         after = torch.cuda.memory_stats()
-        keys = ("num_alloc_retries", "num_ooms", "num_device_alloc", "num_device_free", "num_sync_all_streams")
+        keys = ("num_alloc_retries", "num_ooms", "num_device_alloc", "num_device_free", "num_sync_all_streams",
+                "allocation.all.allocated")
         res["stats_delta"] = {k: after.get(k, 0) - before.get(k, 0) for k in keys}
         res["peak_bytes"] = torch.cuda.max_memory_reserved()
+        served = {"num_allocs": res["stats_delta"]["allocation.all.allocated"]}
+    # the allocator named served every allocation that succeeded: vtalloc's counters (enable() took
+    # torch's allocations) or torch's own, with PYTORCH_CUDA_ALLOC_CONF as the name says
+    conf = os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "")
+    res["path_check"] = check(f"churn {name}", f"{name} allocator",
+                              {"num_allocs": {"min": res["allocs"]},
+                               "expandable_segments": name == "expandable"},
+                              {**served, "expandable_segments": "expandable_segments:True" in conf})
     gpu = {"name": props.name, "total_memory_bytes": props.total_memory, "cuda": torch.version.cuda, "torch": torch.__version__}
     return {"config": name, "status": "ok", "cap_bytes": cap, "gpu": gpu, **res}
 
@@ -193,7 +210,19 @@ def host_run(cfg: dict[str, Any]) -> dict[str, Any]:
     res["peak_bytes"] = after.peak_mapped_bytes
     for k in ("num_map_calls", "num_unmap_calls", "num_page_reclaims"):
         res[k] = res["stats_delta"].get(k, 0)
+    res["path_check"] = host_check(res)
     return {"config": "vtalloc_host", "status": "ok", "cap_bytes": cap, **res}
+
+
+def host_check(res: dict[str, Any]) -> dict[str, Any]:
+    """The host replay went through the space under its cap: the space counted exactly the
+    allocations that succeeded and as many frees (everything is freed by the end), no OOM, and the
+    cap was reached (cached pages were taken back: num_page_reclaims > 0), or the run measured
+    plain allocation, not churn under a cap."""
+    d = res["stats_delta"]
+    return check("churn vtalloc_host", "vtalloc AddressSpace under its cap",
+                 {"num_allocs": res["allocs"], "num_frees": res["allocs"], "num_ooms": 0, "num_page_reclaims": {"min": 1}},
+                 {k: d.get(k, 0) for k in ("num_allocs", "num_frees", "num_ooms", "num_page_reclaims")})
 
 
 def table(runs: list[dict[str, Any]]) -> str:
@@ -263,6 +292,8 @@ def main(argv: list[str] | None = None) -> int:
               "settings": cfg, "runs": runs, "notes": a.note}
     out = Path(a.out.format(backend=a.backend, date=date))
     out.parent.mkdir(parents=True, exist_ok=True)
+    checks = [r["path_check"] for r in runs if "path_check" in r]
+    record["path_checked"] = summary(checks)
     out.write_text(json.dumps(record, indent=1) + "\n")
     print(table(runs))
     print(f"wrote {out}")
@@ -270,6 +301,10 @@ def main(argv: list[str] | None = None) -> int:
     bad = [r["config"] for r in runs if r.get("status") != "ok"]
     if vt_ooms or bad:
         print(f"FAILED: vtalloc OOMs {vt_ooms}; runs that did not finish: {bad}")
+        return 1
+    if failed(checks):
+        print("PATH CHECK FAILED: runs measured another path than they name:\n  " + "\n  ".join(failed(checks)),
+              file=sys.stderr)
         return 1
     return 0
 

@@ -36,6 +36,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from path_check import PathNotTaken, check, failed, summary
 from provenance import git_info, machine_info
 from vtalloc.allocator import AddressSpace, backend_available
 
@@ -97,9 +98,37 @@ def bandwidth(backend: str, size: int, repeats: int) -> dict[str, Any]:
                 "evict_s": evict, "restore_s": restore,
                 "evict_GBps": round(gbps(size, median_s(evict)), 3),
                 "restore_GBps": round(gbps(size, median_s(restore)), 3),
+                "path_check": bandwidth_check(f"bandwidth {mode} {size // MiB} MiB", mode, size, repeats,
+                                              space.page_bytes, space.evict_mode, before.as_dict(), after.as_dict()),
             }
     out["reference"] = reference_copy(backend, size, repeats)
     return out
+
+
+def bandwidth_check(row: str, mode: str, size: int, repeats: int, page_bytes: int, active_mode: str,
+                    before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
+    """Did the timed cycles move the bytes, in the mode the row names? The active mode is the one
+    asked ("auto": either real mode, the one it chose); every cycle evicted and restored the whole
+    allocation (bytes_evicted_total and bytes_restored_total grew by exactly repeats x size, the
+    evictions and restores counters, in pages, by repeats x its pages); nothing was evicted under
+    pressure."""
+    d = {k: after[k] - before[k] for k in ("bytes_evicted_total", "bytes_restored_total", "evictions", "restores",
+                                           "pressure_evictions")}
+    expected: dict[str, Any] = {
+        "active_mode": {"one_of": ["copy", "mapped"]} if mode == "auto" else mode,  # auto: the one it chose
+        "bytes_evicted_total": repeats * size, "bytes_restored_total": repeats * size,
+        "evictions": repeats * -(-size // page_bytes), "restores": repeats * -(-size // page_bytes),
+        "pressure_evictions": 0}
+    return check(row, f"evict+restore ({mode})", expected, {"active_mode": active_mode, **d})
+
+
+def training_check(paged: dict[str, Any]) -> dict[str, Any]:
+    """The paged_activations row paged: the pager offloaded saved tensors and the space evicted
+    and restored pages (its saved activations exceed the budget, so a run that moved nothing
+    measured the plain path under another name)."""
+    measured = {k: paged[k] for k in ("offloads", "evictions", "restores")}
+    return check("training paged_activations", "paged_activations (pages moved)",
+                 {"offloads": {"min": 1}, "evictions": {"min": 1}, "restores": {"min": 1}}, measured)
 
 
 def reference_copy(backend: str, size: int, repeats: int) -> dict[str, Any]:
@@ -339,6 +368,7 @@ def training(steps: int, width: int, depth: int, batch: int, capacity: int, budg
         "offloads": ps.offloads, "prefetches": ps.prefetches, "on_demand": ps.on_demand,
         "unpack_wait_s": ps.unpack_wait_s,
     })
+    results["paged_activations"]["path_check"] = training_check(results["paged_activations"])
     return results
 
 
@@ -399,6 +429,10 @@ def main() -> None:
         record["training"] = training(steps=3 if args.quick else 15, width=512, depth=8,
                                       batch=256 if args.quick else 1024, capacity=16 * MiB, budget=8 * MiB,
                                       threads=args.threads)
+    checks = [r["path_check"] for r in record["bandwidth"]["modes"].values() if "path_check" in r]
+    if "training" in record:
+        checks.append(record["training"]["paged_activations"]["path_check"])
+    record["path_checked"] = summary(checks)
     out = Path(args.out.format(backend=args.backend, date=_dt.date.today().isoformat()))
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(record, indent=2) + "\n")
@@ -423,6 +457,9 @@ def main() -> None:
             extra = f", x{r['slowdown_vs_plain']} vs plain, losses equal: {r['losses_equal_plain']}" if k != "plain" else ""
             print(f"  {k:18s} {r['median_step_s'] * 1e3:8.1f} ms/step{extra}")
     print(f"wrote {out}")
+    if failed(checks):  # after the JSON is written: the record shows what was measured instead
+        raise PathNotTaken("bench_evict: rows measured another path than they name (figures not comparable):\n  "
+                           + "\n  ".join(failed(checks)))
 
 
 if __name__ == "__main__":

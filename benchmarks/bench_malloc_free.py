@@ -5,18 +5,23 @@ nothing about speed and lives outside ``testpaths``. One "op" is one malloc foll
 free. What it times, per backend:
 
 * reuse  - steady state: malloc+free of one size over and over, 1/2/4 threads sharing one
-           space; the pages stay cached, so no driver call happens (checked: the map/unmap
-           counters must not move while timing).
+           space; the pages stay cached, so no driver call happens (checked: the map, unmap and
+           reclaim counters must not move while timing).
 * map    - the path of a malloc that finds nothing cached: capacity == the allocation size,
            and before each timed pair an untimed trim() gives every cached page back, so the
-           timed malloc must create, map and set access on its pages again (checked: at least
-           one map call per op). Allocations share pages now, so a freed small block no longer
+           timed malloc must create, map and set access on its pages again (checked exactly:
+           map and unmap calls = timed ops x the handles one such malloc gets, no reclaim).
+           Allocations share pages now, so a freed small block no longer
            pins a page of the cached range: the 512 B malloc+free this case used to break the
            range with left it whole, and no page was reclaimed.
 * references - a bare ctypes call, a 3-argument ctypes call to a trivial getter, the raw
            ctypes malloc+free without the Python wrapper, two no-op Python calls, the clock,
            and (when a C compiler is there) the same loops in C through native_loop.c, so
            readers can see how much of a pair is Python and ctypes and how much the core.
+
+Every row's check (path_check.py) is in the JSON beside its figures (``path_check``, and
+``path_checked`` for the run); a row that measured another path makes the script exit 1 naming
+it and what it measured, after the JSON is written.
 
 Run from the repository root:  python benchmarks/bench_malloc_free.py [--quick]
 """
@@ -40,7 +45,9 @@ from pathlib import Path
 from time import perf_counter_ns
 from typing import Any, Callable
 
+from path_check import check, failed, summary
 from provenance import git_info, machine_info
+from saved_activation_sizes import Placement, backing
 from vtalloc.allocator import AddressSpace, _native, backend_available
 
 KiB, MiB = 1 << 10, 1 << 20
@@ -116,8 +123,8 @@ def bench_reuse(backend: str, size: int, threads: int, target_s: float, repeats:
         res.update(deltas(before, counters(space)))
         res["page_bytes"] = space.page_bytes
         res["capacity_bytes"] = space.capacity_bytes
-    res["cached_path_only"] = res["map_calls"] == 0 and res["unmap_calls"] == 0
-    return {"path": "reuse", "layer": "python_api", "size_bytes": size, "threads": threads, **res}
+    row = {"path": "reuse", "layer": "python_api", "size_bytes": size, "threads": threads, **res}
+    return checked(row, space.config.extent_size)
 
 
 def measure_fixed(run: Callable[[int], int], ops_per_iter: int, n: int, repeats: int) -> dict[str, Any]:
@@ -175,8 +182,43 @@ def bench_map(backend: str, size: int, target_s: float, repeats: int) -> dict[st
     res["map_calls_per_op"] = round(res["map_calls"] / ops, 3)
     res["pages_per_alloc"] = -(-size // page)
     res["median_ns_per_mapped_page"] = round(res["median_ns_per_op"] / res["pages_per_alloc"], 2)
-    res["map_path_taken"] = res["map_calls"] >= ops
-    return {"path": "map", "layer": "python_api", "size_bytes": size, "threads": 1, **res}
+    row = {"path": "map", "layer": "python_api", "size_bytes": size, "threads": 1, **res}
+    return checked(row, space.config.extent_size)
+
+
+# -- did each row measure the path it names? (issue 26) ----------------------------------------
+def row_name(row: dict[str, Any]) -> str:
+    return f"{row['layer']} {row['path']} {size_label(row['size_bytes'])} x{row['threads']}"
+
+
+def map_handles(size: int, page_bytes: int, extent_bytes: int | None) -> int:
+    """Driver map calls of one malloc of ``size`` into an empty space: one per physical handle
+    (one-page handles, or extents), by the core's rule as saved_activation_sizes.backing copies it."""
+    placement = Placement(page_bytes, extent_bytes if extent_bytes is not None else Placement().extent_bytes)
+    return len(backing(size, placement).handles)
+
+
+def path_check(row: dict[str, Any], extent_bytes: int | None) -> dict[str, Any]:
+    """The check of one row, from its counter deltas over the timed repeats.
+
+    reuse: the cached path only, so no map, unmap or reclaim at all. map: each timed malloc maps
+    exactly the handles a fresh allocation of its size gets and each untimed trim unmaps them, so
+    map_calls == unmap_calls == timed ops x handles, and no reclaim (nothing is cached to take)."""
+    measured = {k: row[k] for k in ("map_calls", "unmap_calls", "page_reclaims")}
+    if row["path"] == "reuse":
+        expected = {"map_calls": 0, "unmap_calls": 0, "page_reclaims": 0}
+    else:
+        calls = row["timed_ops"] * map_handles(row["size_bytes"], row["page_bytes"], extent_bytes)
+        expected = {"map_calls": calls, "unmap_calls": calls, "page_reclaims": 0}
+    return check(row_name(row), row["path"], expected, measured)
+
+
+def checked(row: dict[str, Any], extent_bytes: int | None) -> dict[str, Any]:
+    """The row with its check recorded beside the figures (``path_check``; ``cached_path_only`` or
+    ``map_path_taken``, the names earlier records used, now the exact check's outcome)."""
+    row["path_check"] = path_check(row, extent_bytes)
+    row["cached_path_only" if row["path"] == "reuse" else "map_path_taken"] = row["path_check"]["passed"]
+    return row
 
 
 # -- references ------------------------------------------------------------------------------
@@ -288,14 +330,11 @@ def run_native(exe: str, backend: str, capacity: int, mode: str, size: int, thre
                                     "timed_ops")})
     entry = {"path": "reuse" if mode == "steady" else "map", "layer": "native_c", "size_bytes": size,
              "threads": threads, **res}
-    if mode == "steady":
-        entry["cached_path_only"] = res["map_calls"] == 0 and res["unmap_calls"] == 0
-    else:
+    if mode != "steady":
         entry["map_calls_per_op"] = round(res["map_calls"] / raw["timed_ops"], 3)
         entry["pages_per_alloc"] = -(-size // raw["page_bytes"])
         entry["median_ns_per_mapped_page"] = round(res["median_ns_per_op"] / entry["pages_per_alloc"], 2)
-        entry["map_path_taken"] = res["map_calls"] >= raw["timed_ops"]
-    return entry
+    return checked(entry, None)  # native_loop.c creates its space at default settings
 
 
 # -- provenance: machine_info() and git_info() come from provenance.py -------------------------
@@ -412,9 +451,8 @@ def main(argv: list[str] | None = None) -> int:
 
         record["machine"]["load_average_at_end"] = [round(x, 2) for x in os.getloadavg()]
         record["wall_seconds"] = round(time.monotonic() - t_start, 1)
-        problems = [f"{r['layer']} {r['path']} {size_label(r['size_bytes'])} x{r['threads']}"
-                    for r in record["results"]
-                    if not r.get("cached_path_only", True) or not r.get("map_path_taken", True)]
+        record["path_checked"] = summary(r["path_check"] for r in record["results"])
+        problems = failed(r["path_check"] for r in record["results"])
         record["problems"] = problems
 
         out = Path(args.out.format(backend=backend, date=now.date().isoformat()))
@@ -423,7 +461,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"\nwrote {out} ({record['wall_seconds']} s)\n")
         print(markdown(record))
         if problems:
-            print("\nthe intended path was NOT taken by: " + "; ".join(problems), file=sys.stderr)
+            print("\nPATH CHECK FAILED: these rows measured another path than they name (figures not "
+                  "comparable):\n  " + "\n  ".join(problems), file=sys.stderr)
             return 1
     return 0
 

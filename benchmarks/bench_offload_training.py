@@ -43,6 +43,9 @@ space to hold them all; per scheduled step it reports the pager's measured bytes
 link (``step_bytes_paged``), bytes and FLOPs recomputed, kept bytes and the space's peak mapped
 bytes against the budget, the plan's modelled H100 time (a prediction), and every run's
 gradients of the last step are compared bit for bit with ``native`` at the same batch.
+Every run that finished checks it took the path its configuration names (``run_check``: the
+paging configurations paged, the copying peers copied, the others moved nothing; recorded as
+``path_check`` per run and ``path_checked``); a miss makes the script exit 1, naming the run.
 
     python benchmarks/bench_offload_training.py --chart benchmarks/results/offload_training.png
     python benchmarks/bench_offload_training.py --cpu-smoke --out /tmp/smoke.json
@@ -63,6 +66,11 @@ import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+if str(Path(__file__).resolve().parent) not in sys.path:
+    sys.path.insert(0, str(Path(__file__).resolve().parent))  # path_check and provenance sit beside this file
+
+from path_check import check, failed, summary  # noqa: E402
 
 MiB = 1 << 20
 GPU_CONFIGS = ["native", "expandable", "save_on_cpu", "offloader", "checkpoint", "vtalloc_off", "vtalloc"]
@@ -409,11 +417,37 @@ def child(cfg: dict[str, Any]) -> dict[str, Any]:
             out["bytes_moved_how"] = {"save_on_cpu": "counted in save_on_cpu's hooks (pack copies, unpack copies)",
                                       "offloader": "counted in the offloader's hooks"}.get(name, "none: nothing moves")
         out["bytes_moved_per_step"] = moved_b / n
+        out["path_check"] = run_check(out)
     out.update(peak_memory(torch, cuda, name, vt, space))
     if space is not None:
         del pager, net, opt, x, y, scope
         space.close()
     return out
+
+
+def run_check(out: dict[str, Any]) -> dict[str, Any]:
+    """Did the run take the path its configuration names? A paging configuration (vtalloc,
+    vtalloc_off) paged: the pager offloaded saved tensors and the space moved bytes in the timed
+    steps (offload-only recomputed nothing); save_on_cpu and the offloader copied bytes out and
+    back; native, expandable and checkpoint moved none. The configuration's process ran with
+    expandable segments exactly when it is named ``expandable``."""
+    name = out["config"]
+    moved = out["bytes_moved_per_step"]
+    measured: dict[str, Any] = {"bytes_moved_per_step": moved,
+                                "expandable_segments": "expandable_segments:True" in
+                                os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "")}
+    expected: dict[str, Any] = {"expandable_segments": name == "expandable"}
+    if name in PAGER_CONFIGS:
+        measured["pager_offloads"] = out["pager"]["offloads"]
+        expected.update(bytes_moved_per_step={"min": 1}, pager_offloads={"min": 1})
+        if name == "vtalloc_off":
+            measured["bytes_recomputed"] = out["pager_step"]["bytes_recomputed"]
+            expected["bytes_recomputed"] = 0
+    elif name in ("save_on_cpu", "offloader"):
+        expected["bytes_moved_per_step"] = {"min": 1}
+    else:
+        expected["bytes_moved_per_step"] = 0
+    return check(f"{out['model']} batch {out['batch']} {name}", name, expected, measured)
 
 
 def pager_step(pager: Any, space: Any) -> dict[str, Any]:
@@ -724,6 +758,7 @@ def main(argv: list[str] | None = None) -> int:
     if grads_dir:
         grads_dir.cleanup()
     paging_exact = all(c["bit_identical"] for c in grad_checks if c["config"] in PAGER_CONFIGS)
+    path_checks = [r["path_check"] for r in runs if "path_check" in r]  # runs that finished ("ok")
     record: dict[str, Any] = {
         "benchmark": "offload_training", "device": device, "cpu_smoke": smoke,
         "provenance": {"date": _dt.date.today().isoformat(), "command": " ".join([Path(sys.argv[0]).as_posix()] + sys.argv[1:]),
@@ -731,7 +766,7 @@ def main(argv: list[str] | None = None) -> int:
         "settings": {**base, "models": models, "configs": configs, "multiples": multiples, "loss_rtol": rtol},
         "probes": probes, "runs": runs, "loss_checks": checks, "losses_match": all(c["equal"] for c in checks),
         "grad_checks": grad_checks, "vtalloc_grads_bit_identical": paging_exact, "recompute": rec_rows,
-        "notes": a.note}
+        "path_checked": summary(path_checks), "notes": a.note}
     if a.chart:
         record["chart"] = chart(runs, a.chart, f"offload training, {device}, cap {base['cap']}, {record['provenance']['date']}")
     out = Path(a.out.format(device=device, date=record["provenance"]["date"]))
@@ -745,7 +780,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"vtalloc gradients bit-identical to native: {paging_exact}")
     print(f"losses match (rtol {rtol:g}): {record['losses_match']}; wrote {out}" + (f"; chart: {record['chart']}" if a.chart else ""))
     crashed = [r for r in runs if r.get("status") not in ("ok", "oom")]
-    return 0 if record["losses_match"] and paging_exact and not crashed else 1
+    if failed(path_checks):
+        print("PATH CHECK FAILED: runs measured another path than their configuration names:\n  "
+              + "\n  ".join(failed(path_checks)), file=sys.stderr)
+    return 0 if record["losses_match"] and paging_exact and not crashed and not failed(path_checks) else 1
 
 
 def _provenance(device: str) -> dict[str, Any]:

@@ -31,7 +31,10 @@ Invariants: nothing here decides what may move: every byte counted as moved is o
 reported; saved allocations are never restored (nothing writes in a replay, and freeing an
 offloaded allocation is legal); a mark of an allocation already saved adds no bytes (counted as
 a repeat: paged_activations would count the storage again); every space is closed, its host
-streams destroyed; a full host pool (``HostPoolExhaustedError``) is a BenchError, not a figure.
+streams destroyed; a full host pool (``HostPoolExhaustedError``) is a BenchError, not a figure;
+each row checks it took that path and no other (``replay_check``: copy mode, the bytes counted as
+moved evicted by the engine, nothing restored, no pressure eviction or OOM; ``path_check`` per
+row, ``path_checked`` in the record), and a miss makes the script exit 1 naming the row.
 
     python benchmarks/bench_saved_offload.py                          # every stored trace, shares 0.25, 0, 0.5
     python benchmarks/bench_saved_offload.py --trace bert --budget-share 0.1
@@ -56,6 +59,7 @@ if str(HERE) not in sys.path:
     sys.path.insert(0, str(HERE))  # trace_format and provenance sit beside this file
 
 import trace_format  # noqa: E402
+from path_check import check, failed, summary  # noqa: E402
 from provenance import git_info, machine_info  # noqa: E402
 
 MiB = 1 << 20
@@ -218,6 +222,7 @@ def replay(trace: trace_format.Trace, share: float) -> dict[str, Any]:
         space.synchronize()
         stats = space.stats()
         page = space.page_bytes
+        active_mode = space.evict_mode
         for ident in sorted(addr):  # clean up: a stream with a live allocation cannot be destroyed
             space.free(addr[ident])
         for st in made:
@@ -248,7 +253,25 @@ def replay(trace: trace_format.Trace, share: float) -> dict[str, Any]:
         "pressure_evictions": stats.pressure_evictions, "ooms": stats.num_ooms,
         "peak_mapped_bytes": stats.peak_mapped_bytes, "wall_s": round(time.perf_counter() - t0, 2),
         "meets_requirement": None if not asked_bytes else moved_bytes >= REQUIRED * asked_bytes,
+        "path_check": replay_check(f"{trace.name} budget {share:g}", active_mode, stats.as_dict(), moved_bytes,
+                                   offload_calls),
     }
+
+
+def replay_check(row: str, active_mode: str, stats: dict[str, Any], moved_bytes: int,
+                 offload_calls: int = 0) -> dict[str, Any]:
+    """The replay took paged_activations' evict-behind path, no other: copy mode as set; every byte
+    counted as moved was evicted by the engine (bytes_evicted_total covers it: an allocation offloaded
+    again counts its bytes again there); nothing restored (nothing is read back in a replay); no
+    eviction under memory pressure and no OOM (at 4x peak live, a pressure eviction would move bytes
+    the rule did not ask for). ``offload_calls`` is recorded, not checked: a row whose resident saved
+    bytes never exceeded its budget asks nothing (0 calls) and says so in its table ("-")."""
+    return check(row, "evict-behind offload (copy mode)",
+                 {"evict_mode": "copy", "bytes_evicted_total": {"min": moved_bytes}, "restores": 0,
+                  "pressure_evictions": 0, "num_ooms": 0},
+                 {"evict_mode": active_mode, **{k: stats[k] for k in ("bytes_evicted_total", "restores",
+                                                                      "pressure_evictions", "num_ooms")},
+                  "offload_calls": offload_calls})
 
 
 def _mib(n: int | None) -> str:
@@ -337,8 +360,16 @@ def main(argv: list[str] | None = None) -> int:
     except BenchError as e:
         print(f"bench_saved_offload: {e}", file=sys.stderr)
         return 1
+    checks = [r["path_check"] for r in rows]
+    record["path_checked"] = summary(checks)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(record, indent=1) + "\n")
     print(table(rows))
     print(f"wrote {out}")
+    if failed(checks):
+        print("PATH CHECK FAILED: rows measured another path than they name:\n  " + "\n  ".join(failed(checks)),
+              file=sys.stderr)
+        return 1
     return 0
 
 

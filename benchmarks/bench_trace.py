@@ -50,6 +50,7 @@ if str(HERE) not in sys.path:
 
 import trace_format  # noqa: E402
 from capacity_search import BenchError, search_min  # noqa: E402
+from path_check import check, failed, summary  # noqa: E402
 
 MiB = 1 << 20
 # The page-rounded peak: a property of the trace, whatever the Config (what whole-page rounding of
@@ -168,6 +169,8 @@ class Replay:
     driver_calls: dict[str, int]    # during the loop, by kind (Stats.driver_calls() names), and "total"
     setup_driver_calls: int         # made by creating the space and its streams (not in driver_calls)
     modeled_ns: int | None          # the cost model's clock over the loop; None without a model
+    counted: dict[str, int] = dataclasses.field(default_factory=dict)  # the space's counters over the loop
+    done: dict[str, int] = dataclasses.field(default_factory=dict)     # mallocs and frees the loop made
 
     @property
     def ns_per_op(self) -> float:
@@ -244,6 +247,9 @@ def replay_host(compiled: Compiled, config: Any, capacity: int, host_limit: int 
         live: set[int] = set()
         for is_alloc, ident, _, _ in ops[:stop]:
             (live.add if is_alloc else live.discard)(ident)
+        b, a = before.as_dict(), after.as_dict()
+        counted = {k: a[k] - b[k] for k in ("num_allocs", "num_frees", "evictions", "restores", "pressure_evictions")}
+        mallocs = sum(1 for op in ops[:stop] if op[0])
         for ident in sorted(live):  # clean up: a stream with a live allocation cannot be destroyed
             space.free(addrs[ident])
         for s in made:
@@ -252,12 +258,25 @@ def replay_host(compiled: Compiled, config: Any, capacity: int, host_limit: int 
                       oom_event=oom_event, oom_size=oom_size, wall_ns=wall, user_ns=u1 - u0, sys_ns=s1 - s0,
                       peak_mapped_bytes=after.peak_mapped_bytes, driver_calls=calls,
                       setup_driver_calls=_calls(before)["total"],
-                      modeled_ns=None if m0 is None or m1 is None else m1 - m0)
+                      modeled_ns=None if m0 is None or m1 is None else m1 - m0,
+                      counted=counted, done={"mallocs": mallocs, "frees": stop - mallocs})
     finally:
         space.close()
 
 
 # -- one trace on the host ---------------------------------------------------------------------------
+
+def replay_check(row: str, replay: Replay, modeled: bool) -> dict[str, Any]:
+    """The replay ran the trace through this space's malloc and free and nothing else: the space
+    counted exactly the mallocs and frees the loop made (the one that failed at an OOM is not
+    counted), nothing was evicted or restored (nothing is marked evictable), and the cost model's
+    clock ran exactly in the replay that reports modeled time (the CPU-time replays have none)."""
+    c = replay.counted
+    measured = {**c, "modeled": replay.modeled_ns is not None}
+    expected = {"num_allocs": replay.done.get("mallocs"), "num_frees": replay.done.get("frees"), "evictions": 0,
+                "restores": 0, "pressure_evictions": 0, "modeled": modeled}
+    return check(row, "malloc/free replay" + (" (cost model)" if modeled else ""), expected, measured)
+
 
 def _per_op(total: int | None, ops: int) -> float | None:
     return None if total is None or not ops else total / ops
@@ -277,6 +296,10 @@ def _at(replays: list[Replay], modeled: Replay, peak_live: int, *, cpu: bool) ->
         "modeled_h100_ns_per_op": _per_op(modeled.modeled_ns, modeled.events_done),
         "modeled_replay_driver_calls": modeled.driver_calls,
     }
+    at = f"at {first.capacity_bytes} B"
+    checks = [replay_check(f"{at}, replay {i}", r, False) for i, r in enumerate(replays)]
+    checks.append(replay_check(f"{at}, modeled replay", modeled, True))
+    row["path_checked"] = summary(checks)
     if cpu:
         row.update(cpu_ns_per_op=statistics.median(r.ns_per_op for r in replays),
                    user_ns_per_op=statistics.median(_per_op(r.user_ns, r.events_done) or 0.0 for r in replays),
@@ -925,8 +948,16 @@ def _main_host(a: argparse.Namespace, paths: list[Path], opts: dict[str, Any], d
                                   host_limit=host_limit))
         print(f"  {rows[-1]['name']}: {rows[-1]['wall_s']:.1f} s", flush=True)
         out = _write(record, a.out, "host", date)  # after each trace: an interrupted run keeps what it finished
+    checks = [{**c, "row": f"{r['name']} {key} {c['row']}"} for r in rows for key in ("at_capacity", "at_4x", "at_min")
+              if "path_checked" in r.get(key, {}) for c in r[key]["path_checked"]["checks"]]
+    record["path_checked"] = summary(checks)
+    out = _write(record, a.out, "host", date)
     print(table(rows))
     print(f"wrote {out}")
+    if failed(checks):
+        print("PATH CHECK FAILED: replays measured another path than they name:\n  " + "\n  ".join(failed(checks)),
+              file=sys.stderr)
+        return 1
     return 0
 
 

@@ -8,7 +8,9 @@ forward, before the newest tensors are kept; the kept bytes at its end), so addi
 peaks overstates what is held at once; this probe reads the sum at each pack.
 Invariants: the same model, data, budget and space as bench_offload_training.py's
 ``--budget-fraction`` runs (its functions are used, not copied); the space is trimmed before
-each step; the pack hook is wrapped, never changed; JSON with provenance to ``--out``.
+each step; the pack hook is wrapped, never changed; JSON with provenance to ``--out``; each
+step checks that it measured paging (the wrapped hook sampled, the pager offloaded in that step:
+``path_check``, ``path_checked``), and a step that did not makes the probe exit 1.
 
     python benchmarks/probe_paged_footprint.py --model gpt2 --recompute off --out F.json
 """
@@ -24,6 +26,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import bench_offload_training as bench  # noqa: E402
+from path_check import check, failed, summary  # noqa: E402
 from provenance import git_info, machine_info  # noqa: E402
 
 MiB = 1 << 20
@@ -50,10 +53,11 @@ def probe(model: str, budget_fraction: float, recompute: str, steps: int, batch:
         for step in range(steps):
             space.trim()
             space.reset_peak_stats()
-            worst = {"sum": 0, "mapped": 0, "kept": 0}
+            worst = {"sum": 0, "mapped": 0, "kept": 0, "samples": 0}
 
             def sampled(t: Any, worst: dict = worst, pager: Any = pager) -> Any:
                 out = pack(t)
+                worst["samples"] += 1
                 mapped = space.stats().mapped_bytes
                 kept = pager.stats().step_kept_bytes
                 if mapped + kept > worst["sum"]:
@@ -65,15 +69,20 @@ def probe(model: str, budget_fraction: float, recompute: str, steps: int, batch:
                 loss = loss_fn(net(x), y)
             pager._pack = pack
             st = pager.stats()
+            offloads_before = rows[-1]["offloads_total"] if rows else 0
             rows.append({"step": step, "peak_kept_plus_mapped": worst["sum"], "mapped_then": worst["mapped"],
                          "kept_then": worst["kept"], "fwd_peak_mapped": space.stats().peak_mapped_bytes,
                          "kept_at_end": st.step_kept_bytes, "releases": st.releases,
-                         "release_waits": st.release_waits})
+                         "release_waits": st.release_waits, "samples": worst["samples"],
+                         "offloads_total": st.offloads})
+            rows[-1]["path_check"] = check(f"{model} step {step}", "paged_activations paging, sampled at each pack",
+                                           {"samples": {"min": 1}, "offloads": {"min": 1}},
+                                           {"samples": worst["samples"], "offloads": st.offloads - offloads_before})
             loss.backward()
             del loss
         del pager
     return {"model": model, "recompute": recompute, "budget_bytes": budget, "saved_bytes": fwd["saved_bytes"],
-            "steps": rows}
+            "steps": rows, "path_checked": summary(r["path_check"] for r in rows)}
 
 
 def main() -> None:
@@ -94,6 +103,9 @@ def main() -> None:
               f"mapped {r['mapped_then'] / MiB:.2f} + kept {r['kept_then'] / MiB:.2f} then), "
               f"fwd peak mapped {r['fwd_peak_mapped'] / MiB:.2f}, kept at end {r['kept_at_end'] / MiB:.2f}, "
               f"releases {r['releases']} (waits {r['release_waits']})")
+    bad = failed(r["path_check"] for r in rec["steps"])
+    if bad:  # after the JSON is written: it shows what was measured instead
+        sys.exit("PATH CHECK FAILED: steps that did not measure paging:\n  " + "\n  ".join(bad))
 
 
 if __name__ == "__main__":

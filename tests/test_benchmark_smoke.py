@@ -2,7 +2,8 @@
 
 Owns: smoke runs of benchmarks/bench_offload_training.py (--cpu-smoke) and
 benchmarks/bench_churn.py (--backend host), each in a subprocess, and checks of the JSON they
-write; the churn sequence's own rules.
+write (their "measured the named path" check included: ``path_checked``); the churn sequence's
+own rules.
 Invariants: these check shape and correctness (losses equal, no OOM, pages really moved), never
 speed.
 """
@@ -69,10 +70,18 @@ def test_offload_training_cpu_smoke_runs_every_config_with_equal_losses(tmp_path
         if r["config"] in ("save_on_cpu", "offloader"):
             assert r["bytes_moved_per_step"] > 0, r
     assert "losses match (rtol 1e-05): True" in p.stdout and "| cnn | 16 | vtalloc |" in p.stdout
+    check_paths(record, len(runs))
     if importlib.util.find_spec("matplotlib"):
         assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     else:
         assert record["chart"].startswith("skipped")
+
+
+def check_paths(record: dict, rows: int) -> None:
+    """The benchmark's own "measured the named path" check ran on every row and passed."""
+    pc = record["path_checked"]
+    assert pc["passed"] is True and pc["failures"] == [] and pc["rows_checked"] == rows == len(pc["checks"]), pc
+    assert all(c["passed"] for c in pc["checks"])
 
 
 def quick_recompute_bench(tmp_path, models: str) -> dict:
@@ -82,6 +91,7 @@ def quick_recompute_bench(tmp_path, models: str) -> dict:
                   "--multiples", "1", "--out", str(out), timeout=480)
     record = json.loads(out.read_text())
     check_provenance(record)
+    check_paths(record, len(record["runs"]))
     assert "| recompute FLOPs / fwd |" in p.stdout and "vtalloc gradients bit-identical to native: True" in p.stdout
     return record
 
@@ -142,6 +152,8 @@ def test_churn_host_backend_smoke_has_no_oom_and_remaps(tmp_path):
     assert r["num_page_reclaims"] > 0 and r["num_map_calls"] > 0 and r["num_unmap_calls"] > 0
     assert r["stats_delta"]["num_allocs"] == r["allocs"] and r["time_s"] > 0
     assert "| vtalloc_host |" in p.stdout
+    check_paths(record, 1)
+    assert r["path_check"]["measured"]["num_allocs"] == r["allocs"]
 
 
 def test_churn_sequence_is_seeded_and_stays_under_the_live_limit():
@@ -192,4 +204,5 @@ def test_paged_footprint_probe_reads_kept_plus_mapped_at_every_pack(tmp_path):
     for r in rec["steps"]:
         assert 0 < r["peak_kept_plus_mapped"] == r["mapped_then"] + r["kept_then"]
         assert r["peak_kept_plus_mapped"] <= budget + 2 * (budget // 4) + 4 * page, r
-        assert r["releases"] > 0
+        assert r["releases"] > 0 and r["path_check"]["measured"]["offloads"] > 0
+    check_paths(rec, 2)
