@@ -69,6 +69,7 @@ class LruPolicy final : public VictimPolicy {
   // runs it touched.
   uint64_t cut(uintptr_t lo, uintptr_t hi) {
     uint64_t runs = 0;
+    if (lo >= hi) return 0;  // nothing to cut (a run at lo would otherwise be split at lo)
     auto it = by_addr_.upper_bound(lo);
     if (it != by_addr_.begin() && std::prev(it)->second->hi > lo) --it;  // the run lo falls in
     while (it != by_addr_.end() && it->first < hi) {
