@@ -1,4 +1,4 @@
-"""What a free costs the eviction engine's LRU while allocations are evictable (issue 26).
+"""What a free costs the eviction engine's LRU while allocations are evictable.
 
 Owns: the check that freeing an evictable allocation touches a bounded number of LRU entries
 whatever its size (the LRU stores runs of pages, and a free forgets the pages only it covered
