@@ -154,6 +154,7 @@ _PROTOTYPES: _cabi.Prototypes = {
     "vta_debug_run_kernel": (i32, [ctypes.c_void_p, u64, u64, u64, i32, u64, u64]),
     "vta_debug_kernel_counters": (i32, [ctypes.c_void_p, _P(VtaKernelCounters)]),
     "vta_debug_fault_totals": (i32, [_P(u64), _P(u64)]),
+    "vta_debug_victim_counters": (i32, [ctypes.c_void_p, _P(u64), _P(u64)]),
     "vta_space_import_page": (i32, [ctypes.c_void_p, i32, u64]),
     "vta_space_return_pages": (i32, [ctypes.c_void_p, u64, _P(u64), _P(u64)]),
     "vta_pool_create": (i32, [_P(VtaConfig), _P(ctypes.c_void_p)]),

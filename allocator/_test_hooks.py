@@ -49,6 +49,14 @@ class TestHooks:
             mask |= _native.ORDERING_RULES[r]
         _native.check(self._lib.vta_debug_break_ordering(self._h(), mask))
 
+    def _victim_counters(self) -> tuple[int, int]:
+        """Tests only: the eviction engine's victim candidates now (resident pages it may
+        evict) and the entries its LRU touched since the space was created (one per page noted
+        or forgotten, one per stored range a range forget cut): what a free cost there."""
+        pages, touched = ctypes.c_uint64(), ctypes.c_uint64()
+        _native.check(self._lib.vta_debug_victim_counters(self._h(), ctypes.byref(pages), ctypes.byref(touched)))
+        return pages.value, touched.value
+
     # -- test kernels (host backend) -----------------------------------------------------------
     def _create_stream(self) -> int:
         """Tests only: a stream of this space's own, for :meth:`_run_kernel`; destroy it with

@@ -185,14 +185,10 @@ void AllocPolicy::unmap_cached() {
 void AllocPolicy::free(uintptr_t address) {
   auto it = live_.find_live(address);
   const Allocation a = live_.erase(it);
-  // Its pages may have become (un)evictable: all of them if it was evictable, else only the
-  // pages it shared with others.
-  if (a.evictable) {
-    port_->note_use(address, a.size);
-  } else if (live_.evictable_bytes()) {
-    port_->note_use(address, 1);
-    port_->note_use(address + a.size - 1, 1);
-  }
+  // Its pages may have become (un)evictable: those it shared with others (its first and last)
+  // are looked at again, the ones between are no candidates any more, in one step whatever its
+  // size (were it not evictable, none of them was one).
+  if (a.evictable || live_.evictable_bytes()) port_->note_left(address, a.size);
   retire(address, a, false);
   if (!uses_.empty()) poll_uses(false);
   drain_pending(false);  // earlier batches whose events completed (no call while all are open)
@@ -237,7 +233,7 @@ void AllocPolicy::keep(uintptr_t address) {
   auto it = live_.find_live(address);
   const Allocation a = it->second;
   live_.keep(it);
-  if (a.evictable || live_.evictable_bytes()) port_->note_use(address, a.size);
+  if (a.evictable || live_.evictable_bytes()) port_->note_left(address, a.size);  // kept: none of its pages is a candidate
   retire(address, a, true);
 }
 

@@ -41,6 +41,11 @@ class ResidencyPort {
   // The pages of [start, start + bytes) were used, or may have become (un)evictable: the
   // engine's victim policy (evict/victim_policy.hpp) brings its candidates up to date.
   virtual void note_use(uintptr_t start, uint64_t bytes) = 0;
+  // The live allocation over [start, start + bytes) no longer makes its pages victims (freed,
+  // or kept by a graph pool): as note_use() over it, but the pages only it covers simply stop
+  // being candidates, in one step whatever its size (only its first and last pages, which it
+  // may share with neighbours, are looked at one by one).
+  virtual void note_left(uintptr_t start, uint64_t bytes) = 0;
   // For out-of-memory messages.
   virtual uint64_t host_pool_used_bytes() const = 0;
   virtual uint64_t host_pool_capacity_bytes() const = 0;

@@ -284,6 +284,15 @@ vta_status_t vta_debug_kernel_counters(vta_space_t* space, vta_kernel_counters_t
   });
 }
 
+vta_status_t vta_debug_victim_counters(vta_space_t* space, uint64_t* out_candidate_pages,
+                                       uint64_t* out_entries_touched) {
+  return guarded([&] {
+    need(out_candidate_pages, "candidate pages output");
+    need(out_entries_touched, "entries touched output");
+    open_space(space).victim_counters(out_candidate_pages, out_entries_touched);
+  });
+}
+
 vta_status_t vta_debug_fault_totals(uint64_t* out_kernel_faults, uint64_t* out_copy_faults) {
   return guarded([&] {
     need(out_kernel_faults, "kernel faults output");

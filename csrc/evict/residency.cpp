@@ -139,7 +139,7 @@ bool Residency::evict_page(uintptr_t page, bool wait) {
   p.issued = Clock::now();
   add_away(va, p);
   in_flight_ += npages;
-  for (uint32_t k = 0; k < npages; ++k) victims_->forget(va + k * page_bytes_);
+  victims_->forget_range(va, va + uint64_t{npages} * page_bytes_);
   if (wait) finish_inflight(va, true);
   return true;
 }

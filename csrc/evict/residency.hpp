@@ -98,6 +98,12 @@ class Residency final : public ResidencyPort {
   bool away_span(uintptr_t va, uintptr_t* first, uint64_t* bytes) const override;
   void drop_away_page(uintptr_t first) override;
   void note_use(uintptr_t start, uint64_t bytes) override;
+  void note_left(uintptr_t start, uint64_t bytes) override;
+  // Tests only: the victim policy's candidate pages now and entries touched so far.
+  void victim_counters(uint64_t* candidate_pages, uint64_t* entries_touched) const {
+    *candidate_pages = victims_->candidate_pages();
+    *entries_touched = victims_->entries_touched();
+  }
   uint64_t host_pool_used_bytes() const override { return host_pool_ ? host_pool_->used_bytes() : 0; }
   uint64_t host_pool_capacity_bytes() const override { return host_capacity_; }
 
@@ -206,7 +212,7 @@ class Residency final : public ResidencyPort {
   bool copy_stream_made_ = false;
   std::unordered_map<uintptr_t, AwayPage> away_;
   uint64_t in_flight_ = 0;  // pages of away pages being evicted or restored
-  std::unique_ptr<VictimPolicy> victims_ = std::make_unique<LruPolicy>();  // the candidates, best victim first
+  std::unique_ptr<VictimPolicy> victims_ = std::make_unique<LruPolicy>(page_bytes_);  // the candidates, best victim first
   uintptr_t pin_lo_ = 0, pin_hi_ = 0;  // pages of the allocation being made resident, or of the block being placed
   std::unordered_map<uintptr_t, uintptr_t> away_first_;  // other pages of multi-page away pages
   uintptr_t window_ = 0;               // mapped mode: device handles' window reservation

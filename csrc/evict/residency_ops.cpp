@@ -28,6 +28,16 @@ void Residency::note_use(uintptr_t start, uint64_t bytes) {
   for (uintptr_t va = page_of(start); va < start + bytes; va += page_bytes_) note_page(va);
 }
 
+// The pages strictly between the first and the last lie under this allocation alone, so none
+// is a candidate once it left: note_use() would forget each; forget_range() does it at once.
+// Same calls, same order (first page, the pages between, last page): the LRU order is unchanged.
+void Residency::note_left(uintptr_t start, uint64_t bytes) {
+  uintptr_t first = page_of(start), last = page_of(start + bytes - 1);
+  note_page(first);
+  if (last > first + page_bytes_) victims_->forget_range(first + page_bytes_, last);
+  if (last != first) note_page(last);
+}
+
 bool Residency::free_device_page(bool may_evict) {
   if (release_evicted()) return true;
   if (finish_evictions()) return true;  // copies still running: their pages are next

@@ -17,8 +17,9 @@
 //  - paged activations' (allocator/torch/activation_paging.py, evict-behind): in a training step,
 //    the oldest saved tensors over a byte budget, on the order recorded in iteration 0.
 //
-// Invariants: each page is a candidate at most once; forget() of a page that is not one does
-// nothing; visit() offers the candidates best victim first and stops at the first one the
+// Invariants: each page is a candidate at most once; forget() and forget_range() of pages that
+// are not ones do nothing; forget_range() costs no step per page it spans (a freed or evicted
+// allocation of any size: O(log n + ranges it overlaps) in the LRU); visit() offers the candidates best victim first and stops at the first one the
 // visitor takes (returns true), before it looks at the next, so the visitor may change the
 // candidates (evicting a page forgets it) as long as it then returns true. Every call is made
 // under the address space's lock.
@@ -36,9 +37,15 @@ class VictimPolicy {
   virtual void note_use(uintptr_t va) = 0;
   // Page `va` may not be evicted any more (away, unmapped, or an allocation on it is not evictable).
   virtual void forget(uintptr_t va) = 0;
+  // No page of [lo, hi) (page-aligned) may be evicted any more: forget() of each, in one step.
+  virtual void forget_range(uintptr_t lo, uintptr_t hi) = 0;
   virtual void clear() = 0;
   // Offer the candidates to `take`, best victim first, until it returns true; whether it did.
   virtual bool visit(const std::function<bool(uintptr_t)>& take) const = 0;
+  // Tests (vta_debug_victim_counters): the candidates now, and the entries the calls so far
+  // touched (a page noted or forgotten, a stored range that forget_range() cut).
+  virtual uint64_t candidate_pages() const = 0;
+  virtual uint64_t entries_touched() const = 0;
 };
 
 }  // namespace vta

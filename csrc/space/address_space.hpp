@@ -80,6 +80,9 @@ class AddressSpace {
   void run_test_kernel(StreamHandle stream, uintptr_t address, uint64_t nbytes, int kind, uint64_t seed,
                        uint64_t duration_ns);
   vta_kernel_counters_t kernel_counters();
+  // The victim policy's candidate pages now and the entries its calls touched so far (tests:
+  // what a free costs in the LRU).
+  void victim_counters(uint64_t* candidate_pages, uint64_t* entries_touched);
 
   // Leased mode (VTA_CONFIG_LEASED): pages come from the service, not from the backend.
   // A tag names one page held: a second import with the same tag is refused.

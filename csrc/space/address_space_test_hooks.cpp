@@ -1,7 +1,8 @@
 // AddressSpace test hooks: streams of the space's own, and test kernels on them.
 //
 // Owns: user_streams_, the streams a test created on this space, and the launch of test
-// kernels (backend/host_kernels.hpp; host backend only, other backends refuse them).
+// kernels (backend/host_kernels.hpp; host backend only, other backends refuse them); the read
+// of the victim policy's counters (victim_counters: what a free costs the LRU), which changes nothing.
 // Invariants: a kernel is launched only over a range inside one live allocation and on
 // stream 0 or a user stream of this space; it runs later on the stream's worker without the
 // space's lock, like a GPU kernel, so paging, restore and reclaim can race it (what the
@@ -68,6 +69,12 @@ void AddressSpace::run_test_kernel(StreamHandle stream, uintptr_t address, uint6
   (void)policy_.live().find_range(address, 0, nbytes);  // inside one live allocation
   need_known_stream(user_streams_, stream, true);
   check(backend_->launch_test_kernel(stream, address, nbytes, kind, seed, duration_ns));
+}
+
+void AddressSpace::victim_counters(uint64_t* candidate_pages, uint64_t* entries_touched) {
+  std::lock_guard<std::mutex> lk(mu_);
+  check_open_locked();
+  residency_.victim_counters(candidate_pages, entries_touched);
 }
 
 vta_kernel_counters_t AddressSpace::kernel_counters() {

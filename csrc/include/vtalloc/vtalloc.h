@@ -288,6 +288,11 @@ VTA_API vta_status_t vta_debug_run_kernel(vta_space_t* space, uint64_t stream, u
                                           int32_t kind, uint64_t seed, uint64_t duration_ns);
 /* The space's backend's counters (every kernel and copy since the space was created). */
 VTA_API vta_status_t vta_debug_kernel_counters(vta_space_t* space, vta_kernel_counters_t* out);
+/* Tests only: the eviction engine's victim candidates (resident pages it may evict) now, and
+ * the entries its victim policy touched since the space was created: one per page noted or
+ * forgotten, one per stored range cut by a range forget (what a free costs in the LRU). */
+VTA_API vta_status_t vta_debug_victim_counters(vta_space_t* space, uint64_t* out_candidate_pages,
+                                               uint64_t* out_entries_touched);
 /* Faults the host backend's guards caught in this process, all spaces together, never reset. */
 VTA_API vta_status_t vta_debug_fault_totals(uint64_t* out_kernel_faults, uint64_t* out_copy_faults);
 
