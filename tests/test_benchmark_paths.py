@@ -181,3 +181,16 @@ def test_trace_quick_checks_every_replay_and_fails_on_evictions(tmp_path):
     assert c["mismatches"] == ["evictions=1 (expected 0)", "pressure_evictions=1 (expected 0)",
                                "modeled=False (expected True)"]
 
+
+
+def test_free_evictable_quick_checks_the_lru_work_does_not_grow_with_the_size(tmp_path):
+    out = tmp_path / "free.json"
+    run_bench("bench_free_evictable.py", "--quick", "--out", str(out))
+    rec = json.loads(out.read_text())
+    assert rec["path_checked"]["passed"]
+    ev = {r["size_bytes"]: r["lru_entries_touched_per_free"] for r in rec["rows"] if r["evictable"]}
+    assert ev[2 * MiB] <= ev[64 * MiB] <= 3  # the page walk touched one entry per page (32 at 64 MiB)
+    bench = load_script("bench_free_evictable")
+    walked = [{"size_bytes": 2 * MiB, "evictable": True, "lru_entries_touched_per_free": 1},
+              {"size_bytes": 64 * MiB, "evictable": True, "lru_entries_touched_per_free": 32}]
+    assert not bench.path_check(walked)["passed"]
