@@ -137,6 +137,22 @@ def test_offload_training_recompute_quick_transformers_gpt2_with_dropout(tmp_pat
     assert auto["bytes_recomputed"] > 0  # dropout (p=0.1) among them: RNG replayed bit-exact
 
 
+@pytest.mark.xfail(strict=True, reason=(
+    "known regression since 890cd47 (blocks share pages): the default host churn (cap 512 MiB, 1-96 MiB, "
+    "3000 ops) hits 8 OOMs at 2026-11-26's HEAD with the live set under the cap: mapped bytes that live "
+    "blocks' pages and extents hold but do not use (up to 84 MiB) cannot back a new allocation. Remove "
+    "this mark with the fix (strict: a pass fails until then)"))
+def test_churn_host_default_sequence_has_no_oom(tmp_path):
+    # The script's own invariant (it exits 1 on any vtalloc OOM) at its default sequence, which
+    # the smoke run below is too small to reach.
+    out = tmp_path / "churn.json"
+    p = subprocess.run([sys.executable, str(BENCH / "bench_churn.py"), "--backend", "host", "--out", str(out)],
+                       capture_output=True, text=True, timeout=300, cwd=BENCH.parent)
+    record = json.loads(out.read_text())
+    assert record["runs"][0]["ooms"] == 0, record["runs"][0].get("oom_examples", [])[:2]
+    assert p.returncode == 0
+
+
 def test_churn_host_backend_smoke_has_no_oom_and_remaps(tmp_path):
     out = tmp_path / "churn.json"
     p = run_bench("bench_churn.py", "--backend", "host", "--ops", "300", "--cap", "64MiB", "--max-size", "16MiB",
