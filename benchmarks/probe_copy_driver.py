@@ -131,14 +131,17 @@ class Probe:
 
     def location_prop(self, location: str) -> Any:
         """The allocation properties of a page at `location`: "device" (the device page), or a
-        host target's location with no handle type, as the cuda backend makes host pages."""
+        host target's location with no handle type, as the cuda backend makes host pages;
+        Refused where the device has no host NUMA id for a NUMA location."""
         loc, none = self.d.CUmemLocationType, self.d.CUmemAllocationHandleType.CU_MEM_HANDLE_TYPE_NONE
         if location == "device":
             return self.dev_prop
         if location in ("host_numa", "host_numa_cpu") and self.numa_id < 0:
             raise Refused("cuDeviceGetAttribute(HOST_NUMA_ID)", f"no host NUMA id ({self.numa_id})")
         where = {"host_numa": (loc.CU_MEM_LOCATION_TYPE_HOST_NUMA, self.numa_id),
-                 "host": (loc.CU_MEM_LOCATION_TYPE_HOST, 0)}[location]
+                 "host_numa_cpu": (loc.CU_MEM_LOCATION_TYPE_HOST_NUMA, self.numa_id),
+                 "host": (loc.CU_MEM_LOCATION_TYPE_HOST, 0),
+                 "host_numa_current": (loc.CU_MEM_LOCATION_TYPE_HOST_NUMA_CURRENT, 0)}[location]
         return self.prop(*where, none)
 
     def time_mapping_calls(self, location: str, nbytes: int, reps: int) -> dict[str, list[float]]:
@@ -183,17 +186,11 @@ class Probe:
 
     def target(self, name: str) -> int:
         """The address of a target of self.nbytes; Refused if the driver will not make it."""
-        d, loc, none = self.d, self.d.CUmemLocationType, self.d.CUmemAllocationHandleType.CU_MEM_HANDLE_TYPE_NONE
+        d = self.d
         if name == "pinned":  # as HostPool's copy-mode chunks: cuMemHostAlloc(PORTABLE)
             return int(self.owned("cuMemHostAlloc", d.cuMemHostAlloc(self.nbytes, d.CU_MEMHOSTALLOC_PORTABLE),
                                   d.cuMemFreeHost))
-        if name in ("host_numa", "host_numa_cpu") and self.numa_id < 0:
-            raise Refused("cuDeviceGetAttribute(HOST_NUMA_ID)", f"no host NUMA id ({self.numa_id})")
-        location = {"host_numa": (loc.CU_MEM_LOCATION_TYPE_HOST_NUMA, self.numa_id),
-                    "host_numa_cpu": (loc.CU_MEM_LOCATION_TYPE_HOST_NUMA, self.numa_id),
-                    "host": (loc.CU_MEM_LOCATION_TYPE_HOST, 0),
-                    "host_numa_current": (loc.CU_MEM_LOCATION_TYPE_HOST_NUMA_CURRENT, 0)}[name]
-        return self.vmm(self.prop(*location, none), device_only=name != "host_numa_cpu")
+        return self.vmm(self.location_prop(name), device_only=name != "host_numa_cpu")
 
     def issue(self, method: str) -> Callable[[int, int, int, Any], None]:
         d = self.d
