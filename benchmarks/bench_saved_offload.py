@@ -295,18 +295,10 @@ def table(rows: Sequence[dict[str, Any]]) -> str:
 
 def resolve(spec: str) -> list[Path]:
     """A trace file, a folder of them (every *.json.gz), or a name in benchmarks/traces/."""
-    path = Path(spec)
-    if path.is_dir():
-        found = trace_format.stored(path)
-        if not found:
-            raise UsageError(f"no *.json.gz trace in {spec}")
-        return found
-    if path.is_file():
-        return [path]
-    named = trace_format.TRACES_DIR / f"{spec}.json.gz"
-    if "/" not in spec and named.is_file():
-        return [named]
-    raise UsageError(f"no trace file, folder or stored trace named {spec!r}")
+    try:
+        return trace_format.resolve(spec)
+    except trace_format.TraceNotFound as e:
+        raise UsageError(str(e)) from None
 
 
 def library() -> dict[str, Any]:

@@ -51,6 +51,9 @@ if str(HERE) not in sys.path:
 import trace_format  # noqa: E402
 from capacity_search import BenchError, search_min  # noqa: E402
 from path_check import check, failed, summary  # noqa: E402
+# provenance at import, not inside _provenance(): tests load this file with the folder on sys.path
+# only while it loads (helpers/benchmarks.py), so a later import of it failed run alone
+from provenance import git_info, machine_info  # noqa: E402
 
 MiB = 1 << 20
 # The page-rounded peak: a property of the trace, whatever the Config (what whole-page rounding of
@@ -100,18 +103,12 @@ HOST_MEMORY_SHARE = 0.6  # default limit: this share of MemAvailable when the be
 
 # -- the trace ---------------------------------------------------------------------------------------
 
-def resolve_trace(spec: str) -> Path:
-    """A path to a trace file, or a bare name: benchmarks/traces/NAME.json.gz."""
-    path = Path(spec)
-    if path.is_file():
-        return path
-    if "/" not in spec and not spec.endswith(".gz"):
-        named = trace_format.TRACES_DIR / f"{spec}.json.gz"
-        if named.is_file():
-            return named
-        stored = ", ".join(p.name[: -len(".json.gz")] for p in trace_format.stored()) or "none"
-        raise UsageError(f"no trace named {spec!r} in {trace_format.TRACES_DIR} (stored: {stored})")
-    raise UsageError(f"trace file {spec} does not exist")
+def resolve_trace(spec: str) -> list[Path]:
+    """The traces a --trace names: a file, a folder of them, or a bare name (benchmarks/traces/NAME.json.gz)."""
+    try:
+        return trace_format.resolve(spec)
+    except trace_format.TraceNotFound as e:
+        raise UsageError(str(e)) from None
 
 
 def page_rounded(size: int) -> int:
@@ -783,8 +780,6 @@ def _package() -> dict[str, Any]:
 
 
 def _provenance(date: str, argv: list[str]) -> dict[str, Any]:
-    from provenance import git_info, machine_info
-
     return {"machine": machine_info(), "git": git_info(), "date": date,
             "command": " ".join(["benchmarks/bench_trace.py", *argv]), "library": _library(),
             "package": _package()}
@@ -800,7 +795,8 @@ def _write(record: dict[str, Any], out_spec: str, backend: str, date: str) -> Pa
 def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     ap.add_argument("--trace", action="append", default=[], metavar="PATH_OR_NAME",
-                    help="a trace file, or a name in benchmarks/traces/ (repeatable; default: every stored trace)")
+                    help="a trace file, a folder of them (every *.json.gz), or a name in benchmarks/traces/ "
+                         "(repeatable; default: every stored trace)")
     ap.add_argument("--quick", action="store_true", help=f"{QUICK_REPEATS} timed repeat instead of {REPEATS}")
     ap.add_argument("--out", default=DEFAULT_OUT,
                     help=f"JSON path ({{backend}}, {{date}} filled in; default {DEFAULT_OUT})")
@@ -904,7 +900,7 @@ def main(argv: list[str] | None = None) -> int:
         if a.compare:
             return _main_compare(*a.compare)
         opts = _options(a)
-        paths = [resolve_trace(t) for t in a.trace] if a.trace else trace_format.stored()
+        paths = [p for t in a.trace for p in resolve_trace(t)] if a.trace else trace_format.stored()
         if not paths:
             raise UsageError(f"no trace stored in {trace_format.TRACES_DIR}; name one with --trace")
         date = _dt.date.today().isoformat()

@@ -1,7 +1,8 @@
 """saved_activation_sizes: which backing vtalloc gives each saved activation, and what moving them costs (issue 10).
 
 Owns: recording the tensors autograd saves in one forward of bench_offload_training.py's models
-(fake tensors: no activation memory), the Python copy of the core's placement rule for a fresh
+(fake tensors: no activation memory; ResNet-50 from torchvision, or resnet50_stand_in.py's network
+where torchvision does not import), the Python copy of the core's placement rule for a fresh
 allocation (a block sharing one page / one-page handles / extents, csrc/alloc/alloc_policy.cpp), a replay of paged_activations' eviction rule, and
 the per-step driver calls and their modeled H100 cost for each placement. Prints a table, writes
 JSON (--out).
@@ -24,7 +25,7 @@ attention save too, bar the philox seed and offset (under 1 KiB, left alone by t
 saves fp32 per-channel statistics on both. Saved tensors are deduplicated by storage: vtalloc backs
 a storage with one allocation of its byte size (torch asks its allocator for storage.nbytes()).
 
-    python benchmarks/saved_activation_sizes.py --out benchmarks/results/saved_activation_sizes.json
+    python benchmarks/saved_activation_sizes.py --out benchmarks/results/saved_activation_sizes-{date}.json
     python benchmarks/saved_activation_sizes.py --models cnn,tiny_transformer --batches cnn=16,tiny_transformer=8
 """
 
@@ -189,9 +190,33 @@ def import_torchvision() -> Any:
     return torchvision
 
 
-def record_saved(model: str, batch: int) -> list[dict[str, Any]]:
+def torchvision_or_why() -> tuple[Any, str]:
+    """(torchvision, "") where it imports beside this torch, else (None, why not)."""
+    try:
+        return import_torchvision(), ""
+    except Exception as e:  # not installed, or a build for another torch (ImportError, RuntimeError, OSError)
+        return None, f"{type(e).__name__}: {e}".splitlines()[0]
+
+
+def resnet50_source(choice: str = "auto") -> str:
+    """Which ResNet-50 record_saved() runs: "torchvision X.Y" or "stand-in (...why...)". ``choice``:
+    auto (torchvision where it imports), torchvision (or an error naming what to install), stand-in."""
+    if choice == "stand-in":
+        return "stand-in (asked for)"
+    tv, why = torchvision_or_why()
+    if tv is not None:
+        return f"torchvision {tv.__version__}"
+    if choice == "torchvision":
+        raise SystemExit(f"saved_activation_sizes: ResNet-50 from torchvision, but torchvision does not import ({why});"
+                         " install the torchvision built for this torch (pip install -e '.[bench]' names it), or"
+                         " run with --resnet50 stand-in")
+    return f"stand-in (torchvision does not import: {why})"
+
+
+def record_saved(model: str, batch: int, resnet50: str = "auto") -> list[dict[str, Any]]:
     """One entry per pack, in pack order: storage key and bytes, the tensor's own bytes, and
-    whether paged_activations would leave it alone (a parameter or a view of one)."""
+    whether paged_activations would leave it alone (a parameter or a view of one). ResNet-50 is
+    torchvision's, or the stand-in where torchvision does not import (``resnet50``: resnet50_source())."""
     import torch
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.func import functional_call
@@ -199,9 +224,16 @@ def record_saved(model: str, batch: int) -> list[dict[str, Any]]:
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     import bench_offload_training as bench
 
-    if model == "resnet50":
-        import_torchvision()
-    net, x, y, loss_fn = bench.build(torch, model, 1, "cpu")
+    if model == "resnet50" and resnet50_source(resnet50).startswith("stand-in"):
+        # bench.build's ResNet-50 inputs and loss with the stand-in network (only shapes matter here)
+        from resnet50_stand_in import resnet50_stand_in
+
+        torch.manual_seed(0)
+        net = resnet50_stand_in(torch).to(memory_format=torch.channels_last)
+        x = torch.randn((1, 3, 224, 224)).contiguous(memory_format=torch.channels_last)
+        y, loss_fn = torch.randint(1000, (1,)), bench._loss_fn(torch)
+    else:
+        net, x, y, loss_fn = bench.build(torch, model, 1, "cpu")
     mode = FakeTensorMode()
     state = {k: mode.from_tensor(v) for k, v in [*net.named_parameters(), *net.named_buffers()]}
     packs: list[dict[str, Any]] = []
@@ -363,7 +395,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--batches", default="resnet50=512/1024,transformer=32/64", help="model=b1/b2,...")
     ap.add_argument("--budgets", default="6GiB,8GiB", help="paged_activations budgets (measured runs: 6GiB; "
                                                           "default: half the 16 GiB cap)")
-    ap.add_argument("--out", default=None, help="JSON path")
+    ap.add_argument("--out", default=None, help="JSON path ({date} filled in)")
+    ap.add_argument("--resnet50", choices=("auto", "torchvision", "stand-in"), default="auto",
+                    help="ResNet-50 from torchvision, or the stand-in of resnet50_stand_in.py (same layers, same order) where "
+                         "torchvision does not import beside this torch; auto: torchvision if it imports")
     a = ap.parse_args(argv)
     batches = {m: [int(b) for b in bs.split("/")] for m, bs in (kv.split("=") for kv in a.batches.split(","))}
     from vtalloc.allocator.config import parse_size  # the project's one size parser
@@ -374,10 +409,14 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(str(e))
     if MEASURED_BUDGET not in budgets:
         budgets.insert(0, MEASURED_BUDGET)
+    models = a.models.split(",")
+    resnet50 = resnet50_source(a.resnet50) if "resnet50" in models else None
+    if resnet50 and resnet50.startswith("stand-in"):
+        print(f"ResNet-50: the {resnet50}", file=sys.stderr)
     results = []
-    for m in a.models.split(","):
+    for m in models:
         for bsz in batches.get(m, []):
-            packs = record_saved(m, bsz)
+            packs = record_saved(m, bsz, a.resnet50)
             s = summarize(packs, budgets)
             results.append({"model": m, "batch": bsz, "summary": s,
                             "largest_saved": sorted({p["storage_bytes"] for p in packs if not p["parameter"]})[-5:]})
@@ -390,7 +429,8 @@ def main(argv: list[str] | None = None) -> int:
     record = {"benchmark": "saved_activation_sizes", "predictions": True,
               "provenance": {"date": _dt.date.today().isoformat(),
                              "command": " ".join([Path(sys.argv[0]).as_posix()] + sys.argv[1:]),
-                             "machine": machine_info(), "git": git_info(), "torch": torch.__version__},
+                             "machine": machine_info(), "git": git_info(), "torch": torch.__version__,
+                             "resnet50": resnet50},
               "method": {"dtype_policy": "CPU autocast bf16 on FakeTensorMode CPU tensors (stands in for CUDA autocast)",
                          "mapped_cycle_calls_per_handle": MAPPED_CYCLE_CALLS,
                          "fitted": {"d2h_to_host_page_factor": FITTED_D2H_TO_HOST_PAGE_FACTOR,
@@ -404,9 +444,10 @@ def main(argv: list[str] | None = None) -> int:
         if r["prediction"]:
             print(r["model"], r["batch"], json.dumps(r["prediction"]))
     if a.out:
-        Path(a.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(a.out).write_text(json.dumps(record, indent=1) + "\n")
-        print(f"wrote {a.out}")
+        out = Path(a.out.format(date=record["provenance"]["date"]))
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(record, indent=1) + "\n")
+        print(f"wrote {out}")
     return 0
 
 

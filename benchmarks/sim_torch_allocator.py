@@ -520,25 +520,23 @@ def table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(out)
 
 
-def resolve_trace(spec: str) -> Path:
-    """A path to a trace file, or a bare name: benchmarks/traces/NAME.json.gz."""
-    path = Path(spec)
-    if path.is_file():
-        return path
-    named = trace_format.TRACES_DIR / f"{spec}.json.gz"
-    if "/" not in spec and named.is_file():
-        return named
-    raise SystemExit(f"sim_torch_allocator: no trace file {spec} (nor {named})")
+def resolve_trace(spec: str) -> list[Path]:
+    """The traces a --trace names: a file, a folder of them, or a name in benchmarks/traces/."""
+    try:
+        return trace_format.resolve(spec)
+    except trace_format.TraceNotFound as e:
+        raise SystemExit(f"sim_torch_allocator: {e}") from None
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     ap.add_argument("--trace", action="append", default=[], metavar="NAME_OR_PATH",
-                    help="a trace file, or a name in benchmarks/traces/ (repeatable; default: every stored trace)")
+                    help="a trace file, a folder of them (every *.json.gz), or a name in benchmarks/traces/ "
+                         "(repeatable; default: every stored trace)")
     ap.add_argument("--out", default=DEFAULT_OUT, help=f"JSON path ({{date}} filled in; default {DEFAULT_OUT})")
     ap.add_argument("--note", action="append", default=[], help="a note stored in the JSON (repeatable)")
     a = ap.parse_args(argv)
-    paths = [resolve_trace(t) for t in a.trace] if a.trace else trace_format.stored()
+    paths = [p for t in a.trace for p in resolve_trace(t)] if a.trace else trace_format.stored()
     traces = [(trace_format.load(p), p) for p in paths]  # every file validates before any replay
     date = _dt.date.today().isoformat()
 

@@ -1,8 +1,9 @@
-"""The allocation-trace file format: record_trace.py writes it, bench_trace.py and
-bench_saved_offload.py read it.
+"""The allocation-trace file format: record_trace.py writes it, bench_trace.py,
+sim_torch_allocator.py and bench_saved_offload.py read it.
 
 Owns: the on-disk form of one allocation trace (a gzip-compressed JSON document), its loading,
-validation and the figures every reader needs first (peak live bytes, counts).
+validation and the figures every reader needs first (peak live bytes, counts); what a reader's
+``--trace`` argument names (``resolve``: a file, a folder of traces, or a stored trace's name).
 Invariants: a trace that loads is valid: allocation ids are 0, 1, 2, ... in the order of their
 allocations, every size is a positive integer, every free names an earlier allocation that is
 still live, no id is freed twice; allocations never freed are live at the end of the trace;
@@ -206,5 +207,27 @@ def save(trace: Trace, path: str | Path) -> Path:
 
 
 def stored(directory: Path = TRACES_DIR) -> list[Path]:
-    """The trace files stored in the repository, by name."""
+    """The trace files stored in the repository (or in ``directory``), by name."""
     return sorted(directory.glob("*.json.gz"))
+
+
+class TraceNotFound(ValueError):
+    """A --trace argument that names no trace file, folder of them or stored trace."""
+
+
+def resolve(spec: str) -> list[Path]:
+    """What a reader's ``--trace`` names: a trace file, a folder of them (every *.json.gz, by name), or
+    a bare name of a stored trace (benchmarks/traces/NAME.json.gz)."""
+    path = Path(spec)
+    if path.is_dir():
+        found = stored(path)
+        if not found:
+            raise TraceNotFound(f"no *.json.gz trace in {spec}")
+        return found
+    if path.is_file():
+        return [path]
+    named = TRACES_DIR / f"{spec}.json.gz"
+    if "/" not in spec and not spec.endswith(".gz") and named.is_file():
+        return [named]
+    names = ", ".join(p.name[: -len(".json.gz")] for p in stored()) or "none"
+    raise TraceNotFound(f"no trace file, folder of traces or stored trace named {spec!r} (stored: {names})")

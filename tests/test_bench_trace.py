@@ -4,7 +4,8 @@ command line, --compare and the device-agnostic body of the GPU mode.
 Owns: checks that the replay computes peak live and page-rounded peaks right, stops at the
 first OOM, maps trace streams to host streams (and destroys them), that the search finds the
 exact threshold (by hand: whole-page allocations cannot fragment, so min capacity == peak live),
-that --capacity replays one capacity, bad sizes are usage errors, --compare's exit codes, the
+that --capacity replays one capacity, what --trace names (a file, a folder of traces, a stored
+trace), bad sizes are usage errors, --compare's exit codes, the
 GPU mode's refusal without CUDA, and replay_on_device / torch_measure against a fake device.
 Invariants: CPU only, small traces (the file runs in seconds); every space is closed and every
 host stream destroyed (conftest checks nothing is left held); the real stored traces are not
@@ -184,6 +185,24 @@ def test_capacity_replays_one_capacity_and_writes_the_record(tmp_path, capsys):
     assert at["capacity_bytes"] == 20 * MiB and at["ok"] and at["events"] == len(WHOLE_PAGES)
     printed = capsys.readouterr().out
     assert "| synthetic | 16 MiB | 16 MiB | — (not searched) |" in printed
+
+
+def test_a_trace_argument_names_a_file_a_folder_or_a_stored_trace(tmp_path, capsys):
+    """trace_format.resolve, what bench_trace.py, sim_torch_allocator.py and bench_saved_offload.py
+    take for --trace: a folder stands for every trace in it, by name (regenerate_cpu.py passes the
+    held-out traces' folder)."""
+    folder = tmp_path / "held-out"
+    b, a = saved(folder, WHOLE_PAGES, "b"), saved(folder, MIXED, "a")
+    assert tf.resolve(str(folder)) == [a, b] and tf.resolve(str(b)) == [b]
+    assert tf.resolve("tiny_gpt2") == [tf.TRACES_DIR / "tiny_gpt2.json.gz"]
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(tf.TraceNotFound, match="no \\*.json.gz trace in"):
+        tf.resolve(str(tmp_path / "empty"))
+    with pytest.raises(tf.TraceNotFound, match="stored: .*tiny_gpt2"):
+        tf.resolve("no-such-trace")
+    out = tmp_path / "r.json"
+    assert run_main("--trace", str(folder), "--capacity", "20MiB", "--quick", "--out", str(out)) == 0
+    assert [r["name"] for r in json.loads(out.read_text())["traces"]] == ["a", "b"]
 
 
 def test_the_record_names_the_library_it_was_told_to_load(monkeypatch):

@@ -3,8 +3,9 @@ per-handle call counts agree with a real host-backend AddressSpace, and its repo
 
 Owns: the checks of backing() (shared block / one-page handles / extents, with their sizes) against
 pages() and the driver-call counters for a sweep of sizes at default settings and at 32 and 64
-MiB pages; of MAPPED_CYCLE_CALLS against a steady-state mapped-mode evict + restore; and a run
-of the script on the tiny smoke models.
+MiB pages; of MAPPED_CYCLE_CALLS against a steady-state mapped-mode evict + restore; a run
+of the script on the tiny smoke models; and the ResNet-50 stand-in (for where torchvision does not
+import) against what torchvision's model saved.
 Invariants: CPU only, no GPU figure is checked; every space is closed (conftest checks pages
 and pinned bytes return to zero).
 """
@@ -15,7 +16,7 @@ import json
 
 import pytest
 
-from helpers.benchmarks import load_script
+from helpers.benchmarks import BENCH, load_script
 from helpers.sizes import MiB
 from vtalloc.allocator import AddressSpace
 
@@ -150,3 +151,40 @@ def test_pager_replay_offloads_what_paged_activations_offloads():
               "tensor_bytes": tensors[i].numel(), "parameter": False} for i in order]
     assert sas.pager_evictions(packs, budget) == rec.offloaded and rec.offloaded
     del held
+
+
+# -- ResNet-50 without torchvision -----------------------------------------------------------------
+
+TORCHVISION, WHY_NOT = sas.torchvision_or_why()
+RECORDED = BENCH / "results" / "saved_activation_sizes-2026-11-26.json"  # taken from torchvision's model
+
+
+@pytest.mark.slow
+def test_the_resnet50_stand_in_saves_what_torchvisions_model_saved():
+    """The stand-in's saved storages at batch 512, placed and replayed, give exactly the summary the
+    2026-11-26 run recorded from torchvision.models.resnet50() (storages, bytes, every placement's
+    backing, handles and modeled times at the 6 GiB budget)."""
+    recorded = next(r for r in json.loads(RECORDED.read_text())["results"]
+                    if r["model"] == "resnet50" and r["batch"] == 512)
+    packs = sas.record_saved("resnet50", 512, "stand-in")
+    got = json.loads(json.dumps(sas.summarize(packs, [sas.MEASURED_BUDGET])))
+    want = recorded["summary"]
+    assert (got["saved_storages"], got["saved_bytes"], got["packs"]) == (282, want["saved_bytes"], want["packs"])
+    for name, placement in got["placements"].items():
+        assert placement["by_backing"] == want["placements"][name]["by_backing"], name
+        budget = str(sas.MEASURED_BUDGET)
+        assert placement["per_budget"][budget] == want["placements"][name]["per_budget"][budget], name
+
+
+@pytest.mark.skipif(TORCHVISION is None, reason=f"torchvision does not import here: {WHY_NOT}")
+def test_the_resnet50_stand_in_packs_the_same_storages_as_torchvision():
+    stand_in, real = sas.record_saved("resnet50", 2, "stand-in"), sas.record_saved("resnet50", 2, "torchvision")
+    assert [(p["storage_bytes"], p["shape"], p["dtype"], p["parameter"]) for p in stand_in] == \
+           [(p["storage_bytes"], p["shape"], p["dtype"], p["parameter"]) for p in real]
+
+
+@pytest.mark.skipif(TORCHVISION is not None, reason="torchvision imports here")
+def test_without_torchvision_the_script_says_what_to_install_or_runs_the_stand_in():
+    assert sas.resnet50_source("auto").startswith("stand-in (torchvision does not import: ")
+    with pytest.raises(SystemExit, match=r"install the torchvision built for this torch"):
+        sas.resnet50_source("torchvision")
