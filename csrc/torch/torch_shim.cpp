@@ -145,7 +145,7 @@ vta_status_t vta_torch_normalize_config(const vta_torch_config_t* in, vta_torch_
   });
 }
 
-vta_status_t vta_torch_configure(const vta_torch_config_t* config) {
+vta_status_t vta_torch_configure(const vta_torch_config_t* config, vta_torch_config_t* kept) {
   return guarded([&] {
     need(config, "config");
     vta_torch_config_t c = normalized(*config);
@@ -156,11 +156,13 @@ vta_status_t vta_torch_configure(const vta_torch_config_t* config) {
       vta::fail(VTA_ERR_INVALID_ARGUMENT,
                 "vtalloc's torch allocator is already serving tensors with other options; options can only change "
                 "before the first allocation (or after vta_torch_release)");
-    if (unchanged && (s.configured || s.spaces.any())) return;  // the same options again: nothing to do
-    s.config = c;
-    s.configured = true;
-    s.on_failure.store(c.on_failure, std::memory_order_release);
-    s.cuda.store(c.space.backend == VTA_BACKEND_CUDA, std::memory_order_release);
+    if (!unchanged || !(s.configured || s.spaces.any())) {  // the same options again: nothing to do
+      s.config = c;
+      s.configured = true;
+      s.on_failure.store(c.on_failure, std::memory_order_release);
+      s.cuda.store(c.space.backend == VTA_BACKEND_CUDA, std::memory_order_release);
+    }
+    if (kept) *kept = s.config;  // what is in force now: c itself, whichever branch ran
   });
 }
 
