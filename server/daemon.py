@@ -34,7 +34,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from vtalloc.allocator.config import Config, parse_size
 from vtalloc.allocator.errors import InvalidArgumentError
-from vtalloc.allocator.pool import PagePool
+from vtalloc.allocator.page_pool import PagePool
 
 from .errors import ErrorInterceptor
 from .ledger import Ledger, NodeGeometry
