@@ -4,7 +4,9 @@ Owns: the ctypes mirror of the shim's structs and prototypes (declared on the li
 ``_native.load()`` returns, so it is the very copy PyTorch's CUDAPluggableAllocator loads),
 the one check of a device ordinal (:func:`check_device`), and small typed wrappers:
 configure, per-device stats and failures, trim, release, and how an out-of-memory is bound
-to c10::OutOfMemoryError (``oom_binding``, ``exception_selftest``).
+to c10::OutOfMemoryError (``oom_binding``, ``exception_selftest``); and the marks
+``reset_accumulated_memory_stats`` sets (stat_keys.py reads them), kept here because they
+must be forgotten with the spaces, at :func:`release`.
 Invariants: the structs below match the header field for field; the options are passed as
 the caller gave them and their defaults are the shim's (the one place they are applied):
 :func:`configure` is one call (``vta_torch_configure`` normalizes, applies and returns what it
