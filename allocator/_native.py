@@ -21,7 +21,7 @@ from .config import Config
 from .errors import InternalError
 from .stats import DRIVER_CALL_FIELDS
 
-ABI_VERSION = 2
+ABI_VERSION = 3
 BACKEND_CODES = {"auto": 0, "host": 1, "cuda": 2}
 BACKEND_NAMES = {v: k for k, v in BACKEND_CODES.items()}
 

@@ -1,7 +1,6 @@
 """Stats publishing: a small per-process record that ``vtalloc stats --pid PID`` reads, no daemon needed.
 
-Owns: the runtime directory convention (shared with the daemon's default socket), one
-background thread per process that every ``interval_s`` snapshots the published address
+Owns: one background thread per process that every ``interval_s`` snapshots the published address
 spaces' :class:`Stats` and atomically replaces ``<runtime>/proc/<pid>.json`` (mode 0600:
 only the same uid, or root, can read it), and the reader. Invariants: malloc/free never
 see the publisher (it only calls ``stats()`` once a tick, a short critical section in the
@@ -22,7 +21,6 @@ from __future__ import annotations
 import atexit
 import json
 import os
-import tempfile
 import threading
 import time
 import weakref
@@ -31,29 +29,16 @@ from typing import Any
 
 from .checks import space_name
 from .errors import InvalidArgumentError, VtallocError
+from .runtime_dir import runtime_dir
 
 __all__ = [
-    "runtime_dir", "proc_dir", "record_path", "publish_stats", "unpublish_stats", "publish_from_env",
+    "proc_dir", "record_path", "publish_stats", "unpublish_stats", "publish_from_env",
     "read_published", "PUBLISH_ENV", "SCHEMA",
 ]
 
 SCHEMA = "vtalloc.proc/v1"
 PUBLISH_ENV = "VTALLOC_PUBLISH_STATS"
 DEFAULT_INTERVAL_S = 1.0
-
-
-def runtime_dir() -> Path:
-    """``$VTALLOC_RUNTIME_DIR``, else ``$XDG_RUNTIME_DIR/vtalloc``, else ``/run/vtalloc`` for root,
-    else ``/tmp/vtalloc-<uid>``."""
-    explicit = os.environ.get("VTALLOC_RUNTIME_DIR")
-    if explicit:
-        return Path(explicit)
-    xdg = os.environ.get("XDG_RUNTIME_DIR")
-    if xdg:
-        return Path(xdg) / "vtalloc"
-    if os.geteuid() == 0:
-        return Path("/run/vtalloc")
-    return Path(tempfile.gettempdir()) / f"vtalloc-{os.geteuid()}"
 
 
 def proc_dir() -> Path:

@@ -54,7 +54,7 @@ KiB, MiB = 1 << 10, 1 << 20
 SMALL_SIZES = [512, 4 * KiB, 64 * KiB]
 LARGE_SIZES = [2 * MiB, 8 * MiB, 64 * MiB]
 THREADS = [1, 2, 4]
-STEADY_CAPACITY = 512 * MiB  # room for 4 threads x 64 MiB live at once, plus slabs
+STEADY_CAPACITY = 512 * MiB  # room for 4 threads x 64 MiB live at once, plus the pages of small blocks
 REPO = Path(__file__).resolve().parent.parent
 DEFAULT_OUT = "benchmarks/results/malloc_free-{backend}-{date}.json"
 

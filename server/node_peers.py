@@ -21,7 +21,7 @@ import logging
 import os
 from typing import AsyncIterator, Callable
 
-from vtalloc.allocator.pool import PagePool
+from vtalloc.allocator.page_pool import PagePool
 
 from .ledger import Ledger
 from .limits import RefusalLog, SessionLimits, UidSlots

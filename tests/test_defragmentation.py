@@ -63,13 +63,13 @@ def test_oom_changes_nothing():
         space.free(a)
 
 
-def test_small_slabs_are_reclaimed_for_large_allocations():
+def test_pages_of_small_blocks_are_reclaimed_for_large_allocations():
     with host_space(8 * MiB) as space:
         smalls = [space.malloc(64 * 1024) for _ in range(4 * 32)]  # fill 4 pages with 64 KiB blocks
         assert space.stats().pages_mapped == 4
         for a in smalls:
             space.free(a)
-        big = space.malloc(8 * MiB)  # every page, including the emptied slabs
+        big = space.malloc(8 * MiB)  # every page, including those the small blocks emptied
         assert space.stats().pages_mapped == 4
         space.free(big)
 

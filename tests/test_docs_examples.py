@@ -229,7 +229,7 @@ def test_service_examples_find_the_daemon_without_xdg_runtime_dir(monkeypatch):
     """The README's and docs/service.md's clients pass no address: the client's default must be
     the daemon's default socket also where XDG_RUNTIME_DIR is unset (it once became
     unix:///vtalloc/vtalloc.sock there)."""
-    from vtalloc.allocator.publish import runtime_dir
+    from vtalloc.allocator.runtime_dir import runtime_dir
     from vtalloc.server.protocol.address import default_socket_path
 
     for var in ("XDG_RUNTIME_DIR", "VTALLOC_RUNTIME_DIR", "VTALLOC_SOCKET"):

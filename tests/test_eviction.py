@@ -116,7 +116,7 @@ def test_least_recently_used_goes_first(mode):
 @pytest.mark.parametrize("mode", MODES)
 def test_shared_page_is_evictable_only_if_all_sharers_are(mode):
     with space(mode, capacity=4 * MiB) as s:
-        x, y = s.malloc(1000), s.malloc(1000)  # one slab page
+        x, y = s.malloc(1000), s.malloc(1000)  # one shared page
         s.write(x, pattern(1, 1000))
         s.write(y, pattern(2, 1000))
         s.set_evictable(x)
@@ -131,7 +131,7 @@ def test_shared_page_is_evictable_only_if_all_sharers_are(mode):
         s.offload(x)
         s.synchronize()
         assert s.residency(x) == s.residency(y) == "evicted"
-        z = s.malloc(1000)  # must not land on the evicted slab
+        z = s.malloc(1000)  # must not land on the evicted shared page
         assert z - z % (2 * MiB) != x - x % (2 * MiB)
         s.write(z, pattern(3, 1000))
         assert s.read(x, 1000) == pattern(1, 1000) and s.read(y, 1000) == pattern(2, 1000)

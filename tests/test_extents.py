@@ -141,7 +141,7 @@ def test_medium_tensors_map_what_2MiB_rounding_maps_and_small_ones_pack():
     with host_space(512 * MiB) as space:
         medium = [space.malloc(3 * MiB) for _ in range(64)]
         assert space.stats().mapped_bytes <= 256 * MiB
-        small = [space.malloc(4096) for _ in range(500)]  # 2 MiB of blocks: two slab pages
+        small = [space.malloc(4096) for _ in range(500)]  # 2 MiB of blocks: two shared pages
         assert space.stats().mapped_bytes <= 256 * MiB + 2 * 2 * MiB
         for a in medium + small:
             space.free(a)

@@ -5,8 +5,10 @@ its torch glue included) against the words the glossary retires: "pool" alone (o
 pool", "host pool" and torch's MemPool / graph-private pools are pools), "slab" (there are no
 slabs: every allocation is a block), and "free handle" (a cached handle).
 Invariants: a name is read from the token stream (identifiers only, not prose or strings), so
-a comment may still say what a word used to mean; the few names kept for the C ABI or old
-imports are listed here with the reason, and each must still exist (a stale exception fails).
+a comment may still say what a word used to mean (tests/test_glossary_retired.py reads the
+prose); the few names kept for the C ABI or old imports are listed here with the reason, and
+each must still exist (a stale exception fails). No module is named with a retired word: the
+old ``vtalloc.allocator.pool`` is gone (its importers use ``page_pool``).
 """
 
 from __future__ import annotations
@@ -15,6 +17,8 @@ import io
 import re
 import tokenize
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 ALLOCATOR = ROOT / "allocator"
@@ -27,10 +31,8 @@ _TORCH_POOL_OK = re.compile(r"^(pool|pools|PoolId|VtaTorchPoolId|_?pool_[a-z_]+|
 # Python names kept on purpose: the old name of the page pool's info, for old imports.
 KEPT = {
     "allocator/page_pool.py": {"PoolInfo"},
-    "allocator/pool.py": {"PoolInfo"},
     "allocator/__init__.py": {"PoolInfo"},
 }
-KEPT_MODULES = {"allocator/pool.py"}  # re-exports page_pool for old imports (the daemon's, until it moves)
 
 
 def identifiers(path: Path) -> set[str]:
@@ -54,10 +56,18 @@ def findings(path: Path, names: set[str]) -> list[str]:
     return out
 
 
+def module_findings(modules: list[str]) -> list[str]:
+    return [f"{m}: a module named with a retired word" for m in modules
+            if re.search(r"(^|/)(pool|slab)[^/]*\.py$", m)]
+
+
 def test_the_check_sees_retired_words():
     made_up = {"pool_size", "SlabCache", "free_handles", "page_pool", "host_pool_bytes", "mempool"}
     found = findings(ALLOCATOR / "made_up.py", made_up)
     assert [f.split(": ")[1].split(" ")[0] for f in found] == ["SlabCache", "free_handles", "pool_size"]
+    modules = ["allocator/pool.py", "allocator/slabs.py", "allocator/page_pool.py", "allocator/torch/pools.py"]
+    assert [f.split(":")[0] for f in module_findings(modules)] == ["allocator/pool.py", "allocator/slabs.py",
+                                                                   "allocator/torch/pools.py"]
 
 
 def test_allocator_names_use_the_glossary_words():
@@ -65,18 +75,20 @@ def test_allocator_names_use_the_glossary_words():
     assert files
     out = [f for p in files for f in findings(p, identifiers(p))]
     modules = [p.relative_to(ROOT).as_posix() for p in files]
-    out += [f"{m}: a module named with a retired word" for m in modules
-            if m not in KEPT_MODULES and re.search(r"(^|/)(pool|slab)[^/]*\.py$", m)]
+    out += module_findings(modules)
     assert out == [], "\n".join(out)
 
 
 def test_the_kept_names_still_exist():
     for rel, names in KEPT.items():
         assert names <= identifiers(ROOT / rel), rel  # an exception for a name gone is stale
-    assert all((ROOT / m).exists() for m in KEPT_MODULES)
 
 
-def test_old_pool_imports_are_the_page_pool():
-    from vtalloc.allocator import PoolInfo, page_pool, pool
+def test_the_old_info_name_is_the_page_pools_and_the_old_module_is_gone():
+    import importlib
 
-    assert pool.PagePool is page_pool.PagePool and PoolInfo is pool.PoolInfo is page_pool.PagePoolInfo
+    from vtalloc.allocator import PoolInfo, page_pool
+
+    assert PoolInfo is page_pool.PoolInfo is page_pool.PagePoolInfo
+    with pytest.raises(ModuleNotFoundError):
+        importlib.import_module("vtalloc.allocator.pool")

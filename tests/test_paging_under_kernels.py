@@ -5,7 +5,7 @@ The host backend's test kernels (docs/design.md) stand in for GPU kernels: FILL 
 allocation's pattern, CHECK counts the bytes that differ from it, each for a while, on the
 worker thread of a stream; an access to an address that is not mapped at that moment is a
 fault (on a GPU, CUDA_ERROR_ILLEGAL_ADDRESS). A seeded random program allocates on three
-streams (sizes that share slab pages and sizes of several pages), fills and checks, offloads
+streams (sizes whose blocks share pages and sizes of several pages), fills and checks, offloads
 (then, in mapped mode, reads late, as a residual connection does), prefetches, frees with
 kernels still running, and runs under memory pressure, so that every path of docs/eviction.md
 ("Ordering") changes mappings while kernels run. The program keeps the eviction contract: an
@@ -206,7 +206,7 @@ def test_a_wait_is_for_the_record_it_was_issued_after():
     with AddressSpace(backend="host", capacity=16 * MiB, host_capacity=64 * MiB, evict_mode="copy") as space:
         busy, idle = space._create_stream(), space._create_stream()
         x, y = space.malloc(4096, busy), space.malloc(4096, idle)
-        assert x // (2 * MiB) == y // (2 * MiB), "both on one slab page"
+        assert x // (2 * MiB) == y // (2 * MiB), "both on one shared page"
         space._run_kernel(x, 4096, stream=busy, kind="fill", seed=1)
         space._run_kernel(x, 4096, stream=busy, kind="check", seed=1, duration_s=0.2)  # keeps `busy` busy
         space._run_kernel(x, 4096, stream=busy, kind="fill", seed=2)  # the last write before the offload

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers.shim_crossings import count_shim_calls
 
 import vtalloc.allocator.torch as vt
 from vtalloc.allocator import _native
@@ -256,6 +257,22 @@ def test_enable_auto_on_a_cpu_torch_falls_back_and_reports_it(enable_without_gpu
     assert vt.enable() == state.config  # again, same options: nothing happens
     with pytest.raises(vt.AllocatorConflictError, match="binding=native"):
         vt.enable(binding="native")
+
+
+def test_enable_crosses_into_the_shim_once_to_configure(enable_without_gpu, monkeypatch):
+    """enable() hands its options to the shim in one call, which normalizes, applies and returns
+    them; enabling again with the same options only asks what they would be, changing nothing."""
+    calls = count_shim_calls(monkeypatch)
+    cfg = vt.enable(binding="pluggable", capacity="64MiB")
+    assert calls == ["vta_torch_configure"]
+    assert (cfg.backend, cfg.device, cfg.capacity) == ("cuda", 0, 64 << 20) and cfg == state.config
+    calls.clear()
+    assert vt.enable(capacity="64MiB") == cfg
+    assert calls == ["vta_torch_normalize_config"]
+    calls.clear()
+    with pytest.raises(vt.AllocatorConflictError, match="cannot switch"):
+        vt.enable(capacity="128MiB")
+    assert calls == ["vta_torch_normalize_config"] and _torch_shim.current_config()[2]["capacity_bytes"] == 64 << 20
 
 
 def test_enable_native_raises_and_changes_nothing(enable_without_gpu):

@@ -16,8 +16,9 @@ import subprocess
 import pytest
 from helpers.subproc import run_python
 
-from vtalloc.allocator import BackendUnavailableError, Config, InvalidArgumentError
+from vtalloc.allocator import BackendUnavailableError, Config, InvalidArgumentError, _native
 from vtalloc.allocator.torch import memory, shim
+from helpers.shim_crossings import count_shim_calls
 from helpers.sizes import MiB
 from helpers.threads import run_threads
 
@@ -156,6 +157,33 @@ def test_unknown_policy_is_refused():
     with pytest.raises(InvalidArgumentError):
         shim.configure(Config(backend="host"), 7)
     assert not shim.current_config()[0]
+
+
+def test_configuring_is_one_call_that_returns_what_the_shim_keeps(monkeypatch):
+    """configure() crosses into the shim once: normalized, applied and read back in one call."""
+    calls = count_shim_calls(monkeypatch)
+    asked = Config(backend="auto", capacity=16 * MiB, device=3)
+    kept = shim.configure(asked, shim.FAIL_RETURN_NULL)
+    try:
+        assert calls == ["vta_torch_configure"]
+        assert (kept.backend, kept.device, kept.capacity) == ("cuda", 0, 16 * MiB)  # the shim's defaults applied
+        assert kept == shim.normalized(asked)  # what it would keep is what it kept
+        calls.clear()
+        assert shim.configure(asked, shim.FAIL_RETURN_NULL) == kept and calls == ["vta_torch_configure"]  # again: same
+        configured, policy, space = shim.current_config()
+        assert configured and policy == shim.FAIL_RETURN_NULL and space["backend"] == _native.BACKEND_CODES["cuda"]
+    finally:
+        shim.release()
+
+
+def test_a_refused_configure_is_one_call_and_changes_nothing(host_shim, monkeypatch):
+    p = shim.alloc_for_test(4096)
+    calls = count_shim_calls(monkeypatch)
+    with pytest.raises(InvalidArgumentError, match="already serving"):
+        shim.configure(Config(backend="host", capacity=32 * MiB), shim.FAIL_RETURN_NULL)
+    assert calls == ["vta_torch_configure"]
+    assert shim.current_config()[2]["capacity_bytes"] == 16 * MiB
+    shim.free_for_test(p, 4096)
 
 
 # -- the out-of-memory exception: c10::OutOfMemoryError bound at run time -----------------------

@@ -3,7 +3,8 @@
 Owns: the public face of the torch glue (``import vtalloc.allocator.torch as vt``): the names
 below, re-exported from the modules that own them, one concept each:
 ``enabling`` (enable() / mempool(): how torch uses vtalloc in this process), ``memory``
-(statistics and maintenance under torch.cuda's names), ``offloading`` (offload / prefetch of a
+(statistics and maintenance under torch.cuda's names), ``failure_reports`` (what the allocator
+could not do, and how an out-of-memory reaches Python), ``offloading`` (offload / prefetch of a
 tensor), ``activation_paging`` (saved activations paged to host or recomputed),
 ``activation_recompute`` (what made each saved tensor, run again bit-exact), ``process_mode``
 (the process's mode and the glue's errors), ``shim`` and ``native_abi`` (ctypes faces of the
@@ -19,10 +20,9 @@ from __future__ import annotations
 from .activation_paging import PagedActivations, PagedStats, paged_activations
 from .binding_choice import Binding, BindingFallbackWarning
 from .enabling import binding, enable, is_enabled, mempool, mode, resolve_config
+from .failure_reports import OomBinding, failures, oom_binding, oom_exception
 from .memory import (
-    OomBinding,
     empty_cache,
-    failures,
     max_memory_allocated,
     max_memory_reserved,
     mem_get_info,
@@ -31,8 +31,6 @@ from .memory import (
     memory_stats,
     memory_stats_as_nested_dict,
     memory_summary,
-    oom_binding,
-    oom_exception,
     publish_stats,
     reset_accumulated_memory_stats,
     reset_max_memory_allocated,

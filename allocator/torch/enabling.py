@@ -5,8 +5,11 @@ through ``torch.cuda.memory.change_current_allocator``, or the allocator of
 ``torch.cuda.MemPool`` objects; kept in ``process_mode.state`` with the options in force and the
 CUDAPluggableAllocator object, alive for the life of the process: torch's MemPool holds a raw
 pointer to it), and the ``record_stream`` guard under the pluggable binding. torch is imported
-inside functions only, so ``import vtalloc.allocator`` never imports it. The options' defaults are the shim's
-(``shim.normalized``); this module only refuses what the torch API does not take.
+inside functions only, so ``import vtalloc.allocator`` never imports it. The options' defaults are the shim's:
+this module only refuses what the torch API does not take, and the options cross into the shim
+once to be applied (``shim.configure`` returns what it keeps); they are only normalized without
+being applied (``shim.normalized``) to be compared with options already in force, or for
+:func:`resolve_config`.
 
 Invariants: one vtalloc configuration per process (the shim has one address space per device);
 ``enable()`` and ``mempool()`` exclude each other (enable() replaces the caching allocator that
@@ -46,6 +49,12 @@ def resolve_config(**config: Any) -> Config:
     not an option here and ``VTALLOC_DEVICE`` is ignored; the backend is always cuda (the shim
     normalizes both: what is returned is what it keeps).
     """
+    return _torch_shim.normalized(_requested(**config))
+
+
+def _requested(**config: Any) -> Config:
+    """The options as asked (``VTALLOC_*`` variables, then keyword arguments), with what the torch
+    API does not take refused; not yet normalized by the shim (nothing crosses into it here)."""
     if "device" in config:
         raise InvalidArgumentError(
             "device is not an option of the torch allocator: it serves every CUDA device, one address space each"
@@ -56,7 +65,7 @@ def resolve_config(**config: Any) -> Config:
             "torch's CUDA allocator needs the cuda backend (host memory cannot back CUDA tensors); "
             "for CPU tensors over a host space use AddressSpace(backend='host').tensor(...)"
         )
-    return _torch_shim.normalized(cfg)
+    return cfg
 
 
 def _require_cuda(torch: Any) -> None:
@@ -90,9 +99,10 @@ def enable(binding: str | None = None, **config: Any) -> Config:
     BackendUnavailableError instead; "pluggable" never builds. :func:`binding` says which is in force.
     """
     choice = _torch_install.binding_choice(binding)
-    cfg = resolve_config(**config)
+    requested = _requested(**config)
     with _lock:
         if _state.mode == GLOBAL:
+            cfg = _torch_shim.normalized(requested)
             if cfg == _state.config and (binding is None or choice in ("auto", _state.binding.kind)):
                 return cfg
             raise AllocatorConflictError(
@@ -116,7 +126,7 @@ def enable(binding: str | None = None, **config: Any) -> Config:
                 + (f" (the torch-native binding, which provides it, is unavailable: {chosen.reason})"
                    if chosen.reason else "")
             )
-        _torch_shim.configure(cfg, _torch_shim.FAIL_THROW)
+        cfg = _torch_shim.configure(requested, _torch_shim.FAIL_THROW)  # normalized, applied, as kept
         publish_from_env(_TORCH_VIEW)  # VTALLOC_PUBLISH_STATS: `vtalloc stats --pid` sees torch's memory
         try:
             allocator = _torch_install.install(torch, chosen, lib, lambda: _pluggable(torch))
@@ -168,7 +178,7 @@ def mempool(**config: Any) -> Any:
     the segments (and gets them back on OOM or when the pool dies). Options as for enable();
     every pool of the process shares them.
     """
-    cfg = resolve_config(**config)
+    requested = _requested(**config)
     with _lock:
         if _state.mode == GLOBAL:
             hint = ("; under its native binding torch.cuda.MemPool() itself gives a vtalloc pool"
@@ -177,11 +187,13 @@ def mempool(**config: Any) -> Any:
                 "enable() made vtalloc torch's global allocator, which replaced the caching allocator MemPools need; "
                 f"use either enable() or mempool() in one process{hint}"
             )
-        if _state.mode == MEMPOOL and cfg != _state.config:
-            raise AllocatorConflictError(
-                f"vtalloc pools in this process use options ({_describe(_state.config)}); a pool with "
-                f"({_describe(cfg)}) cannot be made: one vtalloc configuration per process"
-            )
+        if _state.mode == MEMPOOL:
+            asked = _torch_shim.normalized(requested)
+            if asked != _state.config:
+                raise AllocatorConflictError(
+                    f"vtalloc pools in this process use options ({_describe(_state.config)}); a pool with "
+                    f"({_describe(asked)}) cannot be made: one vtalloc configuration per process"
+                )
         torch = _torch()
         if not hasattr(torch.cuda, "MemPool"):  # pyproject admits torch 2.3, for enable(): see docs/torch.md
             raise UnsupportedError(
@@ -189,7 +201,7 @@ def mempool(**config: Any) -> Any:
                 "Upgrade torch, or use enable() (PyTorch 2.3 and newer)")
         _require_cuda(torch)
         if _state.mode is None:
-            _torch_shim.configure(cfg, _torch_shim.FAIL_RETURN_NULL)
+            cfg = _torch_shim.configure(requested, _torch_shim.FAIL_RETURN_NULL)  # normalized, applied, as kept
             publish_from_env(_TORCH_VIEW)
             try:
                 _state.allocator = _pluggable(torch)

@@ -1,10 +1,10 @@
 """The torch allocator's statistics and maintenance under PyTorch's function names.
 
 Owns: ``stats`` / ``memory_stats`` and the rest of ``torch.cuda``'s memory functions
-(``memory_allocated`` ... ``mem_get_info``, ``memory_summary``, ``empty_cache``), what the
-allocator could not do (``failures``) and how an out-of-memory is bound (``oom_exception``,
-``oom_binding``), and the view of the spaces serving torch that ``vtalloc stats --pid`` reads
-(``publish_stats``). The keys and the ``device`` argument are ``stat_keys``'s.
+(``memory_allocated`` ... ``mem_get_info``, ``memory_summary``, ``empty_cache``), and the view
+of the spaces serving torch that ``vtalloc stats --pid`` reads (``publish_stats``). The keys
+and the ``device`` argument are ``stat_keys``'s; what the allocator could not do and how an
+out-of-memory reaches Python are ``failure_reports``'s.
 Invariants: never imports torch at import, and never initializes CUDA; reading changes
 nothing (the resets say what they restart); every function works before the first allocation
 (all zero).
@@ -21,15 +21,12 @@ from ..stats import Stats
 from . import shim as _torch_shim
 from . import stat_keys as _stats
 from .process_mode import describe as _describe
-from .process_mode import import_torch as _torch
 from .process_mode import state as _state
-from .shim import OomBinding
 
 __all__ = [
     "stats", "memory_stats", "memory_stats_as_nested_dict", "memory_allocated", "max_memory_allocated",
     "memory_reserved", "max_memory_reserved", "reset_peak_memory_stats", "reset_max_memory_allocated",
-    "reset_accumulated_memory_stats", "mem_get_info", "memory_summary", "empty_cache", "failures", "oom_exception",
-    "oom_binding", "OomBinding", "publish_stats", "TORCH_VIEW",
+    "reset_accumulated_memory_stats", "mem_get_info", "memory_summary", "empty_cache", "publish_stats", "TORCH_VIEW",
 ]
 
 
@@ -105,8 +102,8 @@ def reset_max_memory_allocated(device: Any = None) -> None:
 def reset_accumulated_memory_stats(device: Any = None) -> None:
     """Restart the accumulated counts from zero: ``allocation.all.allocated`` / ``freed``,
     ``num_ooms``, ``num_device_alloc`` / ``free`` and vtalloc's historical counters (page
-    reclaims, failures), as memory_stats() reports them. :func:`stats` and :func:`failures` keep
-    the allocator's own counts."""
+    reclaims, failures), as memory_stats() reports them. :func:`stats` and
+    :func:`~vtalloc.allocator.torch.failure_reports.failures` keep the allocator's own counts."""
     for d in _stats.device_list(device):
         _stats.reset_accumulated(d)
 
@@ -142,32 +139,6 @@ def empty_cache(device: Any = _stats.ALL) -> int:
     Like it, by default it covers every device ("all"); a ``device`` argument narrows it to one.
     """
     return _torch_shim.trim(_peak_device(device))
-
-
-def failures(device: Any = 0) -> _torch_shim.Failures:
-    """What the allocator could not do on ``device``: counts and the last message (OOM numbers included)."""
-    return _torch_shim.failures(_stats.device_index(device))
-
-
-def oom_exception() -> str:
-    """Which Python exception an out-of-memory under enable() becomes in this process.
-
-    "torch.OutOfMemoryError" when vtalloc could bind to the torch it runs with, else
-    "RuntimeError" (the fallback, with the same message). Imports torch first, as enable()
-    does; :func:`oom_binding` says how it bound, or why not.
-    """
-    _torch()  # bind against the torch this process uses
-    return oom_binding().exception
-
-
-def oom_binding() -> OomBinding:
-    """How an out-of-memory under enable() is bound to ``c10::OutOfMemoryError`` in this process
-    now: the route ("constructor" or "base+vtable"), torch's std::string ABI, the torch libraries
-    the symbols came from, or why it is not (then the exception is RuntimeError).
-
-    Unlike :func:`oom_exception` it does not import torch: it reports the process as it is.
-    """
-    return _torch_shim.oom_binding()
 
 
 def memory_summary(device: Any = _stats.ALL) -> str:

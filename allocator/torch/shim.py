@@ -4,11 +4,13 @@ Owns: the ctypes mirror of the shim's structs and prototypes (declared on the li
 ``_native.load()`` returns, so it is the very copy PyTorch's CUDAPluggableAllocator loads),
 the one check of a device ordinal (:func:`check_device`), and small typed wrappers:
 configure, per-device stats and failures, trim, release, and how an out-of-memory is bound
-to c10::OutOfMemoryError (``oom_binding``, ``exception_selftest``).
+to c10::OutOfMemoryError (``oom_binding``, ``exception_selftest``); and the marks
+``reset_accumulated_memory_stats`` sets (stat_keys.py reads them), kept here because they
+must be forgotten with the spaces, at :func:`release`.
 Invariants: the structs below match the header field for field; the options are passed as
-the caller gave them and their defaults are the shim's (``vta_torch_normalize_config``, the
-one place they are applied): :func:`normalized` and :func:`configure` return them as it
-keeps them; no wrapper ever calls
+the caller gave them and their defaults are the shim's (the one place they are applied):
+:func:`configure` is one call (``vta_torch_configure`` normalizes, applies and returns what it
+keeps), and :func:`normalized` asks what it would keep, changing nothing; no wrapper ever calls
 ``vta_torch_alloc`` (it may throw a C++ exception by design, which ctypes cannot carry) except
 ``alloc_for_test`` which refuses unless the policy is return-NULL.
 """
@@ -102,7 +104,7 @@ class Failures:
 _P = ctypes.POINTER
 _PROTOTYPES: _cabi.Prototypes = {
     "vta_torch_last_error": (ctypes.c_char_p, []),
-    "vta_torch_configure": (i32, [_P(VtaTorchConfig)]),
+    "vta_torch_configure": (i32, [_P(VtaTorchConfig), _P(VtaTorchConfig)]),
     "vta_torch_get_config": (i32, [_P(VtaTorchConfig), _P(i32)]),
     "vta_torch_normalize_config": (i32, [_P(VtaTorchConfig), _P(VtaTorchConfig)]),
     "vta_torch_alloc": (ctypes.c_void_p, [ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p]),
@@ -172,11 +174,11 @@ def normalized(config: Config, on_failure: int = FAIL_THROW) -> Config:
 
 def configure(config: Config, on_failure: int) -> Config:
     """Set the options of the per-device spaces (InvalidArgumentError once others are in use);
-    returns them as the shim keeps them."""
-    check(lib().vta_torch_configure(ctypes.byref(_config_struct(config, on_failure))))
-    c = VtaTorchConfig()
-    check(lib().vta_torch_get_config(ctypes.byref(c), None))
-    return _native.config_from_struct(c.space)
+    returns them as the shim keeps them. One call into the shim: it normalizes, applies and
+    writes back what it keeps."""
+    kept = VtaTorchConfig()
+    check(lib().vta_torch_configure(ctypes.byref(_config_struct(config, on_failure)), ctypes.byref(kept)))
+    return _native.config_from_struct(kept.space)
 
 
 def current_config() -> tuple[bool, int, dict[str, int]]:

@@ -71,7 +71,7 @@ def _malloc_fresh(w: World) -> None:
 def _setup_reuse(w: World) -> None:
     w.alloc(MiB, 1)
     w.space.free(w.alloc(6 * MiB, 2))
-    w.space.free(w.space.malloc(512))  # a slab page, freed
+    w.space.free(w.space.malloc(512))  # a small block's page, freed
 
 
 def _setup_pressure(w: World) -> None:

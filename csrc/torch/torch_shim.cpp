@@ -1,16 +1,18 @@
 // The PyTorch shim (torch_shim.h): the C ABI of torch's allocator over one space per device.
 //
-// Owns: the process-wide shim state (the torch options and their normalization, the failure
-// records of each device) and the entry points of torch_shim.h. The per-device spaces are
-// space/device_spaces.hpp's, frees parked during CUDA graph capture capture_parking.hpp's,
-// the exception of an out-of-memory c10_oom.hpp's, the last error guard.hpp's.
+// Owns: the process-wide shim state (shim()), finding a device's space (existing_space, and
+// space_for, which creates it with the limit set for it) and flushing the frees parked on it,
+// and the entry points over the spaces: vta_torch_alloc / vta_torch_free, the devices, their
+// stats, peaks, trim, offloaded pages and residency calls, and vta_torch_release, which closes
+// every space and forgets the state. The options are torch_shim_options.cpp's, the failure
+// records torch_shim_failures.cpp's, the C face of the out-of-memory exception
+// torch_shim_oom.cpp's; the per-device spaces are space/device_spaces.hpp's, frees parked
+// during CUDA graph capture capture_parking.hpp's, the last error guard.hpp's.
 // Invariants: the state is immortal (never destroyed at exit: torch frees tensors during its
 // own static destruction), so a space pointer, once published, stays valid for the life of the
-// process; normalized() is the one place the torch options get their defaults; the calling
-// thread's current CUDA context is the same after every call as before it (the cuda backend
-// switches contexts: CudaContextGuard).
+// process; the calling thread's current CUDA context is the same after every call as before it
+// (the cuda backend switches contexts: CudaContextGuard).
 #include <atomic>
-#include <cstring>
 #include <mutex>
 #include <stdexcept>
 #include <string>
@@ -29,38 +31,6 @@ using vta::CudaContextGuard;
 using vta::DeviceSpaces;
 
 static_assert(DeviceSpaces::kMaxDevices == VTA_TORCH_MAX_DEVICES, "one device range for the shim and its spaces");
-
-vta_torch_config_t default_config() {
-  vta_torch_config_t c{};
-  c.struct_size = sizeof c;
-  c.on_failure = VTA_TORCH_FAIL_THROW;
-  c.space.struct_size = sizeof c.space;
-  c.space.backend = VTA_BACKEND_CUDA;
-  return c;
-}
-
-namespace {
-
-// The options as stored: fields that do not matter zeroed, so equal options compare equal.
-vta_torch_config_t normalized(const vta_torch_config_t& in) {
-  if (in.struct_size < sizeof(vta_torch_config_t))
-    vta::fail(VTA_ERR_INVALID_ARGUMENT, "vta_torch_config_t: struct_size too small");
-  if (in.on_failure != VTA_TORCH_FAIL_RETURN_NULL && in.on_failure != VTA_TORCH_FAIL_THROW)
-    vta::fail(VTA_ERR_INVALID_ARGUMENT, "vta_torch_config_t: unknown on_failure policy " + std::to_string(in.on_failure));
-  vta_torch_config_t c = default_config();
-  c.on_failure = in.on_failure;
-  c.space = in.space;
-  c.space.struct_size = sizeof c.space;
-  c.space.device = 0;  // the ordinal comes with each request
-  c.space.flags = 0;   // torch spaces create their own pages (never leased)
-  // Torch hands these pointers to CUDA kernels: "auto" must never fall back to host memory.
-  if (c.space.backend == VTA_BACKEND_AUTO) c.space.backend = VTA_BACKEND_CUDA;
-  if (c.space.backend != VTA_BACKEND_CUDA && c.space.backend != VTA_BACKEND_HOST)
-    vta::fail(VTA_ERR_INVALID_ARGUMENT, "unknown backend kind " + std::to_string(c.space.backend));
-  return c;
-}
-
-}  // namespace
 
 Shim& shim() {
   static Shim* s = new Shim();  // immortal, see the file comment
@@ -83,44 +53,6 @@ AddressSpace& space_for(int device) {
   return *space;
 }
 
-std::string oom_message(int device, const vta::OutOfMemory& e) {
-  return "CUDA out of memory (vtalloc, device " + std::to_string(device) + "): " + e.what() +
-         ". Free tensors you no longer need, lower the batch size, or raise the capacity "
-         "(VTALLOC_CAPACITY or enable(capacity=...))";
-}
-
-void record_failure(int device, FailureKind kind, const std::string& message, const vta::OutOfMemory* oom) {
-  if (device < 0 || device >= VTA_TORCH_MAX_DEVICES) return;
-  FailureRecord& r = shim().records[device];
-  std::lock_guard<std::mutex> lk(r.mu);
-  r.failures.alloc_failures++;
-  if (kind == FailureKind::oom) r.failures.ooms++;
-  if (kind == FailureKind::capture) r.failures.capture_refusals++;
-  if (oom) {
-    r.failures.last_oom_requested_bytes = oom->requested();
-    r.failures.last_oom_capacity_bytes = oom->capacity();
-    r.failures.last_oom_mapped_bytes = oom->mapped();
-  }
-  r.last_message = message;
-}
-
-void record_free_failure(int device, const std::string& message) noexcept {
-  try {
-    if (device < 0 || device >= VTA_TORCH_MAX_DEVICES) return;
-    FailureRecord& r = shim().records[device];
-    std::lock_guard<std::mutex> lk(r.mu);
-    r.failures.free_failures++;
-    r.last_message = message;
-  } catch (...) {
-  }
-}
-
-void count_deferred_free(int device) {
-  FailureRecord& r = shim().records[device];
-  std::lock_guard<std::mutex> lk(r.mu);
-  r.failures.deferred_frees++;
-}
-
 // Free what was parked during a capture on `device`, once its stream no longer captures.
 void flush_parked(int device, AddressSpace& space) {
   for (const std::string& error : shim().parking.flush(device, space)) record_free_failure(device, error);
@@ -129,50 +61,12 @@ void flush_parked(int device, AddressSpace& space) {
 }  // namespace vta::capi::torch
 
 using namespace vta::capi::torch;  // NOLINT(google-build-using-namespace): this file defines it
-using vta::capi::copy_out;
 using vta::capi::guarded;
 using vta::capi::need;
 
 extern "C" {
 
 const char* vta_torch_last_error(void) { return vta::capi::last_error().c_str(); }
-
-vta_status_t vta_torch_normalize_config(const vta_torch_config_t* in, vta_torch_config_t* out) {
-  return guarded([&] {
-    need(in, "config");
-    need(out, "output");
-    *out = normalized(*in);
-  });
-}
-
-vta_status_t vta_torch_configure(const vta_torch_config_t* config) {
-  return guarded([&] {
-    need(config, "config");
-    vta_torch_config_t c = normalized(*config);
-    Shim& s = shim();
-    std::lock_guard<std::mutex> lk(s.mu);
-    bool unchanged = std::memcmp(&c, &s.config, sizeof c) == 0;
-    if (!s.spaces.configure(c.space, unchanged))
-      vta::fail(VTA_ERR_INVALID_ARGUMENT,
-                "vtalloc's torch allocator is already serving tensors with other options; options can only change "
-                "before the first allocation (or after vta_torch_release)");
-    if (unchanged && (s.configured || s.spaces.any())) return;  // the same options again: nothing to do
-    s.config = c;
-    s.configured = true;
-    s.on_failure.store(c.on_failure, std::memory_order_release);
-    s.cuda.store(c.space.backend == VTA_BACKEND_CUDA, std::memory_order_release);
-  });
-}
-
-vta_status_t vta_torch_get_config(vta_torch_config_t* out, int32_t* configured) {
-  return guarded([&] {
-    need(out, "output");
-    Shim& s = shim();
-    std::lock_guard<std::mutex> lk(s.mu);
-    *out = s.config;
-    if (configured) *configured = s.configured ? 1 : 0;
-  });
-}
 
 void* vta_torch_alloc(size_t size, int device, void* stream) {
   if (size == 0) return nullptr;  // torch never frees a null pointer
@@ -318,18 +212,6 @@ vta_status_t vta_torch_offload_bytes(int32_t device, uint64_t address, uint64_t*
   });
 }
 
-vta_status_t vta_torch_failures(int32_t device, vta_torch_failures_t* out, char* message, uint64_t message_capacity) {
-  return guarded([&] {
-    need(out, "output");
-    DeviceSpaces::check_device(device);
-    FailureRecord& r = shim().records[device];
-    std::lock_guard<std::mutex> lk(r.mu);
-    *out = r.failures;
-    out->struct_size = sizeof *out;
-    copy_out(r.last_message, message, message_capacity);
-  });
-}
-
 vta_status_t vta_torch_release(void) {
   return guarded([&] {
     Shim& s = shim();
@@ -344,52 +226,9 @@ vta_status_t vta_torch_release(void) {
       std::lock_guard<std::mutex> mlk(s.accumulated[d].mu);
       s.accumulated[d].marks = vta_torch_device_stats_t{};
     }
-    for (FailureRecord& r : s.records) {
-      std::lock_guard<std::mutex> rlk(r.mu);
-      r.failures = vta_torch_failures_t{};
-      r.last_message.clear();
-    }
-    s.config = default_config();
-    s.configured = false;
-    s.on_failure.store(VTA_TORCH_FAIL_THROW, std::memory_order_release);
-    s.cuda.store(true, std::memory_order_release);
+    forget_failures();
+    forget_options_locked(s);
     vta::check(closed);
-  });
-}
-
-int32_t vta_torch_exception_kind(void) {
-  try {
-    return vta::c10_oom::binding().route != vta::c10_oom::Route::none ? VTA_TORCH_EXC_C10_OOM
-                                                                      : VTA_TORCH_EXC_STD_BAD_ALLOC;
-  } catch (...) {
-    return VTA_TORCH_EXC_STD_BAD_ALLOC;  // out of host memory while binding: so would an OOM be
-  }
-}
-
-vta_status_t vta_torch_oom_binding(int32_t* route, int32_t* abi, char* libraries, uint64_t libraries_capacity,
-                                   char* reason, uint64_t reason_capacity) {
-  return guarded([&] {
-    need(route, "output");
-    need(abi, "output");
-    vta::c10_oom::Report r = vta::c10_oom::binding();
-    *route = static_cast<int32_t>(r.route);
-    *abi = static_cast<int32_t>(r.abi);
-    copy_out(r.libraries, libraries, libraries_capacity);
-    copy_out(r.reason, reason, reason_capacity);
-  });
-}
-
-vta_status_t vta_torch_exception_selftest(const char* message, int32_t route, char* type_name, uint64_t type_capacity,
-                                          char* what, uint64_t what_capacity, int32_t* caught) {
-  return guarded([&] {
-    need(message, "message");
-    need(caught, "output");
-    if (route < VTA_TORCH_OOM_ROUTE_NONE || route > VTA_TORCH_OOM_ROUTE_BASE_VTABLE)
-      vta::fail(VTA_ERR_INVALID_ARGUMENT, "unknown route " + std::to_string(route));
-    vta::c10_oom::SelfTest t = vta::c10_oom::selftest(message, static_cast<vta::c10_oom::Route>(route));
-    copy_out(t.type_name, type_name, type_capacity);
-    copy_out(t.what, what, what_capacity);
-    *caught = (t.caught_as_oom ? VTA_TORCH_CAUGHT_AS_C10_OOM : 0) | (t.caught_as_error ? VTA_TORCH_CAUGHT_AS_C10_ERROR : 0);
   });
 }
 

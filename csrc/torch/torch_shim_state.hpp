@@ -1,10 +1,10 @@
 // The torch shim's process-wide state, shared by its two C ABIs: torch_shim.h (the pluggable
-// allocator, torch/torch_shim.cpp) and torch_native.h (the torch-native binding,
-// torch/torch_native.cpp). Internal: nothing outside csrc/torch includes it.
+// allocator) and torch_native.h (the torch-native binding). Internal: nothing outside csrc/torch
+// includes it.
 //
-// Owns: the declarations of the shim state (Shim), its failure records and the helpers both
-// ABIs use to record failures, flush parked frees and find spaces; the definitions are in
-// torch/torch_shim.cpp.
+// Owns: the declarations of the shim state (Shim) and of what each room of the shim defines
+// for the others: the options (torch_shim_options.cpp), the failure records
+// (torch_shim_failures.cpp), the state itself, its spaces and parked frees (torch_shim.cpp).
 // Invariants: shim() is immortal (see torch_shim.cpp); an out-of-memory is recorded with the
 // same fields and message shape whichever ABI saw it (oom_message).
 #pragma once
@@ -39,6 +39,8 @@ struct AccumulatedMarks {
   vta_torch_failures_t failures{};
 };
 
+// The options (torch_shim_options.cpp): the defaults, and forgetting the options in force
+// (vta_torch_release; the caller holds Shim::mu).
 vta_torch_config_t default_config();
 
 struct Shim {
@@ -55,18 +57,25 @@ struct Shim {
   std::atomic<uint64_t> limits[VTA_TORCH_MAX_DEVICES] = {};  // set_limit before the space exists (0: none)
 };
 
+void forget_options_locked(Shim& s);
+
+// The state, its spaces and parked frees (torch_shim.cpp).
 Shim& shim();
 // The space of a device, which must exist already (only allocation creates spaces).
 AddressSpace& existing_space(int device, const std::string& why);
 // The space of a device, created on first use (with the limit set for it, if any).
 AddressSpace& space_for(int device);
+// Free what was parked during a capture on `device`, once its stream no longer captures.
+void flush_parked(int device, AddressSpace& space);
+
+// The failure records (torch_shim_failures.cpp).
 // "CUDA out of memory (vtalloc, device N): ... ": what an OOM says, whichever ABI saw it.
 std::string oom_message(int device, const vta::OutOfMemory& e);
 void record_failure(int device, FailureKind kind, const std::string& message, const vta::OutOfMemory* oom);
 void record_free_failure(int device, const std::string& message) noexcept;
 void count_deferred_free(int device);
-// Free what was parked during a capture on `device`, once its stream no longer captures.
-void flush_parked(int device, AddressSpace& space);
+// Every device's record back to zero (vta_torch_release).
+void forget_failures();
 
 // Runs `body(space)` for `device`'s space (the ordinal checked) with its CUDA context current;
 // false, running nothing, when the device has no space yet.

@@ -1,7 +1,7 @@
 """Where the daemon listens: the default socket path, service addresses, the side channel's path.
 
 Owns: ``default_socket_path()`` (``$VTALLOC_SOCKET``, else ``vtalloc.sock`` in the runtime
-directory of allocator/publish.py, which the daemon and ``vtalloc stats --pid`` share),
+directory of allocator/runtime_dir.py, which the daemon and ``vtalloc stats --pid`` share),
 ``parse_address()`` (only Unix sockets are served) and ``side_channel_path()``.
 Invariant: every path returned is absolute, so the daemon and a client agree on it.
 """
@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 
 from vtalloc.allocator.errors import InvalidArgumentError
-from vtalloc.allocator.publish import runtime_dir
+from vtalloc.allocator.runtime_dir import runtime_dir
 
 __all__ = ["SOCKET_NAME", "UNIX_SCHEME", "default_socket_path", "parse_address", "side_channel_path"]
 

@@ -63,15 +63,19 @@ typedef struct vta_torch_failures {
 
 VTA_API const char* vta_torch_last_error(void);
 
-/* Set the options of the per-device spaces. Allowed while no space exists, or again with the
- * very same options (a no-op); otherwise VTA_ERR_INVALID_ARGUMENT. */
-VTA_API vta_status_t vta_torch_configure(const vta_torch_config_t* config);
-/* The options in force; *configured = 0 when vta_torch_configure was never called. */
+/* Set the options of the per-device spaces, in one call: `config` is normalized (as
+ * vta_torch_normalize_config says), applied, and what is kept is written to `kept` (may be NULL;
+ * written only on success). Allowed while no space exists, or again with the very same options
+ * after normalization (a no-op); otherwise VTA_ERR_INVALID_ARGUMENT, and nothing changes. */
+VTA_API vta_status_t vta_torch_configure(const vta_torch_config_t* config, vta_torch_config_t* kept);
+/* The options in force; *configured = 0 when vta_torch_configure was never called (configured
+ * may be NULL). */
 VTA_API vta_status_t vta_torch_get_config(vta_torch_config_t* out, int32_t* configured);
-/* The options vta_torch_configure would keep for `in`, changing nothing: the one place the shim's
- * defaults are applied (space.device and space.flags zeroed, backend AUTO becomes CUDA: torch
- * hands the pointers to CUDA kernels, so "auto" never falls back to host memory). Refuses what
- * vta_torch_configure refuses (struct_size, on_failure, backend). */
+/* The options vta_torch_configure would keep for `in`, changing nothing (to compare a request
+ * with the options in force before applying it): the one place the shim's defaults are applied
+ * (space.device and space.flags zeroed, backend AUTO becomes CUDA: torch hands the pointers to
+ * CUDA kernels, so "auto" never falls back to host memory). Refuses what vta_torch_configure
+ * refuses for the options themselves (struct_size, on_failure, backend). */
 VTA_API vta_status_t vta_torch_normalize_config(const vta_torch_config_t* in, vta_torch_config_t* out);
 
 /* PyTorch's CUDAPluggableAllocator signatures (cudaStream_t is a pointer). */

@@ -17,7 +17,8 @@
 extern "C" {
 #endif
 
-#define VTA_ABI_VERSION 2  /* 2: vta_stats_t gained the driver call counters (an output struct grew) */
+#define VTA_ABI_VERSION 3  /* 2: vta_stats_t gained the driver call counters (an output struct grew);
+                              3: vta_torch_configure returns the options it keeps (a second argument) */
 #define VTA_API __attribute__((visibility("default")))
 
 typedef int32_t vta_status_t;
