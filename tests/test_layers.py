@@ -16,6 +16,7 @@ from helpers.layers import (
     csrc_edges,
     csrc_findings,
     csrc_room,
+    csrc_through_findings,
     cycles,
     module_name,
     python_edges,
@@ -82,6 +83,18 @@ def test_csrc_includes_point_down():
     edges = csrc_edges()
     assert len(edges) > 30
     assert not csrc_findings(edges), _report(csrc_findings(edges))
+
+
+def test_evict_reaches_alloc_only_through_its_interfaces():
+    """evict/ includes of alloc/ only residency_port.hpp and page_users.hpp: the engine cannot
+    call into the policy's parts (calls go one way). The check is first shown a stray include."""
+    made_up = [Edge("evict", "alloc", "x.cpp:2", "alloc/page_users.hpp"),
+               Edge("evict", "alloc", "y.cpp:3", "alloc/live_allocations.hpp"),
+               Edge("space", "alloc", "z.cpp:4", "alloc/live_allocations.hpp"), Edge("evict", "vmm", "w.cpp:5", "vmm/x.hpp")]
+    assert [f.split(":")[0] for f in csrc_through_findings(made_up)] == ["y.cpp"]
+    edges = csrc_edges()
+    assert any(e.source == "evict" and e.include == "alloc/page_users.hpp" for e in edges)  # the reader sees them
+    assert not csrc_through_findings(edges), _report(csrc_through_findings(edges))
 
 
 def test_c_abi_is_defined_only_in_capi():

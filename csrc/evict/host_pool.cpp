@@ -1,5 +1,10 @@
-// HostPool implementation; see host_pool.hpp.
+// HostPool: host slots for evicted bytes (see host_pool.hpp).
+//
+// Owns: nothing beyond host_pool.hpp's.
+// Invariants: those of host_pool.hpp; a step that fails part-way gives back what it took.
 #include "evict/host_pool.hpp"
+
+#include <unistd.h>
 
 #include <algorithm>
 
@@ -7,6 +12,16 @@ namespace vta {
 
 namespace {
 constexpr uint64_t kChunkBytes = 64ull << 20;  // pinned memory is allocated 64 MiB at a time (or one slot's worth)
+}
+
+// The machine's memory comes from sysconf, never from an iostream: the core must not touch
+// the C++ locale machinery (see docs/design.md, "No iostreams in the core").
+uint64_t HostPool::default_capacity(uint64_t device_capacity) {
+  long pages = sysconf(_SC_PHYS_PAGES);
+  long page_size = sysconf(_SC_PAGESIZE);
+  uint64_t limit = pages > 0 && page_size > 0 ? static_cast<uint64_t>(pages) * static_cast<uint64_t>(page_size) / 2 : 0;
+  uint64_t want = device_capacity * 4;
+  return limit ? std::min(want, limit) : want;
 }
 
 HostPool::HostPool(Backend& backend, size_t page_bytes, uint64_t capacity_bytes, bool mapped)

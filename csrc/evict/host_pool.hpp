@@ -12,6 +12,8 @@
 //    the slot's size, each also mapped at its own address in a "window" reservation so copies
 //    can reach it while it is not mapped at the evicted handle's address. A released slot is
 //    kept for the next of its size; one of another size is given back when room is needed.
+// Its size: host_capacity, or by default four times the device capacity, at most half the
+// machine's memory (default_capacity).
 // Invariant: used pages * page_bytes <= held bytes <= capacity; a slot never crosses a chunk;
 // after release_all() nothing is held.
 #pragma once
@@ -33,6 +35,9 @@ class HostPool {
   };
 
   HostPool(Backend& backend, size_t page_bytes, uint64_t capacity_bytes, bool mapped);
+  // The capacity when none is configured: four times the device capacity, at most half the
+  // machine's memory.
+  static uint64_t default_capacity(uint64_t device_capacity);
   ~HostPool();
   HostPool(const HostPool&) = delete;
   HostPool& operator=(const HostPool&) = delete;

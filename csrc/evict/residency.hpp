@@ -1,15 +1,26 @@
-// Residency: the eviction engine of one address space.
+// Residency: the eviction engine of one address space, composed of small parts.
 //
-// Owns: the residency of every virtual page under live data whose bytes are not, or not only,
-// in a device page (the away pages), tracked per physical handle: one away page covers the
-// virtual pages of one handle (a page, or an extent of several: docs/eviction.md), which
-// move together with one copy and one mapping change each, the victim policy over evictable resident pages
-// (victim_policy.hpp; LRU: lru_policy.hpp), the host pool and
-// the copy stream, the mapped-mode window, and the eviction counters of the stats. It
-// implements the policy's ResidencyPort; what it needs to know of the blocks over a page (their
-// streams, whether they may be evicted) it asks through PageUsers, which only answers, and the
-// device handles it restores into are given to it (the space obtains them from the policy):
-// calls go one way, into the engine. Every call is made under the address space's lock.
+// Owns: the transitions of away pages (the state machine below) and the decisions that drive
+// them: which pages may be victims, what is asked of the engine for one allocation. It
+// implements the policy's ResidencyPort. Its parts, each in a file of its own:
+//  - AwayPages (away_pages.*): the away pages and their states, bookkeeping only;
+//  - StreamOrder (stream_order.*): the copy stream, the copies and every wait that orders them
+//    and the mapping changes (quiesce);
+//  - HostPool (host_pool.*): the host slots that hold evicted bytes;
+//  - RestoreWindow (restore_window.*): mapped mode's window where restores fill device handles;
+//  - EvictionCounters (eviction_counters.hpp): the totals of the stats;
+//  - VictimPolicy (victim_policy.hpp; LruPolicy, lru_policy.hpp): the order of the victims.
+// What it needs to know of the blocks over a page (their streams, whether they may be
+// evicted) it asks through PageUsers, which only answers, and the device handles it restores
+// into are given to it (the space obtains them from the policy): calls go one way, into the
+// engine. Every call is made under the address space's lock.
+//
+// One class in three .cpp files, and why: the transitions (residency.cpp), the work asked for
+// one allocation (residency_ops.cpp) and victim choice (residency_victims.cpp) call each other
+// both ways (choosing a victim evicts it; a page made resident becomes a candidate again;
+// offload and restore walk an allocation through the transitions) and share the pinned range;
+// classes of their own would each need the others back, a loop inside the engine instead of
+// one owner of the away pages' transitions.
 //
 // A handle may lie under several blocks (pages are shared between neighbouring allocations):
 // it moves whole, so it is evicted only when every allocation on it may be (marked evictable,
@@ -28,10 +39,10 @@
 // Ordering (invariant 4, docs/eviction.md): the mapping under an address that live or
 // pending-free data occupies changes only after a host-side wait for events recorded, at the
 // time of the change, on every stream that may touch the page: the streams of its
-// allocations, of frees pending on it and of its restore's consumers (quiesce_pages).
-// Those changes are batched so one wait covers many pages: releasing held device pages
-// (free_device_page, trim, synchronize, return_pages) and swapping restored pages in
-// (ensure_resident, synchronize).
+// allocations, of frees pending on it and of its restore's consumers (quiesce_pages, through
+// StreamOrder::quiesce). Those changes are batched so one wait covers many pages: releasing
+// held device pages (free_device_page, trim, synchronize, return_pages) and swapping restored
+// pages in (ensure_resident, synchronize).
 //
 // Invariants: addresses never change (eviction included); every transition that fails
 // part-way leaves the bytes where they were: a failed copy or map undoes its own steps
@@ -43,18 +54,20 @@
 #include <chrono>
 #include <cstdint>
 #include <memory>
-#include <unordered_map>
 #include <vector>
 
 #include "alloc/page_users.hpp"
 #include "alloc/residency_port.hpp"
 #include "backend/backend.hpp"
+#include "evict/away_pages.hpp"
+#include "evict/eviction_counters.hpp"
 #include "evict/host_pool.hpp"
 #include "evict/lru_policy.hpp"
+#include "evict/restore_window.hpp"
+#include "evict/stream_order.hpp"
 #include "evict/victim_policy.hpp"
 #include "vmm/event_pool.hpp"
 #include "vmm/page_table.hpp"
-#include "vmm/range_set.hpp"
 #include "vtalloc/vtalloc.h"
 
 namespace vta {
@@ -62,25 +75,10 @@ namespace vta {
 class Residency final : public ResidencyPort {
  public:
   using Clock = std::chrono::steady_clock;
-  enum class State : uint8_t { evicting, evicted, restoring, restored };
-  // A virtual page (under live data) whose bytes are not, or not only, in a device page.
-  // The virtual pages of one handle, from `va` (the key of away_) for `npages` pages, whose
-  // bytes are not, or not only, in a device handle.
-  struct AwayPage {
-    State state;
-    uint32_t npages = 1;
-    HostPool::Slots slots;     // where the bytes are, or are going (npages pages; mapped mode: one)
-    int32_t device_page = -1;  // restoring/restored: the page being filled
-    bool device_held = false;  // evicted: the device page is still mapped at the address
-    bool host_mapped = false;  // mapped mode: slot.page is mapped at the virtual page
-    bool window_mapped = false;  // mapped mode restore: device_page mapped at `window`
-    uintptr_t window = 0;
-    EventHandle event = 0;     // completes the in-flight copy
-    std::vector<StreamHandle> consumers;  // restoring/restored: streams ordered after the copy
-    Clock::time_point issued;
-  };
+  using AwayPage = vta::AwayPage;
+  using State = AwayPage::State;
 
-  // Validates evict_mode and sets up the host pool; throws Error.
+  // Validates evict_mode, chooses the mode and sizes the host pool; throws Error.
   Residency(const vta_config_t& config, Backend& backend, PageTable& pages, EventPool& events, const PageUsers& users,
             uint64_t capacity);
   Residency(const Residency&) = delete;
@@ -94,7 +92,7 @@ class Residency final : public ResidencyPort {
   }
   void unpin() override { pin_lo_ = pin_hi_ = 0; }
   bool any_away() const override { return !away_.empty(); }
-  bool is_away(uintptr_t va) const override { return away_at(va) != nullptr; }
+  bool is_away(uintptr_t va) const override { return away_.first_of(va) != 0; }
   bool away_span(uintptr_t va, uintptr_t* first, uint64_t* bytes) const override;
   void drop_away_page(uintptr_t first) override;
   void note_use(uintptr_t start, uint64_t bytes) override;
@@ -104,8 +102,8 @@ class Residency final : public ResidencyPort {
     *candidate_pages = victims_->candidate_pages();
     *entries_touched = victims_->entries_touched();
   }
-  uint64_t host_pool_used_bytes() const override { return host_pool_ ? host_pool_->used_bytes() : 0; }
-  uint64_t host_pool_capacity_bytes() const override { return host_capacity_; }
+  uint64_t host_pool_used_bytes() const override { return host_pool_.used_bytes(); }
+  uint64_t host_pool_capacity_bytes() const override { return host_pool_.capacity_bytes(); }
 
   // Complete the copies that finished (waiting for each if `wait`).
   void drain_inflight(bool wait);
@@ -137,37 +135,22 @@ class Residency final : public ResidencyPort {
   int residency_of(uintptr_t start, uint64_t bytes) const;  // VTA_RESIDENT / VTA_EVICTED / VTA_IN_FLIGHT
   uint64_t away_bytes(uintptr_t start, uint64_t bytes) const;  // bytes of [start, start + bytes) on away pages
 
-  const std::unordered_map<uintptr_t, AwayPage>& away() const { return away_; }  // by first page
+  const AwayPages& away() const { return away_; }  // by first page
   // The away page over virtual page `va` (any of its pages), its first page in *first; or null.
-  const AwayPage* away_at(uintptr_t va, uintptr_t* first = nullptr) const;
+  const AwayPage* away_at(uintptr_t va, uintptr_t* first = nullptr) const { return away_.over(va, first); }
   // The eviction fields of the stats. pages_resident: the caller's count of mapped pages
   // under no free range, less the device pages evicted pages still hold (no data of theirs).
   void fill_stats(vta_stats_t* s) const;
   // Test support: VTA_DEBUG_BREAK_QUIESCE / VTA_DEBUG_BREAK_COPY_ORDER bits.
-  void set_debug_break(uint32_t mask) { debug_break_ = mask; }
+  void set_debug_break(uint32_t mask) { order_.set_debug_break(mask); }
   // Wait for in-flight copies and give back everything held (close()); the first error.
   void close();
 
  private:
-  StreamHandle copy_stream();
-  static uint64_t ns_since(Clock::time_point t) {
-    return static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - t).count());
-  }
-  bool broken(uint32_t bit) const { return (debug_break_ & bit) != 0; }
   // [va, va + bytes) overlaps the allocation being made resident.
   bool pinned(uintptr_t va, uint64_t bytes) const { return va < pin_hi_ && va + bytes > pin_lo_; }
   uintptr_t page_of(uintptr_t a) const { return a - a % page_bytes_; }
-  uint64_t bytes_of(const AwayPage& p) const { return uint64_t{p.npages} * page_bytes_; }
-  // Queue copies between the away page at `va` and its host slots, one per slot.
-  void copy_slots(uintptr_t va, const HostPool::Slots& slots, bool to_host, StreamHandle stream);
-  // The first page of the away page over `va`, or 0 when `va` is not away.
-  uintptr_t away_first(uintptr_t va) const;
-  // Start tracking / forget an away page (its other pages point at its first in away_first_).
-  AwayPage& add_away(uintptr_t va, const AwayPage& p);
-  void erase_away(uintptr_t va);
-  // The addresses of the away pages that `pred` picks (a copy: callers change away_).
-  template <typename F>
-  std::vector<uintptr_t> away_where(F&& pred) const;
+  uint64_t bytes_of(const AwayPage& p) const { return away_.bytes_of(p); }
 
   // Transitions (residency.cpp).
   // Evict one resident page; false (nothing changed) when the host pool is full.
@@ -175,7 +158,7 @@ class Residency final : public ResidencyPort {
   void complete_evict(uintptr_t va, AwayPage& p);
   void complete_restore(uintptr_t va, AwayPage& p);
   void finish_inflight(uintptr_t va, bool wait);
-  // Wait on the host until no work queued so far may touch these pages (see Ordering above).
+  // Wait on the host until no work queued so far may touch these away pages (see Ordering above).
   void quiesce_pages(const std::vector<uintptr_t>& vas);
   // Mapped mode: map the page's host copy at its address (host_mapped says whether it worked).
   void map_host_copy(uintptr_t va, AwayPage& p);
@@ -192,7 +175,7 @@ class Residency final : public ResidencyPort {
   // The page is resident again: forget it as away, a victim candidate again if evictable.
   void finish_resident(uintptr_t va);
 
-  // Victim choice (residency_ops.cpp): which pages are candidates is decided here, their
+  // Victim choice (residency_victims.cpp): which pages are candidates is decided here, their
   // order by victims_.
   void note_page(uintptr_t va);
   bool evict_victim();
@@ -201,37 +184,17 @@ class Residency final : public ResidencyPort {
 
   Backend& backend_;
   PageTable& pages_;
-  EventPool& events_;
   const PageUsers& users_;
   size_t page_bytes_;
-  uint64_t capacity_;
-  bool mapped_mode_ = false;
-  uint64_t host_capacity_ = 0;
-  std::unique_ptr<HostPool> host_pool_;
-  StreamHandle copy_stream_ = 0;
-  bool copy_stream_made_ = false;
-  std::unordered_map<uintptr_t, AwayPage> away_;
+  bool mapped_mode_;
+  HostPool host_pool_;
+  StreamOrder order_;
+  RestoreWindow window_;
+  AwayPages away_;
+  EvictionCounters counters_;
   uint64_t in_flight_ = 0;  // pages of away pages being evicted or restored
   std::unique_ptr<VictimPolicy> victims_ = std::make_unique<LruPolicy>(page_bytes_);  // the candidates, best victim first
   uintptr_t pin_lo_ = 0, pin_hi_ = 0;  // pages of the allocation being made resident, or of the block being placed
-  std::unordered_map<uintptr_t, uintptr_t> away_first_;  // other pages of multi-page away pages
-  uintptr_t window_ = 0;               // mapped mode: device handles' window reservation
-  size_t window_bytes_ = 0;
-  RangeSet free_window_;               // its unused addresses
-  uint32_t debug_break_ = 0;  // VTA_DEBUG_BREAK_* bits (tests only)
-
-  struct Counters {
-    uint64_t evictions = 0, pressure_evictions = 0, bytes_evicted_total = 0, evict_copy_ns = 0;
-    uint64_t restores = 0, bytes_restored_total = 0, restore_copy_ns = 0, restore_wait_ns = 0;
-  } counters_;
 };
-
-template <typename F>
-std::vector<uintptr_t> Residency::away_where(F&& pred) const {
-  std::vector<uintptr_t> vas;
-  for (auto& [va, p] : away_)
-    if (pred(p)) vas.push_back(va);
-  return vas;
-}
 
 }  // namespace vta

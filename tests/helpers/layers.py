@@ -55,6 +55,14 @@ CSRC_SUBROOMS = ("backend/testing",)
 # capi/ and torch/ (the torch shim's and the torch-native ABI), and the torch binding's
 # install.cpp (the entry points its own library exports).
 CSRC_C_ABI_DIRS = ("capi", "torch", "torch_binding")
+# A room that may include only these files of a lower room. The eviction engine (evict/) reaches
+# the allocation policy (alloc/) only through the two interfaces alloc/ declares for it: the
+# port the policy calls the engine through, and the read-only PageUsers the engine asks about
+# blocks (calls go one way: docs/design.md, "Layers"). Any other alloc/ header in evict/ would
+# let the engine reach into the policy's parts.
+CSRC_ONLY_THROUGH: dict[tuple[str, str], tuple[str, ...]] = {
+    ("evict", "alloc"): ("alloc/page_users.hpp", "alloc/residency_port.hpp"),
+}
 
 
 @dataclass(frozen=True)
@@ -62,6 +70,7 @@ class Edge:
     source: str  # importing module / including file
     target: str  # imported module / included directory
     where: str  # file:line
+    include: str = ""  # csrc: the included path as written ("alloc/page_users.hpp")
 
 
 def module_name(path: Path) -> str:
@@ -212,7 +221,7 @@ def csrc_edges(files: list[Path] | None = None) -> list[Edge]:
             # "vtalloc/x.h" is the public header directory csrc/include/vtalloc.
             dst = "include" if target.startswith("vtalloc/") else csrc_room(target)
             line = text.count("\n", 0, m.start()) + 1
-            edges.append(Edge(src, dst, f"{path.relative_to(ROOT)}:{line}"))
+            edges.append(Edge(src, dst, f"{path.relative_to(ROOT)}:{line}", target))
     return edges
 
 
@@ -223,6 +232,17 @@ def csrc_findings(edges: list[Edge]) -> list[str]:
             out.append(f"{e.where}: {e.source}/ -> {e.target}/: a directory no layer names")
         elif CSRC_LAYERS.index(e.target) > CSRC_LAYERS.index(e.source):
             out.append(f"{e.where}: {e.source}/ includes {e.target}/, a higher layer")
+    return out
+
+
+def csrc_through_findings(edges: list[Edge]) -> list[str]:
+    """An include of a lower room's file that CSRC_ONLY_THROUGH does not allow that room."""
+    out = []
+    for e in edges:
+        allowed = CSRC_ONLY_THROUGH.get((e.source, e.target))
+        if allowed is not None and e.include not in allowed:
+            out.append(f"{e.where}: {e.source}/ includes {e.include}; it may include only {', '.join(allowed)} "
+                       f"of {e.target}/")
     return out
 
 

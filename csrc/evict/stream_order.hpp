@@ -1,0 +1,86 @@
+// StreamOrder: the eviction engine's copy stream, and every wait that orders the engine's work
+// against the streams that may touch a page (invariant 4, docs/eviction.md "Ordering").
+//
+// Owns: the copy stream (created on first use, destroyed by destroy()); the copies between an
+// away page and its host slots, which run on it; the events that order them: an eviction's
+// copy after events recorded on every stream of the page's allocations, a restore's consumer
+// after the copy, and the host wait before a mapping change (quiesce); and the test bits that
+// break those rules on purpose (VTA_DEBUG_BREAK_QUIESCE, VTA_DEBUG_BREAK_COPY_ORDER). What it
+// must know of the streams over a page it asks through PageUsers, which only answers.
+// Invariants: a copy is queued only after the waits that order it are queued; every copy's
+// end is recorded by an event, or waited for on the host when the record fails, so a slot is
+// never reused under a running copy; quiesce() returns only when work queued so far on every
+// stream that may touch the pages completed. Every call is made under the address space's lock.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "alloc/page_users.hpp"
+#include "backend/backend.hpp"
+#include "evict/host_pool.hpp"
+#include "vmm/event_pool.hpp"
+#include "vtalloc/vtalloc.h"
+
+namespace vta {
+
+class StreamOrder {
+ public:
+  StreamOrder(Backend& backend, EventPool& events, const PageUsers& users, size_t page_bytes)
+      : backend_(backend), events_(events), users_(users), page_bytes_(page_bytes) {}
+  StreamOrder(const StreamOrder&) = delete;
+  StreamOrder& operator=(const StreamOrder&) = delete;
+
+  // The copy stream, created on the first call (throws when it cannot be).
+  StreamHandle stream();
+  // An eviction's copy of [va, va + bytes) into `slots` (one copy per slot), queued after the
+  // last use of those pages: an event recorded now on every stream of their allocations. The
+  // event that completes it.
+  EventHandle copy_out(uintptr_t va, uint64_t bytes, const HostPool::Slots& slots);
+  // A restore's copy from `slots` into [dst, ...), one per slot; the event that completes it.
+  EventHandle copy_in(uintptr_t dst, const HostPool::Slots& slots);
+  // `consumer` waits (on the device) for the copy `copy` completes; nothing when it is the copy
+  // stream itself.
+  Status consumer_after(StreamHandle consumer, EventHandle copy);
+  // Whether the copy `copy` completes has completed (waiting for it if `wait`); give() hands
+  // the event back once it has.
+  bool done(EventHandle copy, bool wait) { return events_.done(copy, wait); }
+  void give(EventHandle copy) { events_.give(copy); }
+
+  // The virtual pages of one away page, and its restore's consumer streams (or null).
+  struct Span {
+    uintptr_t va;
+    uint32_t npages;
+    const std::vector<StreamHandle>* consumers;
+  };
+  // Wait on the host until no work queued so far may touch these pages: events recorded now,
+  // then waited for, on the streams of their allocations (recorded streams included), of the
+  // frees pending on them and of their restores' consumers.
+  void quiesce(const std::vector<Span>& spans);
+
+  // Test support: VTA_DEBUG_BREAK_QUIESCE / VTA_DEBUG_BREAK_COPY_ORDER bits.
+  void set_debug_break(uint32_t mask) { debug_break_ = mask; }
+  bool broken(uint32_t bit) const { return (debug_break_ & bit) != 0; }
+
+  // close(): wait for everything queued on the copy stream; wait for one copy; destroy the
+  // stream. Each returns its error, and does nothing when the stream was never made.
+  Status synchronize();
+  Status wait(EventHandle copy) { return backend_.event_synchronize(copy); }
+  Status destroy();
+  // The copy stream, or 0 when it was never made (comparisons only).
+  StreamHandle handle() const { return stream_; }
+
+ private:
+  // Queue copies between the pages at `va` and `slots`, one per slot.
+  void copy_slots(uintptr_t va, const HostPool::Slots& slots, bool to_host, StreamHandle stream);
+
+  Backend& backend_;
+  EventPool& events_;
+  const PageUsers& users_;
+  size_t page_bytes_;
+  StreamHandle stream_ = 0;
+  bool made_ = false;
+  uint32_t debug_break_ = 0;  // VTA_DEBUG_BREAK_* bits (tests only)
+};
+
+}  // namespace vta
