@@ -273,6 +273,8 @@ class AllocPolicy final : public PageUsers {
   void give_back_handles(std::vector<std::vector<int32_t>>* ids);
   // Unmap the handles of the first `mapped_runs` runs (keeping them taken), then give all back.
   void unmap_split_handles(std::vector<std::vector<int32_t>>* ids, size_t mapped_runs);
+  // Release a split extent (taken, unmapped); if the driver refuses, it becomes a free handle.
+  void release_split_extent(int32_t id);
   // Map the taken handle `id` at `va` again; false (still taken, unmapped) if the driver refuses.
   bool map_back(uintptr_t va, int32_t id);
   // The streams that may touch [va, va + bytes): its blocks' own and recorded streams, and the

@@ -194,7 +194,7 @@ bool AllocPolicy::split_in_place(const Split& s) {
   Split now;  // taking handles may have let frees complete: split what blocks touch now
   if (!split_plan(s.id, s.va, &now) || now.runs != s.runs) {
     give_back_handles(&ids);
-    return false;
+    return split_plan(s.id, s.va, &now) && now.touched < s.touched && split_in_place(now);
   }
   uint64_t bytes = pages_.bytes_of(s.id);
   uintptr_t window = 0;
@@ -230,7 +230,7 @@ bool AllocPolicy::split_in_place(const Split& s) {
   }
   pages_.unmap_alias(window, s.id);
   give_free(window, bytes);
-  pages_.release_taken(s.id);  // its untouched pages are room under capacity now
+  release_split_extent(s.id);
   num_extent_splits_++;
   extent_split_pages_ += s.touched;
   return true;
@@ -240,6 +240,16 @@ void AllocPolicy::unmap_split_handles(std::vector<std::vector<int32_t>>* ids, si
   for (size_t r = 0; r < mapped_runs && r < ids->size(); ++r)
     for (int32_t id : (*ids)[r]) pages_.unmap_taken(id);
   give_back_handles(ids);
+}
+
+void AllocPolicy::release_split_extent(int32_t id) {
+  try {
+    pages_.release_taken(id);  // its untouched pages are room under capacity now
+  } catch (...) {
+    // The blocks have moved: the split stands. The extent stays a free handle, released when
+    // room is wanted (release_free_for), where a refusal is reported.
+    pages_.return_page(id);
+  }
 }
 
 bool AllocPolicy::map_back(uintptr_t va, int32_t id) {
