@@ -55,6 +55,8 @@ class VtaStats(ctypes.Structure):
             # appended: cumulative counters (PyTorch's allocated/freed columns)
             "allocated_bytes_total", "freed_bytes_total", "requested_bytes_total", "requested_freed_bytes_total",
             "page_bytes_created_total", "page_bytes_released_total", "num_alloc_retries", "num_sync_all_streams",
+            # appended: extent splits
+            "num_extent_splits", "num_extent_splits_staged", "extent_split_pages",
         )
     ]
 

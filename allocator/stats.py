@@ -106,6 +106,11 @@ class Stats:
     page_bytes_released_total: int = 0    # physical page bytes released
     num_alloc_retries: int = 0            # allocations that reclaimed cached pages or waited for frees
     num_sync_all_streams: int = 0         # waits for the pending frees of every stream
+    # extent splits, at the edge of an OOM: the blocks on an extent they use only in part moved to
+    # handles of their own at the same addresses, the extent's untouched pages released
+    num_extent_splits: int = 0            # extents split
+    num_extent_splits_staged: int = 0     # of those, staged through host memory (no room beside the extent)
+    extent_split_pages: int = 0           # pages whose bytes the splits copied
 
     @property
     def evict_bandwidth_bytes_per_s(self) -> float:

@@ -208,7 +208,7 @@ def host_run(cfg: dict[str, Any]) -> dict[str, Any]:
             res["modeled_s"] = round((space.modeled_ns() - modeled0) / 1e9, 6)
     res["stats_delta"] = delta(int_fields(after), before)
     res["peak_bytes"] = after.peak_mapped_bytes
-    for k in ("num_map_calls", "num_unmap_calls", "num_page_reclaims"):
+    for k in ("num_map_calls", "num_unmap_calls", "num_page_reclaims", "num_extent_splits", "extent_split_pages"):
         res[k] = res["stats_delta"].get(k, 0)
     res["path_check"] = host_check(res)
     return {"config": "vtalloc_host", "status": "ok", "cap_bytes": cap, **res}
@@ -227,18 +227,19 @@ def host_check(res: dict[str, Any]) -> dict[str, Any]:
 
 def table(runs: list[dict[str, Any]]) -> str:
     base = next((r for r in runs if r["config"] == "native" and r.get("status") == "ok"), None)
-    rows = ["| config | time (s) | µs/op | vs native | OOMs | allocs | map / unmap calls | page reclaims |",
-            "|---|---:|---:|---:|---:|---:|---|---:|"]
+    rows = ["| config | time (s) | µs/op | vs native | OOMs | allocs | map / unmap calls | page reclaims | extent splits |",
+            "|---|---:|---:|---:|---:|---:|---|---:|---:|"]
     for r in runs:
         if r.get("status") != "ok":
-            rows.append(f"| {r['config']} | {r.get('status', '?').upper()} | | | | | | |")
+            rows.append(f"| {r['config']} | {r.get('status', '?').upper()} | | | | | | | |")
             continue
         d = r.get("stats_delta", {})
         maps = (f"{d.get('num_map_calls', 0)} / {d.get('num_unmap_calls', 0)}" if "num_map_calls" in d or
                 r["config"].startswith("vtalloc") else f"{d.get('num_device_alloc', 0)} / {d.get('num_device_free', 0)} (torch)")
         ratio = f"{r['time_s'] / base['time_s']:.2f}" if base else ""
         rows.append(f"| {r['config']} | {r['time_s']:.3f} | {r['us_per_op']:.1f} | {ratio} | {r['ooms']} | {r['allocs']} | "
-                    f"{maps} | {d.get('num_page_reclaims', '')} |")
+                    f"{maps} | {d.get('num_page_reclaims', '')} | "
+                    f"{d.get('num_extent_splits', 0) if r['config'].startswith('vtalloc') else ''} |")
     return "\n".join(rows)
 
 

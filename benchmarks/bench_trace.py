@@ -245,7 +245,8 @@ def replay_host(compiled: Compiled, config: Any, capacity: int, host_limit: int 
         for is_alloc, ident, _, _ in ops[:stop]:
             (live.add if is_alloc else live.discard)(ident)
         b, a = before.as_dict(), after.as_dict()
-        counted = {k: a[k] - b[k] for k in ("num_allocs", "num_frees", "evictions", "restores", "pressure_evictions")}
+        counted = {k: a[k] - b[k] for k in ("num_allocs", "num_frees", "evictions", "restores", "pressure_evictions",
+                                            "num_extent_splits")}
         mallocs = sum(1 for op in ops[:stop] if op[0])
         for ident in sorted(live):  # clean up: a stream with a live allocation cannot be destroyed
             space.free(addrs[ident])

@@ -33,9 +33,11 @@ uint64_t extent_max_pages(const vta_config_t& config, uint64_t page) {
 
 }  // namespace
 
-AllocPolicy::AllocPolicy(const vta_config_t& config, PageTable& pages, EventPool& events, uint64_t capacity,
-                         int backend_kind)
-    : pages_(pages),
+AllocPolicy::AllocPolicy(const vta_config_t& config, Backend& backend, PageTable& pages, EventPool& events,
+                         uint64_t capacity)
+    : backend_(backend),
+      pages_(pages),
+      events_(events),
       capacity_(capacity),
       page_bytes_(pages.page_bytes()),
       small_threshold_(config.small_threshold_bytes ? config.small_threshold_bytes
@@ -44,8 +46,8 @@ AllocPolicy::AllocPolicy(const vta_config_t& config, PageTable& pages, EventPool
       extent_min_pages_(std::max<uint64_t>(
           2, (std::min<uint64_t>(kExtentMinBytes, extent_max_pages_ * page_bytes_) + page_bytes_ - 1) / page_bytes_)),
       live_(pages),
-      pending_(events, page_bytes_, backend_kind),
-      uses_(events, page_bytes_, backend_kind),
+      pending_(events, page_bytes_, backend.kind()),
+      uses_(events, page_bytes_, backend.kind()),
       free_(pages, reservation_bytes(config, capacity, page_bytes_)),
       cached_(pages) {
   if (small_threshold_ > page_bytes_)
@@ -82,6 +84,9 @@ uintptr_t AllocPolicy::allocate(const Request& r, StreamHandle stream, bool may_
       drain_pending(true);
       ok = try_allocate(r.rounded, may_evict, &address);
     }
+    // The last resort: the extents blocks use only in part give their untouched pages back
+    // (alloc_policy_split.cpp), and the request takes the place that needs the fewest pages.
+    if (!ok && split_extents_for_bytes(r.rounded)) ok = try_allocate(r.rounded, may_evict, &address, false);
   }
   if (retried_) num_alloc_retries_++;
   if (!ok) throw_oom(r.requested, nullptr, count_oom);
@@ -302,16 +307,31 @@ void AllocPolicy::release_block(uintptr_t address, uint64_t size) {
 [[noreturn]] void AllocPolicy::throw_oom(uint64_t requested, const char* why, bool count) {
   if (count) num_ooms_++;
   uint64_t mapped = pages_.pages_mapped() * page_bytes_;
+  uint64_t cached = cached_.pages() * page_bytes_;
+  uint64_t touched = touched_pages() * page_bytes_;
+  uint64_t idle = mapped > cached + touched ? mapped - cached - touched : 0;
   std::string msg = "vtalloc out of memory: " + std::string(why ? why : "tried to allocate") + " " + mib(requested) +
                     " (" + std::to_string(requested) + " bytes); capacity " + mib(capacity_) + ", " +
                     mib(live_.active_bytes()) + " held by live allocations (" + mib(live_.evictable_bytes()) +
-                    " evictable), " + mib(mapped) + " mapped (" + mib(cached_.pages() * page_bytes_) +
-                    " of it cached: the rest is on pages and extents live allocations touch), " + mib(pending_.bytes()) +
-                    " awaiting stream completion, host pool " + mib(port_->host_pool_used_bytes()) + " of " +
-                    mib(port_->host_pool_capacity_bytes()) + " used";
+                    " evictable), " + mib(mapped) + " mapped (" + mib(cached) + " of it cached, " + mib(touched) +
+                    " on pages blocks touch";
+  if (idle)
+    msg += ", " + mib(idle) +
+           " untouched under extents that blocks use in part and that were not split: splitting them would not make "
+           "room, or they are away, kept by a graph pool or on a capturing stream";
+  msg += "), " + mib(pending_.bytes()) + " awaiting stream completion, host pool " +
+         mib(port_->host_pool_used_bytes()) + " of " + mib(port_->host_pool_capacity_bytes()) + " used";
   std::string refusal = pages_.take_driver_refusal();
   if (!refusal.empty()) msg += "; the driver refused a new page: " + refusal;
   throw OutOfMemory(msg, requested, capacity_, mapped);
+}
+
+uint64_t AllocPolicy::touched_pages() const {
+  uint64_t n = 0;
+  pages_.for_each_page([&](int32_t, uint32_t, uintptr_t va) {
+    if (va && !free_.is_free(va, page_bytes_)) n++;
+  });
+  return n;
 }
 
 void AllocPolicy::fill_stats(vta_stats_t* s) const {
@@ -325,6 +345,9 @@ void AllocPolicy::fill_stats(vta_stats_t* s) const {
   s->num_sync_all_streams = num_sync_all_streams_;
   s->num_ooms = num_ooms_;
   s->num_page_reclaims = num_page_reclaims_;
+  s->num_extent_splits = num_extent_splits_;
+  s->num_extent_splits_staged = num_extent_splits_staged_;
+  s->extent_split_pages = extent_split_pages_;
 }
 
 void AllocPolicy::clear() {

@@ -26,9 +26,14 @@
 //      can: never more than fresh virtual space (page-aligned, nothing mapped under it) would,
 //      ceil(n / page), and every cached handle may go to it (take_fewest);
 //   3. if pending frees completed meanwhile, retry once (the request may now fit a freed block);
-//      then OutOfMemory.
-// So an allocation fails only when the pages of the handles that blocks touch, plus the pages
-// the request needs, exceed the capacity: no free memory is ever stuck between blocks.
+//   4. if the request still finds no room, and the pages blocks touch leave room for it, split
+//      the extents that blocks use only in part (alloc_policy_split.cpp): their touched pages get
+//      handles of their own at the same addresses, their bytes are copied there, and the extent
+//      is released, its untouched pages with it; then the fewest-pages place once more; then
+//      OutOfMemory.
+// So an allocation fails only when the pages blocks touch (live, kept and pending ones), plus the
+// pages the request needs, exceed the capacity: no free memory is ever stuck between blocks, nor
+// under an extent a block uses only in part.
 // A block on which record_stream named other streams skips all of this at its free: it waits
 // in StreamUses for an event on each of them, then becomes a pending free of its own stream;
 // an allocation that would otherwise fail waits for those events (steps 2 and 3) first.
@@ -45,14 +50,16 @@
 // An extent wanted is found, in order: free of its size, created under capacity, a cached one of
 // its size unmapped, room made by releasing free handles of other sizes, then as for pages; if
 // the driver refuses an extent's size, the allocation falls back to one-page handles.
+// An extent stays mapped while any block touches any of its pages (the driver maps a handle
+// whole); only at the edge of an OOM is it split (step 4), never on the way to one.
 //
 // Invariants: every address is 512-byte aligned; a freed allocation's memory is reused on its
 // own stream at once, and by anything else (another stream, a remap, the eviction engine) only
 // after an event recorded on its stream after the free completed; a virtual page that is away is
 // never given to a new block, mapped or unmapped here (it is dropped through the port once no
 // block touches it); a handle is unmapped here only when it is cached (no block touches it);
-// mapped pages never exceed capacity (the page table's limit); a failure at any step leaves
-// every page where it was and reports a typed error.
+// mapped pages never exceed capacity (the page table's limit), a split included; a failure at any
+// step leaves every page where it was and reports a typed error.
 #pragma once
 
 #include <algorithm>
@@ -90,7 +97,8 @@ class AllocPolicy final : public PageUsers {
 
   // Validates small_threshold; throws InvalidArgument. backend_kind: for the capture check
   // before an event is recorded on a stream (pending_frees.hpp).
-  AllocPolicy(const vta_config_t& config, PageTable& pages, EventPool& events, uint64_t capacity, int backend_kind);
+  // `backend`: the space's backend, for the copies of an extent split (and its capture check).
+  AllocPolicy(const vta_config_t& config, Backend& backend, PageTable& pages, EventPool& events, uint64_t capacity);
   AllocPolicy(const AllocPolicy&) = delete;
   AllocPolicy& operator=(const AllocPolicy&) = delete;
   void set_port(ResidencyPort* port) { port_ = port; }
@@ -99,6 +107,7 @@ class AllocPolicy final : public PageUsers {
   void set_limit(uint64_t limit_bytes);
   uint64_t limit() const { return limit_bytes_ ? limit_bytes_ : capacity_; }
   void set_skip_free_wait(bool skip) { skip_free_wait_ = skip; }  // VTA_DEBUG_BREAK_FREE_WAIT
+  void set_skip_quiesce(bool skip) { skip_quiesce_ = skip; }      // VTA_DEBUG_BREAK_QUIESCE (splits)
 
   // Validate and round a request; throws InvalidArgument, or OutOfMemory over capacity.
   Request request(uint64_t nbytes);
@@ -140,6 +149,9 @@ class AllocPolicy final : public PageUsers {
   bool reclaim_one_handle();
   // Unmap every cached handle (trim).
   void unmap_cached();
+  // At the edge of an OOM: split the extents blocks use only in part (alloc_policy_split.cpp)
+  // until `npages` pages fit under capacity (a restore's handle). Whether any was split.
+  bool split_extents_for_pages(uint64_t npages);
   // Throw OutOfMemory with the numbers; `count`: one more in num_ooms (false: a shortage a try reports).
   [[noreturn]] void throw_oom(uint64_t requested, const char* why = nullptr, bool count = true);
   static uint64_t round_up(uint64_t n, uint64_t to) { return (n + to - 1) / to * to; }
@@ -159,6 +171,8 @@ class AllocPolicy final : public PageUsers {
   uint64_t capacity() const { return capacity_; }
   // Bytes of the cached handles: mapped, and no block touches them.
   uint64_t cached_bytes() const { return cached_.pages() * page_bytes_; }
+  // Mapped pages some block (live, kept or pending) touches: what invariant 1 counts.
+  uint64_t touched_pages() const;
   void fill_stats(vta_stats_t* s) const;
   void reset_peak() { live_.reset_peak(); }
   // Forget everything (close(); the page table releases the pages).
@@ -193,7 +207,13 @@ class AllocPolicy final : public PageUsers {
   // handles exceed that allowance; whether one was.
   bool reuse_before_growth(uint32_t npages);
   bool take_mapped(uint64_t rounded, uintptr_t* out);
-  bool try_allocate(uint64_t rounded, bool may_evict, uintptr_t* out);
+  // At the edge of an OOM: split until a block of `bytes` fits its fewest-pages place.
+  bool split_extents_for_bytes(uint64_t bytes);
+  // Best fit, then the fewest-pages place (`best_fit` false: that one only).
+  bool try_allocate(uint64_t rounded, bool may_evict, uintptr_t* out, bool best_fit = true);
+  // The place that take_fewest() would take and the pages it would take from capacity (a fresh
+  // place, 0, when none takes fewer than ceil(bytes / page)).
+  uint64_t find_fewest(uint64_t bytes, uintptr_t* at) const;
   // Take a free range for `bytes` (best fit), reserving more virtual space when none has room
   // (any, fresh); 0 when a mapped fit finds none.
   uintptr_t take_free(uint64_t bytes, Fit fit);
@@ -220,7 +240,52 @@ class AllocPolicy final : public PageUsers {
   bool is_cached(int32_t id) const;
   uintptr_t page_of(uintptr_t a) const { return a - a % page_bytes_; }
 
+  // Extent splits (alloc_policy_split.cpp). An extent that blocks touch only in part: its
+  // runs of touched pages, what splitting it frees and costs in driver calls.
+  struct Split {
+    int32_t id = -1;
+    uintptr_t va = 0;
+    uint32_t npages = 0;
+    uint32_t touched = 0;
+    std::vector<std::pair<uintptr_t, uint32_t>> runs;  // (first page, pages) touched, in address order
+    uint64_t calls = 0;                                // driver calls it is expected to take
+  };
+  // Pages a new handle may still take: capacity less what is held, plus the free (releasable)
+  // and cached (reclaimable) handles.
+  uint64_t room_pages() const;
+  // Whether the mapped extent `id` at `va` may be split, and how (*s). Not when no block or every
+  // page of it is touched, any page of it is away, a kept block (a graph pool's) is on it, or a
+  // stream that may touch it is capturing a graph (it cannot be waited for).
+  bool split_plan(int32_t id, uintptr_t va, Split* s) const;
+  // Split until fits(room_pages()) or no extent is left to split; whether any was. Nothing is
+  // split when splitting every candidate would still leave less than `most` pages of room.
+  template <typename Fits>
+  bool split_extents(uint64_t most, Fits&& fits);
+  // One split, with room for its touched pages under capacity beside the extent: new handles
+  // mapped at the touched pages, the bytes copied from a second mapping of the extent. Stages
+  // through host memory instead (split_staged) when the touched pages do not fit the room.
+  // Whether it was split (false: no handle could be had; nothing changed).
+  bool split_in_place(const Split& s);
+  bool split_staged(const Split& s);
+  // Handles for the touched runs (taken, unmapped): extents for long runs as for a new block,
+  // one-page handles where the driver refuses an extent's size. False (nothing held) when spent.
+  bool take_split_handles(const Split& s, std::vector<std::vector<int32_t>>* ids);
+  void give_back_handles(std::vector<std::vector<int32_t>>* ids);
+  // Unmap the handles of the first `mapped_runs` runs (keeping them taken), then give all back.
+  void unmap_split_handles(std::vector<std::vector<int32_t>>* ids, size_t mapped_runs);
+  // Release a split extent (taken, unmapped); if the driver refuses, it becomes a free handle.
+  void release_split_extent(int32_t id);
+  // Map the taken handle `id` at `va` again; false (still taken, unmapped) if the driver refuses.
+  bool map_back(uintptr_t va, int32_t id);
+  // The streams that may touch [va, va + bytes): its blocks' own and recorded streams, and the
+  // streams of frees pending on its pages.
+  std::vector<StreamHandle> streams_over(uintptr_t va, uint64_t bytes) const;
+  // Wait on the host for every stream that may touch [va, va + bytes) (invariant 4).
+  void quiesce(uintptr_t va, uint64_t bytes);
+
+  Backend& backend_;
   PageTable& pages_;
+  EventPool& events_;
   ResidencyPort* port_ = nullptr;
   uint64_t capacity_;
   size_t page_bytes_;
@@ -233,10 +298,14 @@ class AllocPolicy final : public PageUsers {
   FreeSpace free_;
   CachedHandles cached_;
   bool skip_free_wait_ = false;
+  bool skip_quiesce_ = false;
   uint64_t num_ooms_ = 0;
   uint64_t num_page_reclaims_ = 0;
   uint64_t num_alloc_retries_ = 0;
   uint64_t num_sync_all_streams_ = 0;
+  uint64_t num_extent_splits_ = 0;         // extents split (their blocks moved to handles of their own)
+  uint64_t num_extent_splits_staged_ = 0;  // of those, staged through host memory
+  uint64_t extent_split_pages_ = 0;        // touched pages whose bytes a split copied
   bool retried_ = false;  // this allocation reclaimed cached pages or waited for frees
   uint64_t limit_bytes_ = 0;
 };

@@ -31,8 +31,9 @@ bool AllocPolicy::take_mapped(uint64_t rounded, uintptr_t* out) {
   return true;
 }
 
-bool AllocPolicy::try_allocate(uint64_t rounded, bool may_evict, uintptr_t* out) {
+bool AllocPolicy::try_allocate(uint64_t rounded, bool may_evict, uintptr_t* out, bool best_fit) {
   for (bool fewest : {false, true}) {
+    if (!fewest && !best_fit) continue;
     uintptr_t a = fewest ? take_fewest(rounded) : take_free(rounded, Fit::any);
     bool mapped = false;
     try {
@@ -52,6 +53,15 @@ bool AllocPolicy::try_allocate(uint64_t rounded, bool may_evict, uintptr_t* out)
 }
 
 uintptr_t AllocPolicy::take_fewest(uint64_t bytes) {
+  uintptr_t best = 0;
+  find_fewest(bytes, &best);
+  if (!best) return take_free(bytes, Fit::fresh);
+  free_.take_exact(best, bytes);
+  refresh_cached(best, best + bytes);
+  return best;
+}
+
+uint64_t AllocPolicy::find_fewest(uint64_t bytes, uintptr_t* at_out) const {
   uint64_t fresh_cost = (bytes + page_bytes_ - 1) / page_bytes_;
   uintptr_t best = 0;
   uint64_t best_cost = UINT64_MAX;
@@ -68,10 +78,9 @@ uintptr_t AllocPolicy::take_fewest(uint64_t bytes) {
     }
     return ++looked < kFewestLooks && best_cost + 2 > fresh_cost;  // sharing saves two pages at most
   });
-  if (!best || best_cost > fresh_cost) return take_free(bytes, Fit::fresh);
-  free_.take_exact(best, bytes);
-  refresh_cached(best, best + bytes);
-  return best;
+  bool fresh = !best || best_cost > fresh_cost;
+  *at_out = fresh ? 0 : best;
+  return fresh ? fresh_cost : best_cost;
 }
 
 uint64_t AllocPolicy::pages_taken(uintptr_t at, uint64_t bytes) const {

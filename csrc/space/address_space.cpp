@@ -29,7 +29,7 @@ AddressSpace::AddressSpace(std::unique_ptr<Backend> backend, const vta_config_t&
       page_bytes_(page_bytes),
       pages_(*backend_, page_bytes, capacity),
       events_(*backend_),
-      policy_(config, pages_, events_, capacity, backend_kind_),  // validates small_threshold first
+      policy_(config, *backend_, pages_, events_, capacity),  // validates small_threshold first
       residency_(config, *backend_, pages_, events_, policy_, capacity) {
   policy_.set_port(&residency_);
   if (config.flags & VTA_CONFIG_LEASED) {

@@ -25,8 +25,10 @@ void AddressSpace::restore_locked(uintptr_t start, uint64_t bytes, StreamHandle 
       int32_t id = -1;
       // "Need a page": the policy's sources, then the engine's (free_device_page takes nothing
       // from the pinned allocation), then the policy's again; neither calls the other.
+      // Last, the extents blocks use only in part are split (their untouched pages released).
       for (AllocPolicy::Take t; (t = policy_.take_handle(npages, &id)) != AllocPolicy::Take::taken;)
-        if (t == AllocPolicy::Take::refused || !residency_.free_device_page(true))
+        if (t == AllocPolicy::Take::refused ||
+            (!residency_.free_device_page(true) && !policy_.split_extents_for_pages(npages)))
           policy_.throw_oom(uint64_t{npages} * page_bytes_, "no device memory to restore an evicted page into",
                             count_oom);
       residency_.restore_page(first, id, consumer);
@@ -90,6 +92,7 @@ void AddressSpace::break_ordering(uint32_t mask) {
   std::lock_guard<std::mutex> lk(mu_);
   check_open_locked();
   policy_.set_skip_free_wait((mask & VTA_DEBUG_BREAK_FREE_WAIT) != 0);
+  policy_.set_skip_quiesce((mask & VTA_DEBUG_BREAK_QUIESCE) != 0);  // an extent split's wait
   residency_.set_debug_break(mask);
 }
 

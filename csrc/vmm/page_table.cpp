@@ -249,14 +249,45 @@ void PageTable::unmap_range(uintptr_t va, size_t bytes) {
   }
   for (uintptr_t at = va; at < va + bytes;) {
     int32_t id = mapped_.at(at);
-    uint64_t n = bytes_of(id);
-    check(backend_.unmap(at, n));  // one handle per call, as cuMemUnmap requires
-    for (uint64_t off = 0; off < n; off += page_bytes_) mapped_.erase(at + off);
-    if (pages_[id].npages > 1) mapped_extents_.erase(at);
-    pages_[id].va = 0;
-    pages_mapped_ -= pages_[id].npages;
+    at += bytes_of(id);
+    unmap_taken(id);  // one handle per call, as cuMemUnmap requires
     push_free(id);
-    at += n;
+  }
+}
+
+void PageTable::map_alias(uintptr_t alias, int32_t id) {
+  const Page& p = pages_[id];
+  VTA_INVARIANT(p.held && p.va != 0 && alias % page_bytes_ == 0 && inside_reservation(alias, bytes_of(id)));
+  for (uint32_t k = 0; k < p.npages; ++k) VTA_INVARIANT(!mapped_.count(alias + k * page_bytes_));
+  check(backend_.map(alias, bytes_of(id), p.handle));
+  Status s = backend_.set_access(alias, bytes_of(id));
+  if (!s.is_ok()) (void)backend_.unmap(alias, bytes_of(id));
+  check(s);
+}
+
+void PageTable::unmap_alias(uintptr_t alias, int32_t id) {
+  check(backend_.unmap(alias, bytes_of(id)));
+}
+
+void PageTable::unmap_taken(int32_t id) {
+  uintptr_t va = pages_[id].va;
+  VTA_INVARIANT(pages_[id].held && va != 0);
+  check(backend_.unmap(va, bytes_of(id)));
+  for (uint32_t k = 0; k < pages_[id].npages; ++k) mapped_.erase(va + k * page_bytes_);
+  if (pages_[id].npages > 1) mapped_extents_.erase(va);
+  pages_[id].va = 0;
+  pages_mapped_ -= pages_[id].npages;
+}
+
+void PageTable::release_taken(int32_t id) {
+  VTA_INVARIANT(pages_[id].held && pages_[id].va == 0);
+  uint32_t n = pages_[id].npages;
+  free_page_count_ += n;  // release_slot counts a free handle out
+  try {
+    release_slot(id);
+  } catch (...) {
+    free_page_count_ -= n;  // refused before anything changed: still taken
+    throw;
   }
 }
 

@@ -70,6 +70,20 @@ class PageTable {
   // Unmap the whole handles in [va, va + bytes); they become free handles.
   void unmap_range(uintptr_t va, size_t bytes);
 
+  // Splitting an extent (alloc/alloc_policy_split.cpp), driver steps with no policy in them:
+  // map the mapped handle `id` a second time at `alias` (page-aligned, inside a reservation, with
+  // nothing mapped there) and make it accessible, all or nothing; the alias is outside the books
+  // (page_at and every count ignore it: it holds no page of its own), so it must be unmapped with
+  // unmap_alias() before anything else is mapped there.
+  void map_alias(uintptr_t alias, int32_t id);
+  void unmap_alias(uintptr_t alias, int32_t id);
+  // Unmap the mapped handle `id` whole and keep it taken (in no free list): the caller maps it
+  // again (map_pages), gives it back (return_page) or releases it (release_taken).
+  void unmap_taken(int32_t id);
+  // Release a taken handle (held, unmapped, in no free list) to the driver. If the driver
+  // refuses, the handle is still taken and the error propagates.
+  void release_taken(int32_t id);
+
   int32_t page_at(uintptr_t va) const;  // the handle mapped over this virtual page, or -1
   // A cut between the virtual pages before and at `va` splits no mapped handle.
   bool handle_boundary(uintptr_t va) const;

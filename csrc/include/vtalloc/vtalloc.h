@@ -140,6 +140,11 @@ typedef struct vta_stats {
   uint64_t page_bytes_released_total;   /* physical page bytes released (or given back) */
   uint64_t num_alloc_retries;           /* allocations that reclaimed cached pages or waited for frees */
   uint64_t num_sync_all_streams;        /* waits for the pending frees of every stream */
+  /* extent splits (appended): at the edge of an OOM, the blocks on an extent they use only in part
+   * get handles of their own at the same addresses, and the extent's untouched pages are released */
+  uint64_t num_extent_splits;           /* extents split */
+  uint64_t num_extent_splits_staged;    /* of those, staged through host memory (no room beside the extent) */
+  uint64_t extent_split_pages;          /* pages whose bytes the splits copied */
 } vta_stats_t;
 
 /* One physical page of an address space. */
