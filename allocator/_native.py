@@ -19,7 +19,7 @@ from pathlib import Path
 from . import _cabi
 from .config import Config
 from .errors import InternalError
-from .stats import DRIVER_CALL_FIELDS
+from .stats import DRIVER_CALL_FIELDS, LATER_DRIVER_CALL_FIELDS
 
 ABI_VERSION = 3
 BACKEND_CODES = {"auto": 0, "host": 1, "cuda": 2}
@@ -57,6 +57,8 @@ class VtaStats(ctypes.Structure):
             "page_bytes_created_total", "page_bytes_released_total", "num_alloc_retries", "num_sync_all_streams",
             # appended: extent splits
             "num_extent_splits", "num_extent_splits_staged", "extent_split_pages",
+            # appended: a driver call kind after DRIVER_CALL_FIELDS (stats.LATER_DRIVER_CALL_FIELDS)
+            *LATER_DRIVER_CALL_FIELDS,
         )
     ]
 

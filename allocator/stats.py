@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 
 __all__ = ["Stats", "PageRecord", "AllocationRecord", "KernelCounters", "PAGE_STATES", "DRIVER_CALL_FIELDS",
-           "fragmentation"]
+           "LATER_DRIVER_CALL_FIELDS", "fragmentation"]
 
 PAGE_STATES = ("free", "cached", "allocated", "evicted", "in_flight")
 # The driver call counters at the end of vta_stats_t, in its order (map and unmap come earlier).
@@ -18,6 +18,8 @@ DRIVER_CALL_FIELDS = (
     "num_event_record_calls", "num_event_query_calls", "num_event_synchronize_calls",
     "num_stream_wait_event_calls", "num_stream_synchronize_calls", "num_reserve_calls", "num_free_va_calls",
 )
+# Driver call counters appended to vta_stats_t later, at its very end.
+LATER_DRIVER_CALL_FIELDS = ("num_device_synchronize_calls",)
 
 
 def fragmentation(active_bytes: int, mapped_bytes: int, evicted_bytes: int = 0) -> float:
@@ -111,6 +113,7 @@ class Stats:
     num_extent_splits: int = 0            # extents split
     num_extent_splits_staged: int = 0     # of those, staged through host memory (no room beside the extent)
     extent_split_pages: int = 0           # pages whose bytes the splits copied
+    num_device_synchronize_calls: int = 0  # cuCtxSynchronize (a host wait for every stream): extent splits
 
     @property
     def evict_bandwidth_bytes_per_s(self) -> float:
@@ -131,7 +134,8 @@ class Stats:
 
     def driver_calls(self) -> dict[str, int]:
         """Driver calls by kind ("map", "unmap", "set_access", "event_record", ...)."""
-        return {f[len("num_"):-len("_calls")]: getattr(self, f) for f in ("num_map_calls", "num_unmap_calls", *DRIVER_CALL_FIELDS)}
+        return {f[len("num_"):-len("_calls")]: getattr(self, f) for f in ("num_map_calls", "num_unmap_calls", *DRIVER_CALL_FIELDS,
+                                                                  *LATER_DRIVER_CALL_FIELDS)}
 
 
 @dataclasses.dataclass(frozen=True)

@@ -70,7 +70,7 @@ def test_every_check_carries_its_evidence_and_the_summary_counts_by_tag():
         if m.group(2) == "observed":
             assert m.group(4).startswith((OBSERVED_RUN, OBSERVED_RUN_2)), m.group(0)
         else:  # names the API it read, and says nothing has confirmed it yet
-            assert re.match(r"^cuMem\w+: '", m.group(4)), m.group(0)
+            assert re.match(r"^cu(Mem|Ctx)\w+: '", m.group(4)), m.group(0)
             assert m.group(4).endswith("(CUDA 13.0 cuda.h; not yet observed on a driver)"), m.group(0)
 
 

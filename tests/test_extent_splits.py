@@ -195,9 +195,11 @@ def test_a_failure_at_any_step_of_a_split_leaves_the_blocks_as_they_were(op, sta
     assert rolled_back, f"no injected {op} failure fell inside the split"
 
 
-def split_under_a_kernel(broken: bool):
+def split_under_a_kernel(broken: bool, block_on_kernel_stream: bool = True):
     """Kernels on stream S fill a block on an extent, then keep reading it (for 2 s) while an
-    allocation splits that extent; a last one reads it again. Returns the kernel counters right
+    allocation splits that extent; a last one reads it again. The block is allocated on S, or
+    (block_on_kernel_stream=False) on the default stream, S being then a stream the allocator
+    was never told reads it, as torch allows for a live tensor. Returns the kernel counters right
     after the malloc and at the end, and the splits made."""
     with host_space(68 * MiB, extent_size="64MiB") as space:
         if broken:
@@ -205,7 +207,7 @@ def split_under_a_kernel(broken: bool):
         s = space._create_stream()
         space.free(space.malloc(64 * MiB))
         half = space.malloc(32 * MiB)
-        b = space.malloc(3 * MiB, s)
+        b = space.malloc(3 * MiB, s if block_on_kernel_stream else 0)
         space.free(half)
         space._run_kernel(b, 3 * MiB, stream=s, kind="fill", seed=5)
         space._run_kernel(b, 3 * MiB, stream=s, kind="check", seed=5, duration_s=2.0)
@@ -224,6 +226,29 @@ def test_a_split_waits_for_the_streams_of_the_blocks_it_moves():
     after_malloc, k, splits = split_under_a_kernel(broken=False)
     assert splits == 1 and after_malloc.kernels_completed == 2, "the split waited for the kernels on S"
     assert (k.kernels_faulted, k.copy_faults, k.bytes_mismatched) == (0, 0, 0) and k.bytes_checked >= 6 * MiB
+
+
+def test_a_split_waits_for_streams_it_was_never_told_of():
+    # A live block may be read on any stream (record_stream is asked for only at a free): the
+    # split waits for all work on the device, not only the streams it knows of the block.
+    after_malloc, k, splits = split_under_a_kernel(broken=False, block_on_kernel_stream=False)
+    assert splits == 1 and after_malloc.kernels_completed == 2, "the split waited for the kernels on S"
+    assert (k.kernels_faulted, k.copy_faults, k.bytes_mismatched) == (0, 0, 0) and k.bytes_checked >= 6 * MiB
+
+
+def test_a_split_is_one_device_wait():
+    with host_space(68 * MiB, extent_size="64MiB") as space:
+        space.free(space.malloc(64 * MiB))
+        half = space.malloc(32 * MiB)
+        b = space.malloc(3 * MiB)
+        space.free(half)
+        before = space.stats().num_device_synchronize_calls
+        big = space.malloc(60 * MiB)
+        s = space.stats()
+        assert s.num_extent_splits == 1 and s.num_device_synchronize_calls - before == 1
+        assert space.stats().driver_calls()["device_synchronize"] == s.num_device_synchronize_calls
+        space.free(big)
+        space.free(b)
 
 
 @pytest.mark.host_faults

@@ -86,7 +86,7 @@ uintptr_t AllocPolicy::allocate(const Request& r, StreamHandle stream, bool may_
     }
     // The last resort: the extents blocks use only in part give their untouched pages back
     // (alloc_policy_split.cpp), and the request takes the place that needs the fewest pages.
-    if (!ok && split_extents_for_bytes(r.rounded)) ok = try_allocate(r.rounded, may_evict, &address, false);
+    if (!ok && split_extents_for_bytes(r.rounded, stream)) ok = try_allocate(r.rounded, may_evict, &address, false);
   }
   if (retried_) num_alloc_retries_++;
   if (!ok) throw_oom(r.requested, nullptr, count_oom);

@@ -150,8 +150,9 @@ class AllocPolicy final : public PageUsers {
   // Unmap every cached handle (trim).
   void unmap_cached();
   // At the edge of an OOM: split the extents blocks use only in part (alloc_policy_split.cpp)
-  // until `npages` pages fit under capacity (a restore's handle). Whether any was split.
-  bool split_extents_for_pages(uint64_t npages);
+  // until `npages` pages fit under capacity (a restore's handle, for `stream`, its consumer).
+  // Whether any was split; none while `stream` captures a graph (a split waits for the device).
+  bool split_extents_for_pages(uint64_t npages, StreamHandle stream);
   // Throw OutOfMemory with the numbers; `count`: one more in num_ooms (false: a shortage a try reports).
   [[noreturn]] void throw_oom(uint64_t requested, const char* why = nullptr, bool count = true);
   static uint64_t round_up(uint64_t n, uint64_t to) { return (n + to - 1) / to * to; }
@@ -207,8 +208,8 @@ class AllocPolicy final : public PageUsers {
   // handles exceed that allowance; whether one was.
   bool reuse_before_growth(uint32_t npages);
   bool take_mapped(uint64_t rounded, uintptr_t* out);
-  // At the edge of an OOM: split until a block of `bytes` fits its fewest-pages place.
-  bool split_extents_for_bytes(uint64_t bytes);
+  // At the edge of an OOM: split until a block of `bytes` for `stream` fits its fewest-pages place.
+  bool split_extents_for_bytes(uint64_t bytes, StreamHandle stream);
   // Best fit, then the fewest-pages place (`best_fit` false: that one only).
   bool try_allocate(uint64_t rounded, bool may_evict, uintptr_t* out, bool best_fit = true);
   // The place that take_fewest() would take and the pages it would take from capacity (a fresh
@@ -260,7 +261,7 @@ class AllocPolicy final : public PageUsers {
   // Split until fits(room_pages()) or no extent is left to split; whether any was. Nothing is
   // split when splitting every candidate would still leave less than `most` pages of room.
   template <typename Fits>
-  bool split_extents(uint64_t most, Fits&& fits);
+  bool split_extents(uint64_t most, StreamHandle stream, Fits&& fits);
   // One split, with room for its touched pages under capacity beside the extent: new handles
   // mapped at the touched pages, the bytes copied from a second mapping of the extent. Stages
   // through host memory instead (split_staged) when the touched pages do not fit the room.
@@ -280,8 +281,11 @@ class AllocPolicy final : public PageUsers {
   // The streams that may touch [va, va + bytes): its blocks' own and recorded streams, and the
   // streams of frees pending on its pages.
   std::vector<StreamHandle> streams_over(uintptr_t va, uint64_t bytes) const;
-  // Wait on the host for every stream that may touch [va, va + bytes) (invariant 4).
-  void quiesce(uintptr_t va, uint64_t bytes);
+  // Wait on the host for all work on the device, every stream of the process (invariant 4): a
+  // live block may be read on a stream the allocator never heard of (record_stream is only
+  // asked for at a free), so the streams it knows do not bound who may touch the blocks moved.
+  // False (nothing changed) when the driver refuses the wait.
+  bool quiesce();
 
   Backend& backend_;
   PageTable& pages_;

@@ -13,8 +13,9 @@
 // the request fits. An extent whose touched pages fit no room is staged through host memory.
 //
 // Invariants: addresses never change (invariant 2); the mapping under a block changes only after
-// a host wait on events recorded then on every stream that may touch the extent (its blocks' own
-// and recorded streams, the streams of frees pending on it: invariant 4); mapped pages never
+// a host wait for all work on the device (invariant 4): unlike a free block's, a live block's
+// users are not known (a tensor may be read on any stream; record_stream is only asked for at
+// its free), so a split waits for every stream, not only the blocks' own; mapped pages never
 // exceed capacity: in place, the new handles fit under capacity beside the extent, whose second
 // mapping (the copy's source) is an alias of the same physical handle, not a page; a failure at
 // any step before the extent is released puts the extent back under its blocks, their bytes in
@@ -67,9 +68,9 @@ std::vector<StreamHandle> AllocPolicy::streams_over(uintptr_t va, uint64_t bytes
   return streams;
 }
 
-void AllocPolicy::quiesce(uintptr_t va, uint64_t bytes) {
-  if (skip_quiesce_) return;  // VTA_DEBUG_BREAK_QUIESCE: tests show the stress run catches it
-  for (StreamHandle s : streams_over(va, bytes)) events_.record_then_sync(s);
+bool AllocPolicy::quiesce() {
+  if (skip_quiesce_) return true;  // VTA_DEBUG_BREAK_QUIESCE: tests show the stress run catches it
+  return backend_.device_synchronize().is_ok();
 }
 
 bool AllocPolicy::split_plan(int32_t id, uintptr_t va, Split* s) const {
@@ -100,27 +101,31 @@ bool AllocPolicy::split_plan(int32_t id, uintptr_t va, Split* s) const {
     if (capturing) return false;
   }
   // Driver calls: a create and a map per new handle, a set-access and a copy per run, the alias
-  // (map, set-access, unmap), the extent's unmap and release, a record and a wait per stream and
-  // for the copies.
+  // (map, set-access, unmap), the extent's unmap and release, the device's wait, and a record
+  // and a wait for the copies.
   uint64_t handles = 0;
   for (auto& run : s->runs) handles += handle_plan(run.second, true, true).size();
-  s->calls = 2 * handles + 2 * s->runs.size() + 2 * streams.size() + 7;
+  s->calls = 2 * handles + 2 * s->runs.size() + 8;
   return true;
 }
 
-bool AllocPolicy::split_extents_for_bytes(uint64_t bytes) {
+bool AllocPolicy::split_extents_for_bytes(uint64_t bytes, StreamHandle stream) {
   uintptr_t at = 0;
-  return split_extents((bytes + page_bytes_ - 1) / page_bytes_,
+  return split_extents((bytes + page_bytes_ - 1) / page_bytes_, stream,
                        [&](uint64_t room) { return find_fewest(bytes, &at) <= room; });
 }
 
-bool AllocPolicy::split_extents_for_pages(uint64_t npages) {
-  return split_extents(npages, [&](uint64_t room) { return npages <= room; });
+bool AllocPolicy::split_extents_for_pages(uint64_t npages, StreamHandle stream) {
+  return split_extents(npages, stream, [&](uint64_t room) { return npages <= room; });
 }
 
 template <typename Fits>
-bool AllocPolicy::split_extents(uint64_t most, Fits&& fits) {
+bool AllocPolicy::split_extents(uint64_t most, StreamHandle stream, Fits&& fits) {
   if (!extent_max_pages_ || !pages_.extents_held() || fits(room_pages())) return false;
+  // The device wait a split needs would become part of a graph being captured (or be refused).
+  bool capturing = false;
+  (void)Backend::stream_is_capturing(backend_.kind(), stream, &capturing);  // false when it cannot be asked
+  if (capturing) return false;
   std::vector<int32_t> failed;  // extents a split gave up on (the driver had no handle): not again
   bool any = false, first = true;
   for (;;) {
@@ -147,6 +152,9 @@ bool AllocPolicy::split_extents(uint64_t most, Fits&& fits) {
       return (a.npages - a.touched) * b.calls > (b.npages - b.touched) * a.calls;
     };
     const Split& s = *std::min_element(plans.begin(), plans.end(), better);
+    // Nothing has changed yet: a device that cannot be waited for (a graph captured elsewhere in
+    // the process) leaves the OOM to be raised.
+    if (!quiesce()) return any;
     bool done = s.touched <= room ? split_in_place(s) : split_staged(s);
     if (!done) failed.push_back(s.id);
     any = any || done;
@@ -204,7 +212,6 @@ bool AllocPolicy::split_in_place(const Split& s) {
     // The copy's source: the extent mapped a second time, in free virtual space with nothing
     // mapped under it (the same physical handle: no page more under capacity).
     window = take_free(bytes, Fit::fresh);
-    quiesce(s.va, bytes);
     pages_.map_alias(window, s.id);
     aliased = true;
     pages_.unmap_taken(s.id);
@@ -284,7 +291,6 @@ bool AllocPolicy::split_staged(const Split& s) {
     fail(VTA_ERR_DRIVER, "splitting the extent at " + hex(s.va) +
                              " failed and the driver refused to map its bytes back: the blocks on it lost their pages");
   };
-  quiesce(s.va, bytes);
   copy_runs(true);  // a failure here changed nothing
   pages_.unmap_taken(s.id);
   try {

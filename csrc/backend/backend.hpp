@@ -17,6 +17,7 @@
 //  - release_page() of a mapped page is legal: its memory lives until the last unmap;
 //  - copy() is ordered on `stream`; event_* order work between streams; on the host
 //    backend all work is synchronous and events are complete when recorded;
+//  - device_synchronize() returns once every stream's queued work has completed;
 //  - a stream of the host backend never captures a graph (stream_is_capturing).
 // Every operation returns a Status; none throws.
 #pragma once
@@ -71,6 +72,12 @@ class Backend {
   virtual Status stream_create(StreamHandle* out) = 0;
   virtual Status stream_destroy(StreamHandle stream) = 0;
   virtual Status stream_synchronize(StreamHandle stream) = 0;
+  // Wait for all work queued on the device by this process, on every stream (cuda:
+  // cuCtxSynchronize on the space's context; host: every stream of this backend). What moving
+  // live bytes needs: a live block may be used on a stream the allocator was never told of
+  // (only a free needs record_stream), so the streams it knows do not bound who may read it.
+  // Refused while a stream of the context captures a graph (the driver's rule).
+  virtual Status device_synchronize() = 0;
   virtual Status event_create(EventHandle* out) = 0;
   virtual Status event_destroy(EventHandle event) = 0;
   virtual Status event_record(EventHandle event, StreamHandle stream) = 0;

@@ -20,7 +20,7 @@ namespace vta {
 
 enum class DriverCall : int {
   create_page, release_page, map, unmap, set_access, copy, event_record, event_query, event_synchronize,
-  stream_wait_event, stream_synchronize, reserve, free_va, count
+  stream_wait_event, stream_synchronize, device_synchronize, reserve, free_va, count
 };
 
 class CallCountingBackend final : public ForwardingBackend {
@@ -42,6 +42,9 @@ class CallCountingBackend final : public ForwardingBackend {
   }
   Status stream_synchronize(StreamHandle s) override {
     return count(DriverCall::stream_synchronize), inner_->stream_synchronize(s);
+  }
+  Status device_synchronize() override {
+    return count(DriverCall::device_synchronize), inner_->device_synchronize();
   }
   Status event_record(EventHandle e, StreamHandle s) override {
     return count(DriverCall::event_record), inner_->event_record(e, s);

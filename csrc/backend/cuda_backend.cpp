@@ -256,6 +256,10 @@ class CudaBackend final : public Backend {
     current();
     return call("cuStreamSynchronize", api_->cuStreamSynchronize(reinterpret_cast<CUstream>(stream)));
   }
+  Status device_synchronize() override {
+    current();
+    return call("cuCtxSynchronize", api_->cuCtxSynchronize());
+  }
   Status event_create(EventHandle* out) override {
     current();
     CUevent e = nullptr;

@@ -82,6 +82,7 @@ static_assert(sizeof(CUmemAccessDesc) == 12, "CUmemAccessDesc layout");
   _(cuDevicePrimaryCtxRelease, (CUdevice))                                                        \
   _(cuCtxGetCurrent, (CUcontext*))                                                                \
   _(cuCtxSetCurrent, (CUcontext))                                                                 \
+  _(cuCtxSynchronize, (void))                                                                     \
   _(cuMemGetInfo, (size_t*, size_t*))                                                             \
   _(cuMemGetAllocationGranularity, (size_t*, const CUmemAllocationProp*, int))                    \
   _(cuMemAddressReserve, (CUdeviceptr*, size_t, size_t, CUdeviceptr, unsigned long long))         \

@@ -34,6 +34,7 @@ class ForwardingBackend : public Backend {
   Status stream_create(StreamHandle* out) override { return inner_->stream_create(out); }
   Status stream_destroy(StreamHandle s) override { return inner_->stream_destroy(s); }
   Status stream_synchronize(StreamHandle s) override { return inner_->stream_synchronize(s); }
+  Status device_synchronize() override { return inner_->device_synchronize(); }
   Status event_create(EventHandle* out) override { return inner_->event_create(out); }
   Status event_destroy(EventHandle e) override { return inner_->event_destroy(e); }
   Status event_record(EventHandle e, StreamHandle s) override { return inner_->event_record(e, s); }

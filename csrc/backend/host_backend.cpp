@@ -276,6 +276,10 @@ class HostBackend final : public Backend {
   Status stream_synchronize(StreamHandle stream) override {
     return streams_.synchronize(stream) ? Status::ok() : bad("stream_synchronize: unknown stream");
   }
+  Status device_synchronize() override {
+    streams_.synchronize_all();
+    return Status::ok();
+  }
   Status event_create(EventHandle* out) override {
     *out = streams_.create_event();
     global_counters().live_events++;

@@ -92,6 +92,23 @@ bool HostStreams::synchronize(uint64_t id) {
   return true;
 }
 
+void HostStreams::synchronize_all() {
+  for (;;) {
+    std::vector<std::shared_ptr<Stream>> all;
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      for (auto& [id, s] : streams_) all.push_back(s);
+    }
+    bool idle = true;
+    for (auto& s : all) {
+      std::unique_lock<std::mutex> lk(s->mu);
+      if (!s->queue.empty() || s->busy) idle = false;
+      s->cv.wait(lk, [&] { return s->queue.empty() && !s->busy; });
+    }
+    if (idle) return;  // a pass that waited for nothing: every stream was idle at once
+  }
+}
+
 uint64_t HostStreams::create_event() {
   std::lock_guard<std::mutex> lk(mu_);
   uint64_t id = ++next_id_;

@@ -35,6 +35,9 @@ class HostStreams {
   // Run `task` in order on `stream` (stream 0: now, on this thread). False for an unknown stream.
   bool enqueue(uint64_t stream, std::function<void()> task);
   bool synchronize(uint64_t stream);
+  // Wait until every stream's queue is empty (those created while it waits included: it
+  // looks again until a pass finds each idle).
+  void synchronize_all();
   // Stream 0, or one created and not yet destroyed.
   bool known(uint64_t stream) { return stream == 0 || this->stream(stream) != nullptr; }
 

@@ -28,7 +28,7 @@ void AddressSpace::restore_locked(uintptr_t start, uint64_t bytes, StreamHandle 
       // Last, the extents blocks use only in part are split (their untouched pages released).
       for (AllocPolicy::Take t; (t = policy_.take_handle(npages, &id)) != AllocPolicy::Take::taken;)
         if (t == AllocPolicy::Take::refused ||
-            (!residency_.free_device_page(true) && !policy_.split_extents_for_pages(npages)))
+            (!residency_.free_device_page(true) && !policy_.split_extents_for_pages(npages, consumer)))
           policy_.throw_oom(uint64_t{npages} * page_bytes_, "no device memory to restore an evicted page into",
                             count_oom);
       residency_.restore_page(first, id, consumer);

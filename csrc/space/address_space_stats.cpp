@@ -50,6 +50,7 @@ void AddressSpace::fill_call_counts(vta_stats_t* s) const {
   s->num_event_synchronize_calls = c.calls(DriverCall::event_synchronize);
   s->num_stream_wait_event_calls = c.calls(DriverCall::stream_wait_event);
   s->num_stream_synchronize_calls = c.calls(DriverCall::stream_synchronize);
+  s->num_device_synchronize_calls = c.calls(DriverCall::device_synchronize);
   s->num_reserve_calls = c.calls(DriverCall::reserve);
   s->num_free_va_calls = c.calls(DriverCall::free_va);
 }

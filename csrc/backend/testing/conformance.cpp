@@ -205,6 +205,26 @@ class Checker {
     expect_ok(H100, b_.copy(reinterpret_cast<uintptr_t>(dst.data()), va_, g, 0), "copy A -> host");
     expect_ok(H100, b_.stream_synchronize(0), "synchronize");
     expect(H100, src == dst, "bytes round-trip through a mapped page");
+    {
+      // What an extent split relies on before it moves live bytes: the device's wait covers a
+      // stream it was not given.
+      const Evidence e = documented("cuCtxSynchronize: 'Blocks until the device has completed all preceding requested "
+                                    "tasks'");
+      StreamHandle s = 0;
+      std::vector<unsigned char> twice(g);
+      for (size_t i = 0; i < g; ++i) twice[i] = static_cast<unsigned char>((i * 17 + 3) & 0xff);
+      if (setup(e, b_.stream_create(&s), "a device wait covers a stream it was not named", "create a stream")) {
+        expect_ok(e, b_.copy(va_, reinterpret_cast<uintptr_t>(twice.data()), g, s), "copy host -> A on the stream");
+        expect_ok(e, b_.device_synchronize(), "wait for the device");
+        std::fill(dst.begin(), dst.end(), 0);
+        expect_ok(e, b_.copy(reinterpret_cast<uintptr_t>(dst.data()), va_, g, 0), "copy A -> host");
+        expect_ok(e, b_.stream_synchronize(0), "synchronize");
+        expect(e, twice == dst, "a device wait covers a stream it was not named");
+        expect_ok(e, b_.stream_destroy(s), "destroy the stream");
+      }
+      expect_ok(e, b_.copy(va_, reinterpret_cast<uintptr_t>(src.data()), g, 0), "copy host -> A again");
+      expect_ok(e, b_.stream_synchronize(0), "synchronize");
+    }
 
     expect_refused(H100, b_.map(va_, g, a), "mapping over an existing mapping");
     expect_ok(observed("cuMemUnmap returned CUDA_SUCCESS; the host refused this until that run"),

@@ -2,7 +2,7 @@
 //
 // Owns: the H100 table, the timeline rules, and make_cost_model_backend (the factory's
 // cost_model option: the host backend wrapped in the model). Calls not in the table (reserve, free_va,
-// stream and event creation, cuMemcpyAsync issue, cuStreamWaitEvent, cuEventSynchronize's own
+// stream and event creation, cuMemcpyAsync issue, cuStreamWaitEvent, cuEventSynchronize's and cuCtxSynchronize's own
 // cost, pinned host allocation, import and export) were not measured and cost 0 here.
 // Invariants: those of cost_model.hpp.
 #include "backend/testing/cost_model.hpp"
@@ -213,6 +213,13 @@ Status CostModelBackend::stream_synchronize(StreamHandle s) {
   Status r = inner_->stream_synchronize(s);
   std::lock_guard<std::mutex> lk(mu_);
   host_ns_ = std::max(host_ns_, tail_locked(s));
+  return r;
+}
+
+Status CostModelBackend::device_synchronize() {
+  Status r = inner_->device_synchronize();
+  std::lock_guard<std::mutex> lk(mu_);
+  for (auto& [s, tail] : stream_tail_) host_ns_ = std::max(host_ns_, tail);  // every stream drained
   return r;
 }
 

@@ -68,6 +68,7 @@ class CostModelBackend final : public ForwardingBackend {
   Status copy(uintptr_t d, uintptr_t s, size_t b, StreamHandle st) override;
   Status stream_destroy(StreamHandle s) override;
   Status stream_synchronize(StreamHandle s) override;
+  Status device_synchronize() override;
   Status event_destroy(EventHandle e) override;
   Status event_record(EventHandle e, StreamHandle s) override;
   Status event_query(EventHandle e, bool* c) override;

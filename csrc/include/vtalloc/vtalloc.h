@@ -145,6 +145,8 @@ typedef struct vta_stats {
   uint64_t num_extent_splits;           /* extents split */
   uint64_t num_extent_splits_staged;    /* of those, staged through host memory (no room beside the extent) */
   uint64_t extent_split_pages;          /* pages whose bytes the splits copied */
+  /* appended: device-wide waits (cuCtxSynchronize), the driver call kind after the ones above */
+  uint64_t num_device_synchronize_calls;
 } vta_stats_t;
 
 /* One physical page of an address space. */
