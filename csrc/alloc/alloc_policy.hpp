@@ -121,7 +121,8 @@ class AllocPolicy final : public PageUsers {
   Request request(uint64_t nbytes);
   // An allocation in progress: everything a placement holds between two steps (a step ends
   // where the eviction engine must free a device page), so that the space can ask the engine
-  // in between and abandon() can give it all back. Only the policy reads or changes it.
+  // in between and abandon() can give it all back. The space reads what it needs to ask the
+  // engine and to report; only the policy changes it.
   class Placement {
    public:
     // `may_evict`: under pressure, the engine may evict least-recently-used evictable pages;
@@ -143,7 +144,7 @@ class AllocPolicy final : public PageUsers {
 
    private:
     friend class AllocPolicy;
-    // Which fit of which try (allocate's order above): the best fit, then the fewest-pages place;
+    // Which fit of which try (the order above): the best fit, then the fewest-pages place;
     // both again after waiting for pending frees; the fewest-pages place after extent splits.
     enum class Stage : uint8_t { start, best_fit, fewest, retry_best_fit, retry_fewest, split_fewest, failed };
     Request request_;
@@ -273,7 +274,7 @@ class AllocPolicy final : public PageUsers {
   bool split_extents_for_bytes(uint64_t bytes);
   // Run the placement from where it stands to the end of its step (begin_allocate's answers).
   Step advance(Placement& p);
-  // Move on to the next fit of allocate's order (waiting for pending frees or splitting extents
+  // Move on to the next fit of the order above (waiting for pending frees or splitting extents
   // where it says so) and take its range; false when none is left.
   bool next_fit(Placement& p);
   // The placement's range, mapped under it now: live, and done.
