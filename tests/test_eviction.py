@@ -258,6 +258,31 @@ def test_injected_failures_roll_back(mode, op):
         s.free(a)
 
 
+@pytest.mark.parametrize("op", ["copy", "map"])
+def test_a_failure_between_placement_steps_gives_everything_back(op):
+    """A malloc short of pages is placed in steps: the policy takes what handles it can, the space
+    asks the engine to evict, the policy goes on. An error there (copy: the engine's eviction,
+    between two steps; map: the policy's mapping after the engine freed pages) gives back the
+    handles taken, the range and anything mapped: no handle is stranded (held, neither mapped nor
+    free), the retry gets the same place, and the evictable bytes are intact."""
+    with space("copy", capacity=16 * MiB) as s:
+        a = s.malloc(12 * MiB)
+        s.write(a, pattern(13, 12 * MiB))
+        s.set_evictable(a)
+        reserved = s.stats().reserved_va_bytes
+        s._inject_fault(op, 1)  # two handles fit under capacity, then the engine must evict
+        with pytest.raises(DriverError):
+            s.malloc(8 * MiB)
+        st = s.stats()
+        assert st.pages_mapped + st.pages_free == st.pages_total, st
+        assert st.allocated_bytes == 12 * MiB and st.num_allocs == 1 and st.reserved_va_bytes == reserved
+        b = s.malloc(8 * MiB)
+        assert b == a + 12 * MiB  # the range went back to the free space: the retry takes it again
+        assert s.read(a, 12 * MiB) == pattern(13, 12 * MiB)
+        s.free(b)
+        s.free(a)
+
+
 @pytest.mark.parametrize("size", [2 * MiB, 32 * MiB])  # a page, an extent
 def test_a_failed_swap_returns_the_device_page(size):
     """Mapped mode: the restore's copy completed, then mapping the device handle at the address

@@ -1,7 +1,8 @@
 // AllocPolicy implementation.
 //
-// Owns: the order of an allocation's steps, the obtain-handle order, where freed memory goes, and
-// what the eviction engine may ask (PageUsers); where a block goes is alloc_policy_placement.cpp.
+// Owns: the order of an allocation's steps (begin_allocate, resume: which fit of which try comes
+// next), the take-handle order, where freed memory goes, and what the eviction engine may ask
+// (PageUsers); where a block goes and the mapping under it is alloc_policy_placement.cpp.
 // Invariants: the policy and its invariants are in alloc_policy.hpp.
 #include "alloc/alloc_policy.hpp"
 
@@ -63,56 +64,107 @@ AllocPolicy::Request AllocPolicy::request(uint64_t nbytes) {
   return Request{nbytes, rounded, nbytes <= small_threshold_};
 }
 
-uintptr_t AllocPolicy::allocate(const Request& r, StreamHandle stream, bool may_evict, bool count_oom) {
-  uintptr_t address = 0;
+AllocPolicy::Step AllocPolicy::begin_allocate(Placement& p) {
+  const Request& r = p.request_;
   if (!uses_.empty()) poll_uses(false);
   retried_ = false;
   // Neither needs an event nor a driver call: a block this stream freed, or free memory that is
   // mapped already.
-  bool ok = take_same_stream(r, stream, &address) || take_mapped(r.rounded, &address);
-  if (!ok) {
-    // The memory other streams freed (and what this one freed that this request does not fit)
-    // needs their events now: one record per stream with open frees, then a poll.
-    settle();
-    uint64_t released = pending_.released();
-    ok = try_allocate(r.rounded, may_evict, &address);
-    if (!ok && (pending_.count() || uses_.freed_count() || pending_.released() != released)) {
-      // Frees that waited for their streams (recorded ones too) may have left a block this
-      // request fits in.
-      retried_ = true;
-      poll_uses(true);
-      drain_pending(true);
-      ok = try_allocate(r.rounded, may_evict, &address);
-    }
-    // The last resort: the extents blocks use only in part give their untouched pages back
-    // (alloc_policy_split.cpp), and the request takes the place that needs the fewest pages.
-    if (!ok && split_extents_for_bytes(r.rounded, stream)) ok = try_allocate(r.rounded, may_evict, &address, false);
+  uintptr_t address = 0;
+  if (take_same_stream(r, p.stream_, &address) || take_mapped(r.rounded, &address)) {
+    p.at_ = address;
+    return make_live(p);
   }
+  // The memory other streams freed (and what this one freed that this request does not fit)
+  // needs their events now: one record per stream with open frees, then a poll.
+  settle();
+  p.released_ = pending_.released();
+  return advance(p);
+}
+
+AllocPolicy::Step AllocPolicy::resume(Placement& p, bool freed) {
+  VTA_INVARIANT(p.at_ != 0 && p.run_ < p.runs_.size());
+  // Not freed: as if take_handle had nothing for good. The run's handles go back, and the fit
+  // with them (a refusal alone falls back to one-page handles, and this was none).
+  if (!freed && !run_failed(p, false)) drop_fit(p);
+  return advance(p);
+}
+
+AllocPolicy::Step AllocPolicy::advance(Placement& p) {
+  for (;;) {
+    if (!p.at_ && !next_fit(p)) {
+      if (retried_) num_alloc_retries_++;
+      return Step::failed;
+    }
+    switch (map_runs(p)) {
+      case Mapping::mapped:
+        return make_live(p);
+      case Mapping::needs_page:
+        return Step::needs_page;
+      case Mapping::dropped:
+        break;  // the next fit
+    }
+  }
+}
+
+bool AllocPolicy::next_fit(Placement& p) {
+  using Stage = Placement::Stage;
+  switch (p.stage_) {
+    case Stage::start:
+      p.stage_ = Stage::best_fit;
+      break;
+    case Stage::best_fit:  // it needed more pages than could be had: the place that needs the fewest
+      p.stage_ = Stage::fewest;
+      break;
+    case Stage::fewest:
+      if (pending_.count() || uses_.freed_count() || pending_.released() != p.released_) {
+        // Frees that waited for their streams (recorded ones too) may have left a block this
+        // request fits in.
+        retried_ = true;
+        poll_uses(true);
+        drain_pending(true);
+        p.stage_ = Stage::retry_best_fit;
+        break;
+      }
+      [[fallthrough]];
+    case Stage::retry_fewest:
+      // The last resort: the extents blocks use only in part give their untouched pages back
+      // (alloc_policy_split.cpp), and the request takes the place that needs the fewest pages.
+      if (!split_extents_for_bytes(p.request_.rounded, p.stream_)) {
+        p.stage_ = Stage::failed;
+        return false;
+      }
+      p.stage_ = Stage::split_fewest;
+      break;
+    case Stage::retry_best_fit:
+      p.stage_ = Stage::retry_fewest;
+      break;
+    case Stage::split_fewest:
+    case Stage::failed:
+      p.stage_ = Stage::failed;
+      return false;
+  }
+  bool best = p.stage_ == Stage::best_fit || p.stage_ == Stage::retry_best_fit;
+  uint64_t bytes = p.request_.rounded;
+  hold_fit(p, best ? take_free(bytes, Fit::any) : take_fewest(bytes));
+  return true;
+}
+
+AllocPolicy::Step AllocPolicy::make_live(Placement& p) {
+  const Request& r = p.request_;
+  uintptr_t address = p.at_;
+  p.at_ = 0;  // the block's now: nothing for abandon() to give back (a pending free it took included)
+  p.runs_.clear();
+  p.run_ = 0;
+  p.address_ = address;
   if (retried_) num_alloc_retries_++;
-  if (!ok) throw_oom(r.requested, nullptr, count_oom);
-  live_.add(address, Allocation{r.rounded, r.requested, stream, r.small});
+  live_.add(address, Allocation{r.rounded, r.requested, p.stream_, r.small});
   // Only its first and last pages can hold other allocations, whose pages the victim policy may list.
   if (live_.evictable_bytes()) {
     port_->note_use(address, 1);
     port_->note_use(address + r.rounded - 1, 1);
   }
-  return address;
-}
-
-bool AllocPolicy::obtain_handle(uint32_t npages, int32_t* id, bool may_evict, bool* driver_oom) {
-  // The policy's own sources first (take_handle), and only then what the eviction engine can
-  // free (ResidencyPort::free_device_page); after it freed one, the policy's sources again.
-  for (;;) {
-    switch (take_handle(npages, id)) {
-      case Take::taken:
-        return true;
-      case Take::refused:
-        if (driver_oom) *driver_oom = true;
-        return false;
-      case Take::spent:
-        if (!port_->free_device_page(may_evict)) return false;
-    }
-  }
+  return Step::done;
 }
 
 AllocPolicy::Take AllocPolicy::take_handle(uint32_t npages, int32_t* id) {

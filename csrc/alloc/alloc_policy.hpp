@@ -3,14 +3,16 @@
 // Owns: the live allocations, the pending frees (stream-ordered reuse), the free virtual space
 // and the cached handles of one address space, the order in which a device handle is obtained,
 // and the counters of OOMs and page reclaims. It knows nothing of eviction beyond the
-// ResidencyPort it is given, and answers the engine's questions as PageUsers (read-only).
+// ResidencyPort it is given (queries and notices only: it never asks the engine to free, evict
+// or map a page), and answers the engine's questions as PageUsers (read-only).
 //
 // Every allocation is one block: 512-byte aligned, its size rounded up to 512 bytes, anywhere
 // in the free virtual space. Pages are mapped under blocks, and a page is held by every block
 // that touches it, so blocks of every size share pages: a 3 MiB tensor takes 3 MiB of pages
 // (plus the parts of at most two pages its neighbours may fill), not two whole pages.
 //
-// Allocation, in order, for a block of n bytes:
+// Allocation, in order, for a block of n bytes (begin_allocate, then resume after each page the
+// engine freed; the space drives it, and the policy never calls the engine to free a page):
 //   0. stream-ordered reuse: a block of the same size freed on the request's own stream and
 //      still pending is taken at once, with no event and no driver call; then a free range over
 //      mapped pages of at most twice the request (no event, no driver call); only when neither is
@@ -18,19 +20,25 @@
 //   1. best fit in the free virtual space, whatever is mapped under it: the smallest free range
 //      that has room, at its lowest usable address (not over a page that is away, and not on a
 //      cached extent it would cover less than half of: see "Extents" below); the pages under it
-//      that are not mapped yet are mapped, from free handles, handles created under capacity,
-//      cached handles reclaimed (unmapped, oldest first), frees pending on their streams waited
-//      for, or device pages the eviction engine frees (obtain_handle, in that order);
+//      that are not mapped yet are mapped, run by run, from free handles, handles created under
+//      capacity, cached handles reclaimed (unmapped, oldest first), frees pending on their streams
+//      waited for (take_handle, in that order). When those are spent the step ends with
+//      needs_page: the space asks the eviction engine to free a device page (nothing under the
+//      block: it is taken from the free space but not live yet) and resumes the placement where it
+//      stood (resume(p, freed)), the runs mapped so far kept; nothing freed is as if the policy's
+//      sources were spent for good;
 //   2. if that found no page, the place that takes the fewest pages from capacity (unmapped
 //      pages, and whole cached handles), sharing the pages at its ends with neighbours where it
 //      can: never more than fresh virtual space (page-aligned, nothing mapped under it) would,
-//      ceil(n / page), and every cached handle may go to it (take_fewest);
+//      ceil(n / page), and every cached handle may go to it (take_fewest), mapped as in 1;
 //   3. if pending frees completed meanwhile, retry once (the request may now fit a freed block);
 //   4. if the request still finds no room, and the pages blocks touch leave room for it, split
 //      the extents that blocks use only in part (alloc_policy_split.cpp): their touched pages get
 //      handles of their own at the same addresses, their bytes are copied there, and the extent
 //      is released, its untouched pages with it; then the fewest-pages place once more; then
-//      OutOfMemory.
+//      failed (the space throws OutOfMemory).
+// A Placement holds everything an allocation in progress holds (its range, the runs mapped, the
+// handles taken for the current run), so abandon() gives it all back when an error ends it.
 // So an allocation fails only when the pages blocks touch (live, kept and pending ones), plus the
 // pages the request needs, exceed the capacity: no free memory is ever stuck between blocks, nor
 // under an extent a block uses only in part.
@@ -111,10 +119,64 @@ class AllocPolicy final : public PageUsers {
 
   // Validate and round a request; throws InvalidArgument, or OutOfMemory over capacity.
   Request request(uint64_t nbytes);
-  // Place a validated request (the policy above); `may_evict`: under pressure, evict
-  // least-recently-used evictable pages before failing. Throws OutOfMemory, counted in num_ooms
-  // unless `count_oom` is false: a leased space's try, whose shortage its page source answers.
-  uintptr_t allocate(const Request& r, StreamHandle stream, bool may_evict, bool count_oom = true);
+  // An allocation in progress: everything a placement holds between two steps (a step ends
+  // where the eviction engine must free a device page), so that the space can ask the engine
+  // in between and abandon() can give it all back. The space reads what it needs to ask the
+  // engine and to report; only the policy changes it.
+  class Placement {
+   public:
+    // `may_evict`: under pressure, the engine may evict least-recently-used evictable pages;
+    // `count_oom` false: a leased space's try, whose shortage its page source answers.
+    Placement(const Request& r, StreamHandle stream, bool may_evict, bool count_oom)
+        : request_(r), stream_(stream), may_evict_(may_evict), count_oom_(count_oom) {}
+    Placement(const Placement&) = delete;
+    Placement& operator=(const Placement&) = delete;
+    bool may_evict() const { return may_evict_; }
+    bool count_oom() const { return count_oom_; }
+    uint64_t requested() const { return request_.requested; }
+    // After needs_page: the pages of the handle wanted (a page, or an extent), and the block
+    // [block_lo, block_hi) the engine must take nothing from.
+    uint32_t pages_wanted() const { return wanted_; }
+    uintptr_t block_lo() const { return at_; }
+    uintptr_t block_hi() const { return at_ ? at_ + request_.rounded : 0; }
+    // After done: the live allocation's address.
+    uintptr_t address() const { return address_; }
+
+   private:
+    friend class AllocPolicy;
+    // Which fit of which try (the order above): the best fit, then the fewest-pages place;
+    // both again after waiting for pending frees; the fewest-pages place after extent splits.
+    enum class Stage : uint8_t { start, best_fit, fewest, retry_best_fit, retry_fewest, split_fewest, failed };
+    Request request_;
+    StreamHandle stream_;
+    bool may_evict_;
+    bool count_oom_;
+    Stage stage_ = Stage::start;
+    uint64_t released_ = 0;  // pending frees released when they were settled (a retry if more are)
+    uintptr_t at_ = 0;       // the range [at_, at_ + rounded) taken from the free space; 0: none
+    std::vector<std::pair<uintptr_t, size_t>> runs_;  // its unmapped runs (first page, pages)
+    size_t run_ = 0;                                  // the runs before it are mapped
+    std::vector<uint32_t> plan_;                      // the current run's handle sizes
+    bool one_page_ = false;                           // the plan is the one-page fallback (the driver refused an extent)
+    std::vector<int32_t> ids_;                        // handles taken for the current run, not mapped yet
+    uint32_t wanted_ = 0;
+    uintptr_t address_ = 0;
+  };
+  // Where a placement stands after a step.
+  enum class Step { done, needs_page, failed };
+  // Place a validated request (the policy above) until it is live (done), its pages need a device
+  // page that only the engine can free (needs_page: the space asks the engine, then resume()), or
+  // it finds no room (failed: num_alloc_retries counted; the space throws OutOfMemory, through
+  // throw_oom, counted in num_ooms unless count_oom is false). Throws only on driver errors, the
+  // placement then holding what abandon() gives back.
+  Step begin_allocate(Placement& p);
+  // Go on after needs_page: `freed`, the engine freed a device page (the same handle is asked
+  // for again); else the policy's sources are spent for this handle (one-page handles, then the
+  // next place, as above).
+  Step resume(Placement& p, bool freed);
+  // Give back what the placement holds: the handles taken, the runs mapped, its range (an error
+  // ended it). Nothing after done or failed. Called again, it does nothing more.
+  void abandon(Placement& p);
   // The allocation becomes a pending free of its stream (no driver call; its stream may reuse
   // it at once, others after its event: pending_frees.hpp).
   void free(uintptr_t address);
@@ -139,9 +201,10 @@ class AllocPolicy final : public PageUsers {
   // A device handle of `npages` pages (a page, or an extent when more than one) from the
   // policy's own sources, cheapest first, never from the eviction engine: taken (*id is it);
   // refused (the driver refused an extent's size while capacity was there); spent (none of
-  // those sources has one: only the engine can free a page, then ask again). What the engine
-  // restores into: the space asks here, asks the engine itself when spent, and hands the handle
-  // to the engine, so a restore never goes through the policy back into the engine.
+  // those sources has one: only the engine can free a page, then ask again). A placement's
+  // handles come from here (spent ends its step: needs_page), and so do a restore's: the space
+  // asks here, asks the engine itself when spent, and hands the handle to the engine, so
+  // neither an allocation nor a restore goes through the policy into the engine.
   Take take_handle(uint32_t npages, int32_t* id);
   // No extents from now on (a leased space's pages are the service's one-page pages).
   void disable_extents() { extent_max_pages_ = 0; }
@@ -210,8 +273,13 @@ class AllocPolicy final : public PageUsers {
   bool take_mapped(uint64_t rounded, uintptr_t* out);
   // At the edge of an OOM: split until a block of `bytes` for `stream` fits its fewest-pages place.
   bool split_extents_for_bytes(uint64_t bytes, StreamHandle stream);
-  // Best fit, then the fewest-pages place (`best_fit` false: that one only).
-  bool try_allocate(uint64_t rounded, bool may_evict, uintptr_t* out, bool best_fit = true);
+  // Run the placement from where it stands to the end of its step (begin_allocate's answers).
+  Step advance(Placement& p);
+  // Move on to the next fit of the order above (waiting for pending frees or splitting extents
+  // where it says so) and take its range; false when none is left.
+  bool next_fit(Placement& p);
+  // The placement's range, mapped under it now: live, and done.
+  Step make_live(Placement& p);
   // The place that take_fewest() would take and the pages it would take from capacity (a fresh
   // place, 0, when none takes fewer than ceil(bytes / page)).
   uint64_t find_fewest(uint64_t bytes, uintptr_t* at) const;
@@ -225,16 +293,23 @@ class AllocPolicy final : public PageUsers {
   // 0 if a block may lie at [at, at + bytes); else the next address worth trying (past the
   // away page, the extent or the unmapped or mapped page in the way).
   uintptr_t blocked_until(uintptr_t at, uint64_t bytes, Fit fit) const;
-  // Map what is not mapped yet under the new block [address, address + bytes); all or nothing.
-  bool map_under(uintptr_t address, uint64_t bytes, bool may_evict);
   // The handle sizes (in pages) for a run of npages unmapped pages; `partial_first` and
   // `partial_last`: the block covers the run's first / last page only in part.
   std::vector<uint32_t> handle_plan(size_t npages, bool partial_first, bool partial_last) const;
-  // take_handle() and, when spent, ResidencyPort::free_device_page(may_evict), until a handle
-  // is had; false when none can be had (*driver_oom set when the driver refused an extent's size).
-  bool obtain_handle(uint32_t npages, int32_t* id, bool may_evict, bool* driver_oom);
-  // Map handles of these sizes back to back at va (unmapped); all or nothing.
-  bool map_handles(uintptr_t va, const std::vector<uint32_t>& handles, bool may_evict, bool* driver_oom);
+  // Hold the free range at `at` for the placement and list the runs of unmapped pages under it.
+  void hold_fit(Placement& p, uintptr_t at);
+  // The handle plan of the placement's current run (one-page handles if `one_page`).
+  void plan_run(Placement& p, bool one_page);
+  // Map the placement's runs, from the current one on, each with handles of its plan mapped back
+  // to back (all or nothing per run): mapped (all of them), needs_page (take_handle spent), or
+  // dropped (no handle could be had: the fit is given back, drop_fit).
+  enum class Mapping { mapped, needs_page, dropped };
+  Mapping map_runs(Placement& p);
+  // The current run got no handle: its handles go back. Whether it goes on with one-page handles
+  // (`refused`: the driver refused an extent's size, and the plan was not one-page already).
+  bool run_failed(Placement& p, bool refused);
+  // The placement's fit failed: its runs mapped are unmapped and its range is free again.
+  void drop_fit(Placement& p);
   void release_block(uintptr_t address, uint64_t size);
   // List or unlist the handles over [lo, hi) as cached.
   void refresh_cached(uintptr_t lo, uintptr_t hi);

@@ -4,9 +4,12 @@
 // stream, a free range over mapped pages), the best fit over the free space and its rules
 // (nothing away under a block, no idle extent covered less than half, off the handles evictable
 // allocations hold), the fewest-pages place when the best fit cannot get its pages, and the
-// mapping of what is missing under a new block (runs of unmapped pages, their handle plans).
+// mapping of what is missing under a new block (runs of unmapped pages, their handle plans), in
+// steps that end where a handle only the eviction engine could free is wanted (needs_page).
 // Invariants: those of alloc_policy.hpp; a placement taken from the free space and not mapped
-// goes back to it (give_free) before the caller tries another or fails.
+// goes back to it (give_free) before the policy tries another or fails, and an abandoned one
+// too; at every step's end the placement holds exactly its range, its runs mapped so far and the
+// handles taken for the current run, so nothing is lost whichever step an error ends.
 #include <algorithm>
 #include <utility>
 
@@ -29,27 +32,6 @@ bool AllocPolicy::take_mapped(uint64_t rounded, uintptr_t* out) {
   if (!a) return false;
   *out = a;
   return true;
-}
-
-bool AllocPolicy::try_allocate(uint64_t rounded, bool may_evict, uintptr_t* out, bool best_fit) {
-  for (bool fewest : {false, true}) {
-    if (!fewest && !best_fit) continue;
-    uintptr_t a = fewest ? take_fewest(rounded) : take_free(rounded, Fit::any);
-    bool mapped = false;
-    try {
-      mapped = map_under(a, rounded, may_evict);
-    } catch (...) {
-      give_free(a, rounded);
-      throw;
-    }
-    if (mapped) {
-      *out = a;
-      return true;
-    }
-    give_free(a, rounded);
-    // The best fit needed more pages than could be had: the place that needs the fewest.
-  }
-  return false;
 }
 
 uintptr_t AllocPolicy::take_fewest(uint64_t bytes) {
@@ -196,66 +178,93 @@ std::vector<uint32_t> AllocPolicy::handle_plan(size_t npages, bool partial_first
   return plan;
 }
 
-bool AllocPolicy::map_under(uintptr_t address, uint64_t bytes, bool may_evict) {
-  uintptr_t end = address + bytes;
+void AllocPolicy::hold_fit(Placement& p, uintptr_t at) {
+  p.at_ = at;
+  p.runs_.clear();
+  p.run_ = 0;
   // The runs of unmapped pages under the block, in address order.
-  std::vector<std::pair<uintptr_t, size_t>> runs;
-  for (uintptr_t va = page_of(address); va < end;) {
+  uintptr_t end = at + p.request_.rounded;
+  for (uintptr_t va = page_of(at); va < end;) {
     int32_t id = pages_.page_at(va);
     if (id >= 0) {
       va = pages_.address_of(id) + pages_.bytes_of(id);
       continue;
     }
-    if (!runs.empty() && runs.back().first + runs.back().second * page_bytes_ == va)
-      runs.back().second++;
+    if (!p.runs_.empty() && p.runs_.back().first + p.runs_.back().second * page_bytes_ == va)
+      p.runs_.back().second++;
     else
-      runs.emplace_back(va, 1);
+      p.runs_.emplace_back(va, 1);
     va += page_bytes_;
   }
-  if (runs.empty()) return true;  // every page is mapped already: no driver call
-  port_->pin(page_of(address), end);  // the eviction engine takes nothing from under the block
-  size_t done = 0;
-  try {
-    for (; done < runs.size(); ++done) {
-      auto [va, n] = runs[done];
-      bool partial_first = va < address, partial_last = va + n * page_bytes_ > end;
-      bool driver_oom = false;
-      if (map_handles(va, handle_plan(n, partial_first, partial_last), may_evict, &driver_oom)) continue;
-      // The driver refused an extent's size although capacity was there: one-page handles.
-      if (!driver_oom || !map_handles(va, std::vector<uint32_t>(n, 1), may_evict, &driver_oom)) break;
-    }
-  } catch (...) {
-    for (size_t i = 0; i < done; ++i) pages_.unmap_range(runs[i].first, runs[i].second * page_bytes_);
-    port_->unpin();
-    throw;
-  }
-  port_->unpin();
-  if (done == runs.size()) return true;
-  for (size_t i = 0; i < done; ++i) pages_.unmap_range(runs[i].first, runs[i].second * page_bytes_);
-  return false;
+  if (!p.runs_.empty()) plan_run(p, false);  // none: every page is mapped already, no driver call
 }
 
-bool AllocPolicy::map_handles(uintptr_t va, const std::vector<uint32_t>& handles, bool may_evict, bool* driver_oom) {
-  std::vector<int32_t> ids;
-  ids.reserve(handles.size());
-  auto give_back = [&] {
-    for (int32_t id : ids) pages_.return_page(id);
-  };
-  try {
-    for (uint32_t n : handles) {
+void AllocPolicy::plan_run(Placement& p, bool one_page) {
+  auto [va, n] = p.runs_[p.run_];
+  bool partial_first = va < p.at_, partial_last = va + n * page_bytes_ > p.at_ + p.request_.rounded;
+  p.plan_ = one_page ? std::vector<uint32_t>(n, 1) : handle_plan(n, partial_first, partial_last);
+  p.one_page_ = one_page;
+  p.ids_.clear();
+}
+
+AllocPolicy::Mapping AllocPolicy::map_runs(Placement& p) {
+  while (p.run_ < p.runs_.size()) {
+    while (p.ids_.size() < p.plan_.size()) {
+      uint32_t n = p.plan_[p.ids_.size()];
       int32_t id = -1;
-      if (!obtain_handle(n, &id, may_evict, driver_oom)) {
-        give_back();
-        return false;
+      Take t = take_handle(n, &id);
+      if (t == Take::taken) {
+        p.ids_.push_back(id);
+        continue;
       }
-      ids.push_back(id);
+      if (t == Take::spent) {  // only the eviction engine can free a page now: the space asks it
+        p.wanted_ = n;
+        return Mapping::needs_page;
+      }
+      if (!run_failed(p, true)) {  // refused, one-page handles already
+        drop_fit(p);
+        return Mapping::dropped;
+      }
     }
-    pages_.map_pages(va, ids);
+    pages_.map_pages(p.runs_[p.run_].first, p.ids_);  // all or nothing: on a throw the handles are still taken
+    p.ids_.clear();
+    if (++p.run_ < p.runs_.size()) plan_run(p, false);
+  }
+  return Mapping::mapped;
+}
+
+bool AllocPolicy::run_failed(Placement& p, bool refused) {
+  for (int32_t id : p.ids_) pages_.return_page(id);
+  p.ids_.clear();
+  if (!refused || p.one_page_) return false;
+  plan_run(p, true);  // the driver refused an extent's size although capacity was there
+  return true;
+}
+
+void AllocPolicy::drop_fit(Placement& p) {
+  auto give_range = [&] {
+    uintptr_t at = p.at_;
+    p.at_ = 0;
+    p.runs_.clear();
+    give_free(at, p.request_.rounded);
+  };
+  // Never twice: should the driver refuse an unmap, the runs still mapped stay under the free
+  // range given back, as cached handles.
+  size_t mapped = p.run_;
+  p.run_ = 0;
+  try {
+    for (size_t i = 0; i < mapped; ++i) pages_.unmap_range(p.runs_[i].first, p.runs_[i].second * page_bytes_);
   } catch (...) {
-    give_back();
+    give_range();
     throw;
   }
-  return true;
+  give_range();
+}
+
+void AllocPolicy::abandon(Placement& p) {
+  for (int32_t id : p.ids_) pages_.return_page(id);
+  p.ids_.clear();
+  if (p.at_) drop_fit(p);
 }
 
 }  // namespace vta

@@ -1,8 +1,13 @@
-// ResidencyPort: what the allocation policy asks of the eviction engine, and nothing more.
+// ResidencyPort: what the allocation policy asks of the eviction engine, and nothing more:
+// queries (which pages are away; the host pool, for messages) and notices (pages used, an
+// allocation gone, an away page no block touches any more).
 //
 // Owns: nothing; an interface that csrc/evict implements (the policy never includes evict/).
 // Calls go one way, from the policy to the engine; what the engine needs to know of the blocks
-// over a page it asks through PageUsers (page_users.hpp), which only answers.
+// over a page it asks through PageUsers (page_users.hpp), which only answers. Work that frees,
+// evicts or maps a device page for the policy is not here: when the policy's own sources of
+// handles are spent, the address space asks the engine (Residency::free_device_page) between
+// two steps of the allocation (AllocPolicy::begin_allocate / resume) or of a restore.
 // Invariants: every call is made under the address space's lock. A virtual page is "away"
 // when live data on it is not, or not only, in a device page (evicting, evicted, restoring,
 // restored): the policy never maps, unmaps or reuses such a page itself, it asks here. The
@@ -16,27 +21,17 @@ namespace vta {
 
 class ResidencyPort {
  public:
-  // Memory is short and the cheaper sources are spent: make a device page free, in this
-  // order: release the device pages that evicted pages still hold (one wait for their
-  // streams), else finish the eviction copies still running (their pages are held next),
-  // else, if `may_evict`, evict the evictable handle its victim policy picks (least recently
-  // used first), else give back the
-  // device page of a restore made ahead of need (a prefetch). Never a page of the pinned range
-  // (pin()). False when none of these could be done (nothing changed); true means "try to
-  // acquire a page again".
-  virtual bool free_device_page(bool may_evict) = 0;
-  // While [lo, hi) is pinned, free_device_page() takes nothing from its pages: the block being
-  // placed there, or the allocation being made resident. unpin() ends it.
-  virtual void pin(uintptr_t lo, uintptr_t hi) = 0;
-  virtual void unpin() = 0;
+  // Queries: whether any virtual page is away, and which.
   virtual bool any_away() const = 0;
   virtual bool is_away(uintptr_t va) const = 0;
   // The away page over `va` (one handle's pages, which move together): its first virtual page
   // and its bytes; false when `va` is not away.
   virtual bool away_span(uintptr_t va, uintptr_t* first, uint64_t* bytes) const = 0;
-  // No block touches the away page at `first` any more (its frees completed): forget its away
-  // copy. A device page still mapped there stays (the caller caches it); otherwise the address
-  // ends up unmapped.
+  // Notices: the engine brings what it owns up to date, and takes nothing from the policy.
+  // No block touches the away page at `first` any more (its frees completed): the bytes are dead,
+  // so the engine forgets its away copy (its host slot; in mapped mode the host copy mapped at the
+  // address, or a restore's device page, put at the address now). A device page still mapped
+  // there stays (the caller caches it); otherwise the address ends up unmapped.
   virtual void drop_away_page(uintptr_t first) = 0;
   // The pages of [start, start + bytes) were used, or may have become (un)evictable: the
   // engine's victim policy (evict/victim_policy.hpp) brings its candidates up to date.

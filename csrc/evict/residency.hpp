@@ -11,16 +11,17 @@
 //  - EvictionCounters (eviction_counters.hpp): the totals of the stats;
 //  - VictimPolicy (victim_policy.hpp; LruPolicy, lru_policy.hpp): the order of the victims.
 // What it needs to know of the blocks over a page (their streams, whether they may be
-// evicted) it asks through PageUsers, which only answers, and the device handles it restores
-// into are given to it (the space obtains them from the policy): calls go one way, into the
-// engine. Every call is made under the address space's lock.
+// evicted) it asks through PageUsers, which only answers; the device handles it restores into
+// are given to it (the space obtains them from the policy), and it frees a device page only when
+// the space asks (free_device_page), never for the policy from inside it: calls go one way,
+// into the engine. Every call is made under the address space's lock.
 //
 // One class in three .cpp files, and why: the transitions (residency.cpp), the work asked for
 // one allocation (residency_ops.cpp) and victim choice (residency_victims.cpp) call each other
 // both ways (choosing a victim evicts it; a page made resident becomes a candidate again;
-// offload and restore walk an allocation through the transitions) and share the pinned range;
-// classes of their own would each need the others back, a loop inside the engine instead of
-// one owner of the away pages' transitions.
+// offload and restore walk an allocation through the transitions); classes of their own would
+// each need the others back, a loop inside the engine instead of one owner of the away pages'
+// transitions.
 //
 // A handle may lie under several blocks (pages are shared between neighbouring allocations):
 // it moves whole, so it is evicted only when every allocation on it may be (marked evictable,
@@ -84,13 +85,17 @@ class Residency final : public ResidencyPort {
   Residency(const Residency&) = delete;
   Residency& operator=(const Residency&) = delete;
 
+  // Memory is short and the policy's sources are spent (the space asks, between two steps of an
+  // allocation or of a restore): make a device page free, in this order: release the device
+  // pages that evicted pages still hold (one wait for their streams), else finish the eviction
+  // copies still running (their pages are held next), else, if `may_evict`, evict the evictable
+  // handle its victim policy picks (least recently used first), else give back the device page
+  // of a restore made ahead of need (a prefetch). Never a page of [keep_lo, keep_hi) (whole
+  // pages): the block being placed, or the allocation being made resident. False when none of
+  // these could be done (nothing changed); true means "take a handle again".
+  bool free_device_page(bool may_evict, uintptr_t keep_lo, uintptr_t keep_hi);
+
   // ResidencyPort.
-  bool free_device_page(bool may_evict) override;
-  void pin(uintptr_t lo, uintptr_t hi) override {
-    pin_lo_ = page_of(lo);
-    pin_hi_ = hi;
-  }
-  void unpin() override { pin_lo_ = pin_hi_ = 0; }
   bool any_away() const override { return !away_.empty(); }
   bool is_away(uintptr_t va) const override { return away_.first_of(va) != 0; }
   bool away_span(uintptr_t va, uintptr_t* first, uint64_t* bytes) const override;
@@ -120,17 +125,16 @@ class Residency final : public ResidencyPort {
   // sharing keeps every one of its handles resident; HostPoolExhausted when the pool is full.
   uint64_t offload(uintptr_t start, uint64_t bytes);
   // Restoring, in steps the space drives (the engine obtains no memory itself):
-  // begin_restore() pins the allocation (free_device_page takes nothing from it) and makes
-  // resident at once every page of it whose device handle was never released;
-  // next_to_restore() walks its away pages from *cursor: it orders `consumer` after those in
-  // flight, and stops at the next one that needs a device handle (its first page and pages);
-  // restore_page() fills handle `id` (of those pages, from the caller) with its bytes, and owns
-  // the handle from then on; end_restore() unpins. finish_restore() then waits for the copies
-  // and swaps the restored pages in (ensure_resident).
+  // begin_restore() makes resident at once every page of the allocation whose device handle was
+  // never released; next_to_restore() walks its away pages from *cursor: it orders `consumer`
+  // after those in flight, and stops at the next one that needs a device handle (its first page
+  // and pages); restore_page() fills handle `id` (of those pages, from the caller) with its
+  // bytes, and owns the handle from then on. The space, short of a handle, calls
+  // free_device_page() keeping the allocation. finish_restore() then waits for the copies and
+  // swaps the restored pages in (ensure_resident).
   void begin_restore(uintptr_t start, uint64_t bytes);
   bool next_to_restore(uintptr_t* cursor, uintptr_t end, StreamHandle consumer, uintptr_t* first, uint32_t* npages);
   void restore_page(uintptr_t first, int32_t id, StreamHandle consumer);
-  void end_restore() { unpin(); }
   void finish_restore(uintptr_t start, uint64_t bytes);
   int residency_of(uintptr_t start, uint64_t bytes) const;  // VTA_RESIDENT / VTA_EVICTED / VTA_IN_FLIGHT
   uint64_t away_bytes(uintptr_t start, uint64_t bytes) const;  // bytes of [start, start + bytes) on away pages
@@ -147,8 +151,11 @@ class Residency final : public ResidencyPort {
   void close();
 
  private:
-  // [va, va + bytes) overlaps the allocation being made resident.
-  bool pinned(uintptr_t va, uint64_t bytes) const { return va < pin_hi_ && va + bytes > pin_lo_; }
+  // What free_device_page() keeps: whole pages from lo.
+  struct Kept {
+    uintptr_t lo = 0, hi = 0;
+    bool overlaps(uintptr_t va, uint64_t bytes) const { return va < hi && va + bytes > lo; }
+  };
   uintptr_t page_of(uintptr_t a) const { return a - a % page_bytes_; }
   uint64_t bytes_of(const AwayPage& p) const { return away_.bytes_of(p); }
 
@@ -178,9 +185,9 @@ class Residency final : public ResidencyPort {
   // Victim choice (residency_victims.cpp): which pages are candidates is decided here, their
   // order by victims_.
   void note_page(uintptr_t va);
-  bool evict_victim();
-  // Under pressure, after the victim policy: a prefetched restore outside the pin gives its device page back.
-  bool give_back_prefetched();
+  bool evict_victim(const Kept& kept);
+  // Under pressure, after the victim policy: a prefetched restore outside `kept` gives its device page back.
+  bool give_back_prefetched(const Kept& kept);
 
   Backend& backend_;
   PageTable& pages_;
@@ -194,7 +201,6 @@ class Residency final : public ResidencyPort {
   EvictionCounters counters_;
   uint64_t in_flight_ = 0;  // pages of away pages being evicted or restored
   std::unique_ptr<VictimPolicy> victims_ = std::make_unique<LruPolicy>(page_bytes_);  // the candidates, best victim first
-  uintptr_t pin_lo_ = 0, pin_hi_ = 0;  // pages of the allocation being made resident, or of the block being placed
 };
 
 }  // namespace vta

@@ -6,7 +6,7 @@
 // Invariants: those of residency.hpp; an allocation's pages are walked in address order, one
 // away page (a handle's pages) at a time; a restore begins by taking back, with no copy, the
 // pages whose device page was never released, and never frees device memory from the
-// allocation it restores (pinned).
+// allocation it restores (free_device_page keeps it).
 #include <algorithm>
 #include <string>
 
@@ -15,7 +15,6 @@
 namespace vta {
 
 void Residency::begin_restore(uintptr_t start, uint64_t bytes) {
-  pin(start, start + bytes);
   // Pages whose device page was never released come back first, for free: restoring the
   // others may need memory, and must not release these to get it.
   for (uintptr_t va = page_of(start); va < start + bytes;) {

@@ -9,7 +9,7 @@
 // vtalloc has four victim policies; this is the one inside the core, the other three choose
 // at a coarser grain above it, and each one's inputs differ:
 //  - the core's (this interface, LruPolicy): one address space under pressure of its own picks
-//    a resident handle, least recently used first (ResidencyPort::free_device_page);
+//    a resident handle, least recently used first (Residency::free_device_page);
 //  - the client's (client/pressure.py, evict_for_pressure): when the daemon asks a client for
 //    pages, which allocations of its spaces to offload (free and cached pages first);
 //  - the daemon's (server/ledger.py, Ledger.pick_victims): which sessions to ask for pages,

@@ -1,6 +1,7 @@
 // AddressSpace implementation: setup, teardown and the allocation entry points.
 //
-// Owns: the order of the steps of each entry point (which drains and releases come first).
+// Owns: the order of the steps of each entry point (which drains and releases come first), and
+// an allocation's "need a page": between the policy's steps, the engine frees a device page.
 // Invariants: those of address_space.hpp; close() waits for in-flight copies before the
 // events go, and for the test streams' kernels before any page is released.
 #include "space/address_space.hpp"
@@ -11,6 +12,31 @@
 #include "vmm/page_geometry.hpp"
 
 namespace vta {
+namespace {
+
+// An allocation in progress that an error ends (a driver call refused, in the policy or in the
+// engine) gives back what it holds: the handles taken, the runs mapped, its range. After done or
+// failed it holds nothing, and this does nothing.
+class PlacementUndo {
+ public:
+  PlacementUndo(AllocPolicy& policy, AllocPolicy::Placement& p) : policy_(policy), p_(p) {}
+  ~PlacementUndo() {
+    try {
+      policy_.abandon(p_);
+    } catch (...) {
+      // The error that ended the placement is the one reported; an unmap refused here leaves
+      // those pages mapped under free space, as cached handles.
+    }
+  }
+  PlacementUndo(const PlacementUndo&) = delete;
+  PlacementUndo& operator=(const PlacementUndo&) = delete;
+
+ private:
+  AllocPolicy& policy_;
+  AllocPolicy::Placement& p_;
+};
+
+}  // namespace
 
 std::unique_ptr<AddressSpace> AddressSpace::create(const vta_config_t& config) {
   if (config.flags & ~VTA_CONFIG_LEASED) fail(VTA_ERR_INVALID_ARGUMENT, "unknown vta_config_t flags");
@@ -58,7 +84,16 @@ uintptr_t AddressSpace::malloc(uint64_t nbytes, StreamHandle stream, bool allow_
   check(backend_->check_stream(stream));  // the host backend refuses an unknown stream; cuda cannot tell
   AllocPolicy::Request r = policy_.request(nbytes);
   residency_.drain_inflight(false);  // pending frees: the policy polls them only when it needs them
-  return policy_.allocate(r, stream, allow_evict, count_oom);
+  // "Need a page", as for a restore: the policy places the block in steps, and each time its own
+  // sources of handles are spent the engine frees a device page (never under the block, which is
+  // taken from the free space but not live yet), then the policy goes on where it stood.
+  AllocPolicy::Placement p(r, stream, allow_evict, count_oom);
+  PlacementUndo undo(policy_, p);
+  AllocPolicy::Step step = policy_.begin_allocate(p);
+  while (step == AllocPolicy::Step::needs_page)
+    step = policy_.resume(p, residency_.free_device_page(p.may_evict(), p.block_lo(), p.block_hi()));
+  if (step == AllocPolicy::Step::failed) policy_.throw_oom(p.requested(), nullptr, p.count_oom());
+  return p.address();
 }
 
 void AddressSpace::free(uintptr_t address) {

@@ -18,26 +18,21 @@ LiveAllocations::Map::iterator AddressSpace::settled_live_locked(uintptr_t addre
 
 void AddressSpace::restore_locked(uintptr_t start, uint64_t bytes, StreamHandle consumer, bool count_oom) {
   residency_.begin_restore(start, bytes);
-  try {
-    uintptr_t cursor = start, first = 0;
-    uint32_t npages = 0;
-    while (residency_.next_to_restore(&cursor, start + bytes, consumer, &first, &npages)) {
-      int32_t id = -1;
-      // "Need a page": the policy's sources, then the engine's (free_device_page takes nothing
-      // from the pinned allocation), then the policy's again; neither calls the other.
-      // Last, the extents blocks use only in part are split (their untouched pages released).
-      for (AllocPolicy::Take t; (t = policy_.take_handle(npages, &id)) != AllocPolicy::Take::taken;)
-        if (t == AllocPolicy::Take::refused ||
-            (!residency_.free_device_page(true) && !policy_.split_extents_for_pages(npages, consumer)))
-          policy_.throw_oom(uint64_t{npages} * page_bytes_, "no device memory to restore an evicted page into",
-                            count_oom);
-      residency_.restore_page(first, id, consumer);
-    }
-  } catch (...) {
-    residency_.end_restore();
-    throw;
+  uintptr_t cursor = start, first = 0;
+  uint32_t npages = 0;
+  while (residency_.next_to_restore(&cursor, start + bytes, consumer, &first, &npages)) {
+    int32_t id = -1;
+    // "Need a page": the policy's sources, then the engine's (free_device_page takes nothing
+    // from the allocation), then the policy's again; neither calls the other.
+    // Last, the extents blocks use only in part are split (their untouched pages released).
+    for (AllocPolicy::Take t; (t = policy_.take_handle(npages, &id)) != AllocPolicy::Take::taken;)
+      if (t == AllocPolicy::Take::refused ||
+          (!residency_.free_device_page(true, start, start + bytes) &&
+           !policy_.split_extents_for_pages(npages, consumer)))
+        policy_.throw_oom(uint64_t{npages} * page_bytes_, "no device memory to restore an evicted page into",
+                          count_oom);
+    residency_.restore_page(first, id, consumer);
   }
-  residency_.end_restore();
 }
 
 void AddressSpace::ensure_resident_locked(uintptr_t start, uint64_t bytes, StreamHandle consumer, bool count_oom) {
