@@ -44,8 +44,9 @@ class CostModel:
     name: str = ""
 
     def move_s(self, nbytes: int) -> float:
-        """Out to host and back (the pager moves a paged tensor both ways)."""
-        return 2 * nbytes / self.link_bytes_per_s
+        """Out to host and back (the pager moves a paged tensor both ways): each way the bytes
+        over the link and one operation issued (a copy, charged like a kernel launch)."""
+        return 2 * (nbytes / self.link_bytes_per_s + self.launch_s)
 
     def recompute_s(self, flops: int, touched: int, ops: int = 1) -> float:
         return max(flops / self.peak_flops, touched / self.mem_bytes_per_s) + ops * self.launch_s
@@ -55,7 +56,8 @@ class CostModel:
 # 2026-11-22 (csrc/backend/testing/cost_model.cpp, docs/cost-model.md); the lower figure is used.
 # Compute: 989 TFLOP/s dense bf16 (NVIDIA datasheet; fp32 work runs slower, but what is planned
 # for recompute is memory-bound). Memory: 3.35 TB/s HBM3 (datasheet). Launch: ~5 us per kernel
-# issued from Python eager (an estimate, not measured here).
+# or copy issued from Python eager (an estimate, not measured here; a paged tensor issues one
+# copy each way, as a recompute issues one kernel per operation).
 H100 = CostModel(link_bytes_per_s=54.8e9, peak_flops=989e12, mem_bytes_per_s=3.35e12, launch_s=5e-6, name="h100")
 
 
