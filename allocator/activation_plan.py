@@ -201,18 +201,31 @@ def plan_activations(cands: Sequence[Candidate], budget: int, model: CostModel =
                     heapq.heappush(heap, -s)
         return total
 
+    def recomputed_readers(i: int) -> set[int]:
+        """The recomputed tensors whose recipes run i's (directly or through other recomputes)."""
+        found: set[int] = set()
+        todo = [i]
+        while todo:
+            for r in readers_of.get(todo.pop(), ()):
+                if decision[r] == RECOMPUTE and r not in found:
+                    found.add(r)
+                    todo.append(r)
+        return found
+
     if excess > 0 and allow_recompute:
         cheap = [c for c in cands if c.recomputable and c.nbytes > 0 and c.shared_with is None
                  and model.recompute_s(c.flops, c.touched, c.ops) < model.move_s(c.nbytes)]
-        cheap.sort(key=lambda c: (model.recompute_s(c.flops, c.touched, c.ops) / c.nbytes, -c.nbytes, c.index))
+        # FLOPs are what the cap rations: the fewest per byte first (elementwise chains before the
+        # matmuls under them), then the cheapest in modelled time.
+        cheap.sort(key=lambda c: (c.flops / c.nbytes, model.recompute_s(c.flops, c.touched, c.ops) / c.nbytes,
+                                  -c.nbytes, c.index))
         spent = 0
         for c in cheap:
             if excess <= 0:
                 break
             decision[c.index] = RECOMPUTE
-            readers = [r for r in readers_of.get(c.index, ()) if decision[r] == RECOMPUTE]
             added = added_flops(c.index)
-            too_deep = chain(c.index) > MAX_CHAIN or any(chain(r) > MAX_CHAIN for r in readers)
+            too_deep = chain(c.index) > MAX_CHAIN or any(chain(r) > MAX_CHAIN for r in recomputed_readers(c.index))
             if too_deep or (max_recompute_flops is not None and spent + added > max_recompute_flops):
                 decision[c.index] = KEEP
                 continue
