@@ -19,28 +19,12 @@ from vtalloc.allocator.activation_plan import Candidate, CostModel, plan_activat
 from vtalloc.allocator.torch import paged_activations  # noqa: E402
 from vtalloc.allocator.torch import activation_recorder  # noqa: E402
 from helpers.sizes import MiB  # noqa: E402
+from test_activation_recompute import run, same  # noqa: E402  (one training loop for both files)
 
 
 def space():
     return AddressSpace(backend="host", capacity=64 * MiB, host_capacity=256 * MiB, page_size="256KiB",
                         host_granularity="256KiB")
-
-
-def run(model, x, ctx, steps=3, autocast=False, between=None):
-    out = []
-    for i in range(steps):
-        model.zero_grad(set_to_none=True)
-        torch.manual_seed(100 + i)  # dropout draws the same masks with and without the pager
-        cast = torch.autocast("cpu", dtype=torch.bfloat16) if autocast else contextlib.nullcontext()
-        with ctx, cast:
-            loss = model(x, i).float().square().mean() if between else model(x).float().square().mean()
-        loss.backward()
-        out.append((loss.detach().clone(), [p.grad.clone() for p in model.parameters()]))
-    return out
-
-
-def same(a, b):
-    return all(torch.equal(la, lb) and all(torch.equal(g, h) for g, h in zip(ga, gb)) for (la, ga), (lb, gb) in zip(a, b))
 
 
 def recomputed_ops(pager):
@@ -175,7 +159,7 @@ class Switch(nn.Module):
 def test_a_diverging_iteration_pages_what_its_recipes_do_not_reproduce():
     torch.manual_seed(0)
     model, x = Switch(), torch.randn(256, 512)
-    reference = run(model, x, contextlib.nullcontext(), steps=6, between=True)
+    reference = run(model, x, contextlib.nullcontext(), steps=6, step_arg=True)
     with space() as sp:
         pager = paged_activations(sp, budget=64 * 1024, max_recompute_fraction=1.0)
         diverged = []

@@ -16,14 +16,16 @@ from vtalloc.allocator.torch import paged_activations  # noqa: E402
 from helpers.sizes import MiB  # noqa: E402
 
 
-def run(model, x, ctx, steps=3, autocast=False):
+def run(model, x, ctx, steps=3, autocast=False, step_arg=False):
+    """``steps`` training steps under ``ctx``: each one's loss and gradients (``step_arg``: the
+    model also takes the step's index)."""
     out = []
     for i in range(steps):
         model.zero_grad(set_to_none=True)
         torch.manual_seed(100 + i)  # dropout draws the same masks with and without the pager
         cast = torch.autocast("cpu", dtype=torch.bfloat16) if autocast else contextlib.nullcontext()
         with ctx, cast:
-            loss = model(x).float().square().mean()
+            loss = (model(x, i) if step_arg else model(x)).float().square().mean()
         loss.backward()
         out.append((loss.detach().clone(), [p.grad.clone() for p in model.parameters()]))
     return out
