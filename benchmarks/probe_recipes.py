@@ -69,12 +69,15 @@ def probe(model: str, budget_fraction: float, batch: int, fractions: list[float]
     total = sum(r["bytes"] for r in rows)
     summary = {"saved_bytes": total, "budget_bytes": budget, "excess_bytes": max(total - budget, 0),
                "forward_flops_flop_counter": forward, "bytes_by_recipe_status": dict(by_reason)}
+    uses = collections.Counter(c.shared_with for c in cands if c.shared_with is not None)
     for f, p in plans.items():
         cap = int(forward * f)
-        # Each recompute runs twice a step (verified at pack, run at unpack): alone within the cap.
+        # An upper bound on what recompute can take off the link under the cap: the tensors whose
+        # recipe alone fits, run at each unpack (a tensor saved twice: twice) and once at pack.
         summary[f"at_{f:g}"] = {
             "cap_flops": cap,
-            "bytes_recomputable_alone_within_cap": sum(c.nbytes for c in cands if c.recomputable and 2 * c.flops <= cap),
+            "bytes_recomputable_alone_within_cap": sum(c.nbytes for c in cands if c.recomputable
+                                                       and (2 + uses[c.index]) * c.flops <= cap),
             "plan_recomputed_bytes": p.summary.recomputed_bytes, "plan_paged_bytes": p.summary.paged_bytes,
             "plan_recompute_plus_verify_flops": p.summary.recompute_flops + p.summary.verify_flops}
     return {"model": model, "batch": batch, "autocast_bf16": autocast, "budget_fraction": budget_fraction,
