@@ -8,10 +8,11 @@ The plan, for the saved tensors of one recorded iteration (in pack order):
 
 1. if they all fit in the budget, every one is kept (nothing moves, nothing is recomputed);
 2. otherwise the bytes over the budget must leave: recompute the tensors that are cheaper to
-   recompute than to move out and back (verified bit-exact by the caller; cheapest per byte
-   first, largest first at equal cost) until the rest fits, within a cap on the FLOPs all
-   recomputes run (with ``verify_at_pack`` each recompute runs twice a step: once at pack to
-   check it reproduces the tensor, once at unpack; the cap counts both);
+   recompute than to move out and back, every run a step makes counted (with ``verify_at_pack``
+   once at pack to check it reproduces the tensor, once at each unpack, and its recomputed
+   sources again per run; verified bit-exact by the caller), fewest FLOPs per byte first, then
+   cheapest in modelled time per byte, until the rest fits, within a cap on the FLOPs all
+   recomputes run together (counted the same way);
 3. what still does not fit is paged, oldest first (the first saved are the last backward
    reads): the newest tensors that fit in the budget are kept.
 
@@ -184,22 +185,25 @@ def plan_activations(cands: Sequence[Candidate], budget: int, model: CostModel =
     def all_runs(i: int) -> int:
         return uses[i] + verify
 
-    def added_flops(i: int) -> int:
-        """FLOPs a step gains from recomputing i (just decided): its own operations at each of its
-        runs, and its recomputed sources' (transitively) once more per run of i."""
+    def added(i: int) -> tuple[int, float]:
+        """FLOPs and modelled seconds a step gains from recomputing i (just decided): its own
+        operations at each of its runs, and its recomputed sources' (transitively) once more per
+        run of i."""
         delta = {i: runs(i, all_runs)}
-        heap, seen, total = [-i], set(), 0
+        heap, seen, flops, secs = [-i], set(), 0, 0.0
         while heap:  # readers before their sources: a source's pack index is the smaller
             j = -heapq.heappop(heap)
             if j in seen:
                 continue
             seen.add(j)
-            total += by_index[j].flops * delta[j]
-            for s in by_index[j].sources:
+            c = by_index[j]
+            flops += c.flops * delta[j]
+            secs += model.recompute_s(c.flops, c.touched, c.ops) * delta[j]
+            for s in c.sources:
                 if decision.get(s) == RECOMPUTE:
                     delta[s] = delta.get(s, 0) + delta[j]
                     heapq.heappush(heap, -s)
-        return total
+        return flops, secs
 
     def recomputed_readers(i: int) -> set[int]:
         """The recomputed tensors whose recipes run i's (directly or through other recomputes)."""
@@ -224,12 +228,15 @@ def plan_activations(cands: Sequence[Candidate], budget: int, model: CostModel =
             if excess <= 0:
                 break
             decision[c.index] = RECOMPUTE
-            added = added_flops(c.index)
+            more_flops, more_s = added(c.index)
             too_deep = chain(c.index) > MAX_CHAIN or any(chain(r) > MAX_CHAIN for r in recomputed_readers(c.index))
-            if too_deep or (max_recompute_flops is not None and spent + added > max_recompute_flops):
+            # Every run counted (at pack to verify, at each unpack, its sources again) it must still
+            # cost less than moving it out and back.
+            dearer = more_s >= model.move_s(c.nbytes)
+            if too_deep or dearer or (max_recompute_flops is not None and spent + more_flops > max_recompute_flops):
                 decision[c.index] = KEEP
                 continue
-            spent += added
+            spent += more_flops
             excess -= c.nbytes
     if excess > 0:  # page oldest first: the newest that fit stay
         for c in cands:

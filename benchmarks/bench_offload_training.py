@@ -578,8 +578,9 @@ def check_grads(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
 def recompute_rows(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Per model and batch: vtalloc (recompute="auto") against vtalloc_off at the same budget, the
     issue's targets (bytes over the link <= 0.6x offload-only's, recompute FLOPs <= 5% of the
-    forward's, gradients bit-identical to no paging). The recompute FLOPs are all the FLOPs run
-    again: at unpack and at pack, where a later iteration verifies each recipe it uses."""
+    forward's, gradients bit-identical to no paging). The recompute FLOPs (``recompute_flops_vs_forward``,
+    the table's "recompute FLOPs / fwd") are all the FLOPs run again: at unpack, and at pack,
+    where a later iteration verifies each recipe it uses (``verify_flops``)."""
     rows = []
     for r in runs:
         if r["config"] not in PAGER_CONFIGS or r.get("status") != "ok" or "pager_step" not in r:
@@ -610,7 +611,7 @@ def recompute_table(rows: list[dict[str, Any]]) -> str:
         return "" if v is None else f"{v / MiB:.2f}"
 
     out = ["| model | batch | config | saved MiB | budget MiB | kept MiB | fwd peak mapped MiB | paged MiB/step | "
-           "vs off | recomputed MiB/step | recompute + verify FLOPs / fwd | grads bit-identical (max abs diff) | "
+           "vs off | recomputed MiB/step | recompute FLOPs / fwd | grads bit-identical (max abs diff) | "
            "modelled H100 ms (prediction) |",
            "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|"]
     for w in rows:

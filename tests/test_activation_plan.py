@@ -86,3 +86,17 @@ def test_raising_the_cap_does_not_recompute_fewer_bytes():
             return 1 + max((depth(s, rec) for s in cands[i].sources if s in rec), default=0)
 
         assert all(depth(i) <= MAX_CHAIN for i in rec), str(p)
+
+
+def test_a_recompute_is_planned_only_if_all_its_runs_cost_less_than_the_move():
+    # Two operations (10 us of launches) against moving 64 KiB out and back (12.4 us): cheaper
+    # run once, dearer run twice (at pack to verify, and at unpack).
+    n = 64 * 1024
+    cands = [Candidate(0, n, "x"), Candidate(1, n, "gelu", recomputable=True, flops=n, touched=2 * n, ops=2,
+                                             sources=(0,))]
+    assert H100.recompute_s(n, 2 * n, 2) < H100.move_s(n) < 2 * H100.recompute_s(n, 2 * n, 2)
+    assert plan_activations(cands, 1024).rows[1].decision == "recompute"
+    verified = plan_activations(cands, 1024, verify_at_pack=True)
+    assert verified.rows[1].decision == "page", str(verified)
+    off = plan_activations(cands, 1024, allow_recompute=False)
+    assert verified.summary.modelled_s <= off.summary.modelled_s
