@@ -41,7 +41,8 @@ pager would take them) and its FLOPs (``torch.utils.flop_counter.FlopCounterMode
 budget of both vtalloc configurations to F x those bytes (the same budget for both) and sizes the
 space to hold them all; per scheduled step it reports the pager's measured bytes over the copy
 link (``step_bytes_paged``), bytes and FLOPs recomputed, kept bytes and the space's peak mapped
-bytes against the budget, the plan's modelled H100 time (a prediction), and every run's
+bytes against the budget, the FLOPs run again (recompute at unpack and, from the second step
+on, verification of each recipe at pack), the plan's modelled H100 time (a prediction), and every run's
 gradients of the last step are compared bit for bit with ``native`` at the same batch.
 Every run that finished checks it took the path its configuration names (``run_check``: the
 paging configurations paged, the copying peers copied, the others moved nothing; recorded as
@@ -456,8 +457,9 @@ def pager_step(pager: Any, space: Any) -> dict[str, Any]:
     # the first iteration records; a step follows the plan when every later one did (no fallback)
     row = {"scheduled": st.scheduled_iterations == st.iterations - 1 and st.fallback_iterations == 0,
            "bytes_paged": st.step_bytes_paged, "bytes_recomputed": st.step_bytes_recomputed,
-           "recompute_flops": st.step_recompute_flops, "kept_bytes": st.step_kept_bytes,
-           "recompute_fallbacks_total": st.recompute_fallbacks,
+           "recompute_flops": st.step_recompute_flops, "verify_flops": getattr(st, "step_verify_flops", 0),
+           "kept_bytes": st.step_kept_bytes, "recompute_fallbacks_total": st.recompute_fallbacks,
+           "recompute_diverged_total": getattr(st, "recompute_diverged", 0),  # (bench_pager_overhead: older trees)
            "passed_through_no_room_total": st.passed_through_no_room}
     if space is not None:  # forward and backward (backward's freed ranges stay cached: docs/eviction.md)
         row["step_peak_mapped_bytes"] = space.stats().peak_mapped_bytes
@@ -576,7 +578,9 @@ def check_grads(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
 def recompute_rows(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Per model and batch: vtalloc (recompute="auto") against vtalloc_off at the same budget, the
     issue's targets (bytes over the link <= 0.6x offload-only's, recompute FLOPs <= 5% of the
-    forward's, gradients bit-identical to no paging)."""
+    forward's, gradients bit-identical to no paging). The recompute FLOPs (``recompute_flops_vs_forward``,
+    the table's "recompute FLOPs / fwd") are all the FLOPs run again: at unpack, and at pack,
+    where a later iteration verifies each recipe it uses (``verify_flops``)."""
     rows = []
     for r in runs:
         if r["config"] not in PAGER_CONFIGS or r.get("status") != "ok" or "pager_step" not in r:
@@ -586,7 +590,8 @@ def recompute_rows(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
                     and q.get("status") == "ok" and "pager_step" in q), None)
         off_paged = off["pager_step"]["bytes_paged"] if off else None
         ratio = st["bytes_paged"] / off_paged if off_paged else None
-        flops_frac = st["recompute_flops"] / fwd["forward_flops"] if fwd.get("forward_flops") else None
+        again = st["recompute_flops"] + st.get("verify_flops", 0)
+        flops_frac = again / fwd["forward_flops"] if fwd.get("forward_flops") else None
         g = r.get("grads_vs_native", {})
         row = {"model": r["model"], "batch": r["batch"], "config": r["config"], "budget_bytes": r.get("budget_bytes"),
                "saved_bytes": fwd.get("saved_bytes"), "forward_flops": fwd.get("forward_flops"), **st,

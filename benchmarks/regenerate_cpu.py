@@ -111,11 +111,11 @@ COMMANDS: tuple[Command, ...] = (
             "python benchmarks/probe_paged_footprint.py --model cnn --steps 2 --recompute auto "
             "--out benchmarks/results/paged_footprint-gpt2-auto-cpu-{date}.json", needs=HF),
     Command("recompute_cap1", RECOMPUTE,
-            "python benchmarks/bench_offload_training.py --cpu-smoke --models cnn,tiny_transformer "
-            "--configs native,vtalloc_off,vtalloc --budget-fraction 0.25 --steps 3 --warmup 1 --multiples 1 "
+            "python benchmarks/bench_offload_training.py --cpu-smoke --models cnn,tiny_transformer,gpt2,llama "
+            "--configs native,checkpoint,vtalloc_off,vtalloc --budget-fraction 0.25 --steps 4 --warmup 2 --multiples 1 "
             "--max-recompute-fraction 1.0 --out benchmarks/results/offload_training-recompute-cap1-cpu-{date}.json",
             _SMOKE_RECOMPUTE + " --max-recompute-fraction 1.0 "
-            "--out benchmarks/results/offload_training-recompute-cap1-cpu-{date}.json"),
+            "--out benchmarks/results/offload_training-recompute-cap1-cpu-{date}.json", needs=HF),
     Command("churn", CHURN,
             "python benchmarks/bench_churn.py --backend host --out benchmarks/results/churn-host-{date}.json",
             _SMALL_CHURN + " --out benchmarks/results/churn-host-{date}.json"),

@@ -61,3 +61,42 @@ def test_a_tensor_saved_twice_counts_its_recompute_flops_per_pack():
     assert plan_activations(cands, MiB).summary.recompute_flops == 2 * 10**5
     assert plan_activations(cands, MiB, max_recompute_flops=15 * 10**4).rows[1].decision != "recompute"
     assert plan_activations(cands, MiB, max_recompute_flops=2 * 10**5).rows[1].decision == "recompute"
+
+
+def test_raising_the_cap_does_not_recompute_fewer_bytes():
+    from vtalloc.allocator.activation_plan import MAX_CHAIN
+
+    # A matmul (cheap in modelled time, dear in FLOPs) under a chain of elementwise operations:
+    # taken first, it would spend the chain bound and leave the larger elementwise tensors to the
+    # link. FLOPs per byte order them: the cap can only add recomputes.
+    cands = [Candidate(0, 4 * MiB, "x"),
+             Candidate(1, MiB, "mm", recomputable=True, flops=10**9, touched=MiB, sources=(0,))]
+    # memory-bound: more modelled time per byte than the matmul, far fewer FLOPs
+    cands += [Candidate(i, 4 * MiB, "gelu", recomputable=True, flops=1000, touched=80 * MiB, sources=(i - 1,))
+              for i in range(2, 2 + MAX_CHAIN)]  # a chain as deep as allowed
+    low = plan_activations(cands, MiB, max_recompute_flops=10**5, verify_at_pack=True)
+    high = plan_activations(cands, MiB, max_recompute_flops=None, verify_at_pack=True)
+    assert low.summary.recomputed_bytes > 0
+    assert high.summary.recomputed_bytes >= low.summary.recomputed_bytes, (str(low), str(high))
+    # and no recompute nests deeper than the bound, counted through every recomputed source
+    for p in (low, high):
+        rec = {r.index for r in p.rows if r.decision == "recompute"}
+
+        def depth(i, rec=rec):
+            return 1 + max((depth(s, rec) for s in cands[i].sources if s in rec), default=0)
+
+        assert all(depth(i) <= MAX_CHAIN for i in rec), str(p)
+
+
+def test_a_recompute_is_planned_only_if_all_its_runs_cost_less_than_the_move():
+    # Two operations (10 us of launches) against moving 64 KiB out and back (12.4 us): cheaper
+    # run once, dearer run twice (at pack to verify, and at unpack).
+    n = 64 * 1024
+    cands = [Candidate(0, n, "x"), Candidate(1, n, "gelu", recomputable=True, flops=n, touched=2 * n, ops=2,
+                                             sources=(0,))]
+    assert H100.recompute_s(n, 2 * n, 2) < H100.move_s(n) < 2 * H100.recompute_s(n, 2 * n, 2)
+    assert plan_activations(cands, 1024).rows[1].decision == "recompute"
+    verified = plan_activations(cands, 1024, verify_at_pack=True)
+    assert verified.rows[1].decision == "page", str(verified)
+    off = plan_activations(cands, 1024, allow_recompute=False)
+    assert verified.summary.modelled_s <= off.summary.modelled_s

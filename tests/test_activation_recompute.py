@@ -16,14 +16,16 @@ from vtalloc.allocator.torch import paged_activations  # noqa: E402
 from helpers.sizes import MiB  # noqa: E402
 
 
-def run(model, x, ctx, steps=3, autocast=False):
+def run(model, x, ctx, steps=3, autocast=False, step_arg=False):
+    """``steps`` training steps under ``ctx``: each one's loss and gradients (``step_arg``: the
+    model also takes the step's index)."""
     out = []
     for i in range(steps):
         model.zero_grad(set_to_none=True)
         torch.manual_seed(100 + i)  # dropout draws the same masks with and without the pager
         cast = torch.autocast("cpu", dtype=torch.bfloat16) if autocast else contextlib.nullcontext()
         with ctx, cast:
-            loss = model(x).float().square().mean()
+            loss = (model(x, i) if step_arg else model(x)).float().square().mean()
         loss.backward()
         out.append((loss.detach().clone(), [p.grad.clone() for p in model.parameters()]))
     return out
@@ -200,9 +202,10 @@ def test_kept_tensors_count_against_the_budget_at_the_end_of_forward(recompute):
 
 
 def test_a_raised_recompute_cap_lets_the_plan_recompute_convolutions_exactly():
-    # At the default cap (5% of the forward's FLOPs) a conv -> ReLU stack recomputes nothing:
-    # every saved tensor needs a convolution to rebuild. With the cap raised the cost model
-    # decides, and the convolutions it recomputes give bit-identical gradients.
+    # At the default cap (5% of the forward's FLOPs) a conv -> ReLU stack recomputes no
+    # convolution: every ReLU output needs one to rebuild (only the pooled head's small view is
+    # cheap). With the cap raised the cost model decides, and the convolutions it recomputes
+    # give bit-identical gradients.
     torch.manual_seed(0)
     model = nn.Sequential(nn.Conv2d(3, 32, 3, padding=1), nn.ReLU(), nn.Conv2d(32, 32, 3, padding=1), nn.ReLU(),
                           nn.Conv2d(32, 32, 3, padding=1), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(),
@@ -213,7 +216,9 @@ def test_a_raised_recompute_cap_lets_the_plan_recompute_convolutions_exactly():
                       host_granularity="256KiB") as space:
         default = paged_activations(space, budget=256 * 1024)
         assert same(run(model, x, default), ref)
-        assert default.plan().summary.recomputed_bytes == 0, str(default.plan())
+        convs = {i for i, t in default._replay.templates.items()
+                 if any(e[0] == "op" and "convolution" in str(e[1]) for e in t.prog)}
+        assert not convs and default.plan().summary.recomputed_bytes < 64 * 1024, str(default.plan())
         raised = paged_activations(space, budget=256 * 1024, max_recompute_fraction=1.0)
         assert same(run(model, x, raised), ref)
         plan = raised.plan()

@@ -5,14 +5,17 @@ below, re-exported from the modules that own them, one concept each:
 ``enabling`` (enable() / mempool(): how torch uses vtalloc in this process), ``memory``
 (statistics and maintenance under torch.cuda's names), ``failure_reports`` (what the allocator
 could not do, and how an out-of-memory reaches Python), ``offloading`` (offload / prefetch of a
-tensor), ``activation_paging`` (saved activations paged to host or recomputed),
-``activation_recompute`` (what made each saved tensor, run again bit-exact), ``process_mode``
+tensor), ``activation_paging`` (saved activations kept, paged to host or recomputed: the
+schedule), with ``activation_pagers`` (where paged ones live), ``activation_records`` (what
+autograd holds per saved tensor, the counters), ``activation_recorder`` (what made each saved
+tensor, in the recorded iteration), ``activation_recompute`` (recipes, run again bit-exact) and
+``activation_replay`` (recipes bound and verified in later iterations), ``process_mode``
 (the process's mode and the glue's errors), ``shim`` and ``native_abi`` (ctypes faces of the
 core's torch shim and torch-native C ABI), ``binding_choice`` and ``binding_build`` (which
 binding enable() installs, and building the torch-native one), ``stat_keys`` (the memory_stats
 keys and torch's device argument).
-Invariants: importing this package never imports torch (only ``activation_recompute``
-does, and it is imported inside functions); nothing here but re-exports.
+Invariants: importing this package never imports torch (only ``activation_recorder`` and
+``activation_recompute`` do, and they are imported inside functions); nothing here but re-exports.
 """
 
 from __future__ import annotations

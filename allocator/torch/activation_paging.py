@@ -1,48 +1,32 @@
-"""Paged training activations: saved tensors evicted behind, prefetched ahead, on a schedule.
-
-Why this file is long: the scheduler, both pagers and the plan's three kinds of record share one
-lock and one set of counters; splitting them would spread one state machine over files.
+"""Paged training activations: saved tensors kept, evicted behind and prefetched ahead, or recomputed.
 
 Owns: the ``saved_tensors_hooks`` context (:class:`PagedActivations`) that hands every tensor
-autograd saves to a *pager*, and the scheduler that learns the order of the first iteration
-and then, within a byte budget, evicts behind during forward and prefetches ahead during
-backward, so the copies run on the address space's copy stream while compute goes on.
+autograd saves to a *pager* (``activation_pagers``), and the schedule it learns from the first
+iteration and follows within a byte budget, over records of three kinds (keep, page or
+recompute: ``activation_records``).
 
 - Iteration 0 records the order in which saved tensors are packed (forward) and unpacked
   (backward). Later iterations follow it: in forward, once the resident saved bytes exceed the
-  budget the oldest ones are offloaded (they are used last in backward); in backward, each
-  unpack waits for its tensor and then prefetches the next ones of the recorded order while
-  they fit in the budget.
+  budget the oldest are offloaded (backward needs them last), walking a queue of the tensors
+  that may still hold resident bytes, so a pack costs the same however many came before; in
+  backward, each unpack waits for its tensor, then prefetches the next ones of the recorded
+  order while they fit in the budget. The copies run on the space's copy stream.
 - If an iteration packs a different sequence of tensors (count, shapes, dtypes) or unpacks in
-  another order, the schedule is dropped for that iteration: every unpack restores on demand,
-  the miss is counted in :class:`PagedStats`, and the new order is recorded for the next one.
+  another order, the schedule is dropped for that iteration (every unpack restores on demand,
+  counted in :class:`PagedStats`) and the new order is recorded for the next one.
+- Parameters (or views of one), tensors under ``min_bytes``, not on the pager's device, or
+  that the pager has no room for (OutOfMemoryError at pack) are saved as they are.
+- Plan (``recompute="auto"``, the default): the recorded iteration notes what made each
+  saved tensor and verifies its recipe bit-exact (``activation_replay``,
+  ``activation_recorder``); ``activation_plan`` decides per pack index: keep (the tensor
+  itself), page (the path above) or recompute (hold only the recipe, bound and verified at
+  pack in later iterations, run at unpack). A tensor saved twice (same tensor, same
+  ``_version``) is packed once and its record shared. ``recompute="off"``: keep and page only.
+- Pages are shared between neighbouring allocations and move whole, so an offload can leave
+  the pages a saved tensor shares with a tensor that may not move resident: its bytes stay
+  counted as resident, and later evict-behind passes offload it again until they move.
 
-Pagers: :class:`HostPager` (CPU training over a host-backend space: a saved CPU tensor is
-copied into the space on pack, as ``save_on_cpu`` copies to host, and the rest of the
-machinery is the same) and :class:`DevicePager` (CUDA training with vtalloc as torch's
-allocator: the saved tensor's own allocation is paged in place: no copy, no new tensor, same
-address). Tensors that are parameters (or views of one), smaller than ``min_bytes``, not
-on the pager's device, or that the pager has no room for (OutOfMemoryError at pack) are saved
-as they are. HostPager copies an expanded tensor (a stride of 0) at the size of its storage.
-The evict-behind pass walks a queue of the tensors that may still hold resident bytes (what
-left for good leaves it), so a pack costs the same however many were saved before it.
-
-Plan (issue 24): with ``recompute="auto"`` (the default) a dispatch mode
-(``activation_recompute.Recorder``) notes what made each saved tensor; the recorded iteration
-verifies, at pack time, that each one recomputes bit-exact from tensors that stay available, and
-``activation_plan.plan_activations`` decides per pack index: keep (the tensor itself: no copy),
-page (the path above) or recompute (hold only the recipe; run it at unpack, borrowing its saved
-sources resident and not evictable while it reads them), minimising the modelled step time with
-the kept bytes within the budget and the recompute FLOPs within 5% of the forward's. A tensor
-saved twice (same tensor, same ``_version``) is packed once and its record shared.
-``recompute="off"`` plans keep and page only. :meth:`PagedActivations.plan` shows the plan.
-
-Layer: torch glue, below ``vtalloc.allocator.torch`` (which re-exports it); it reads the torch
-mode from ``_torch_mode`` and never imports ``torch.py``.
-Pages are shared between neighbouring allocations and move whole, so an offload can leave the
-pages a saved tensor shares with a tensor that may not move (a temporary of the forward pass)
-resident: its bytes stay counted as resident, and later evict-behind passes offload it again
-until they move (the neighbour freed, or saved too).
+Layer: torch glue, below ``vtalloc.allocator.torch`` (which re-exports it).
 Invariants: a value unpacked is bit-identical to the value packed; a tensor is never
 offloaded while autograd holds its unpacked value (unpack makes it resident and it is no
 longer counted); every allocation a pager made is freed when autograd drops the saved tensor.
@@ -52,15 +36,16 @@ Usage: enter the context around the forward pass of each iteration; run backward
 from __future__ import annotations
 
 import collections
-import contextlib
-import dataclasses
 import math
 import threading
 import time
 import weakref
-from typing import Any, Callable, Protocol
+from typing import Any, Callable
 
-from . import process_mode as _torch_mode, shim as _torch_shim
+from . import shim as _torch_shim
+from .activation_pagers import DEFAULT_MIN_BYTES, DevicePager, HostPager, Pager
+from .activation_records import GONE as _GONE, PagedStats, Saved as _Saved
+from .activation_replay import Replay
 from ..config import parse_size
 from ..activation_plan import KEEP, PAGE, RECOMPUTE, H100, Candidate, CostModel, Plan, plan_activations
 from ..errors import InvalidArgumentError, OutOfMemoryError, SourceChangedError
@@ -69,210 +54,10 @@ __all__ = ["PagedActivations", "PagedStats", "HostPager", "DevicePager", "paged_
 
 ATTR_SAVED = "_vta_saved"  # on a packed tensor: weak reference to its record (a second pack shares it)
 DEFAULT_MAX_RECOMPUTE_FRACTION = 0.05  # recompute at most this share of the recorded forward's FLOPs
-DEFAULT_MIN_BYTES = 1024  # smaller saved tensors are left as they are: paging them costs more than it saves
 # Device pages offloaded tensors still hold are unmapped once they pass budget / this: the
 # space's mapped bytes stay within the budget plus a quarter, at one release per quarter budget
 # of offloads (each release waits once for the streams that may touch those pages).
 RELEASE_SLACK_DIVISOR = 4
-
-
-@dataclasses.dataclass(frozen=True)
-class PagedStats:
-    iterations: int            # forward passes run under the context
-    scheduled_iterations: int  # of those, started on a recorded schedule
-    fallback_iterations: int   # of those, left it: the order changed, restored on demand, re-recorded
-    packed: int                # saved tensors handed to the pager
-    packed_bytes: int
-    passed_through: int        # saved tensors left as they are (parameters, tiny, other device, no room)
-    passed_through_no_room: int  # of those, the pager had no room to take them (OutOfMemoryError at pack)
-    offloads: int              # evictions started behind the forward pass
-    releases: int              # times the device pages offloaded tensors still held were unmapped
-    release_waits: int         # of those, times the copies in flight were waited for (forward ahead of the link)
-    prefetches: int            # restores started ahead of the backward pass
-    on_demand: int             # unpacks that found their tensor not resident and had to restore it
-    unpack_wait_s: float       # time unpacks spent waiting for bytes
-    budget_bytes: int
-    shared: int = 0            # packs of a tensor already packed (same tensor, same version): one record, no copy
-    kept_bytes: int = 0        # bytes the plan kept resident as they are (no copy), all iterations
-    bytes_paged: int = 0       # bytes moved over the copy link, out and back, all iterations
-    bytes_recomputed: int = 0  # bytes recomputed at unpack instead of held, all iterations
-    recompute_flops: int = 0   # FLOPs those recomputes ran (as recorded in the recorded iteration)
-    recompute_fallbacks: int = 0  # planned recomputes paged instead (sources not available this time)
-    step_kept_bytes: int = 0   # the same four for the latest iteration (its forward and backward so far)
-    step_bytes_paged: int = 0
-    step_bytes_recomputed: int = 0
-    step_recompute_flops: int = 0
-
-
-class Pager(Protocol):
-    """Where saved tensors live. Handles are opaque to the scheduler."""
-
-    def accepts(self, tensor: Any) -> bool: ...
-    def pack(self, tensor: Any) -> tuple[Any, int]: ...          # -> (handle, bytes)
-    def offload(self, handle: Any) -> int | None: ...           # -> bytes of it now away (None: all)
-    def prefetch(self, handle: Any) -> None: ...
-    def is_resident(self, handle: Any) -> bool: ...
-    def unpack(self, handle: Any) -> Any: ...                   # waits; -> tensor (not evictable)
-    def release(self, handle: Any) -> None: ...                 # evictable again (after a borrow)
-    def value_changed(self, handle: Any, version: int) -> bool: ...  # written in place since it was packed
-    # Optional: unmap the device pages offloaded tensors still hold; -> bytes released.
-    def release_offloaded(self, wait: bool = False) -> int: ...
-
-
-def _storage_span(tensor: Any) -> int:
-    """Elements from a tensor's first to its last in storage (strides are never negative)."""
-    if tensor.numel() == 0:
-        return 0
-    return 1 + sum((n - 1) * st for n, st in zip(tensor.shape, tensor.stride()))
-
-
-class HostPager:
-    """Saved CPU tensors copied into a host-backend :class:`AddressSpace` and paged there."""
-
-    def __init__(self, space: Any, min_bytes: int = DEFAULT_MIN_BYTES) -> None:
-        if space.backend != "host":
-            raise InvalidArgumentError("HostPager needs a host-backend AddressSpace (CPU tensors)")
-        self.space = space
-        self.min_bytes = min_bytes
-
-    def accepts(self, tensor: Any) -> bool:
-        return tensor.device.type == "cpu" and tensor.numel() * tensor.element_size() >= self.min_bytes
-
-    def pack(self, tensor: Any) -> tuple[Any, int]:
-        src = tensor.detach()
-        span = _storage_span(src)
-        if span < src.numel():
-            # Expanded or overlapping (a stride of 0): copy the elements its storage holds, not
-            # its logical size (4 KiB broadcast to 256 MiB stays 4 KiB), and view them the same way.
-            flat = self.space.tensor((span,), src.dtype)
-            flat.copy_(src.as_strided((span,), (1,), src.storage_offset()))
-            copy = flat.as_strided(tuple(src.shape), tuple(src.stride()), 0)
-        else:
-            copy = self.space.tensor(tuple(src.shape), src.dtype)
-            copy.copy_(src)
-        address = copy.untyped_storage().data_ptr()
-        self.space.set_evictable(address)
-        return (copy, address), min(span, src.numel()) * copy.element_size()
-
-    def offload(self, handle: Any) -> int:
-        return self.space.offload(handle[1])
-
-    def prefetch(self, handle: Any) -> None:
-        self.space.prefetch(handle[1])
-
-    def is_resident(self, handle: Any) -> bool:
-        return self.space.residency(handle[1]) == "resident"
-
-    def release_offloaded(self, wait: bool = False) -> int:
-        return self.space.release_offloaded(wait)
-
-    def unpack(self, handle: Any) -> Any:
-        # Resident, and not evictable any more: autograd holds the value now, and neither pressure
-        # nor the offload of a neighbour sharing a page with it may move it.
-        self.space.set_evictable(handle[1], False)
-        return handle[0]
-
-    def release(self, handle: Any) -> None:
-        self.space.set_evictable(handle[1])
-
-    def value_changed(self, handle: Any, version: int) -> bool:
-        return False  # the value is our copy: later in-place changes of the original do not reach it
-
-
-class DevicePager:
-    """Saved CUDA tensors paged in place in the spaces serving torch's allocator (``enable()``).
-
-    Only in the "mapped" eviction mode: forward code may still hold a saved tensor (a
-    residual connection, say) after it was offloaded, and in mapped mode such a read goes to
-    the host copy, where in "copy" mode the unmapped address would fault the CUDA context.
-    """
-
-    def __init__(self, min_bytes: int = DEFAULT_MIN_BYTES) -> None:
-        if _torch_mode.state.mode != _torch_mode.GLOBAL:
-            raise InvalidArgumentError(
-                "paged_activations() without a space pages torch's own CUDA tensors: call "
-                "vtalloc.allocator.torch.enable() first (MemPool allocations are sub-allocated by torch and "
-                "cannot be paged per tensor), or pass a host-backend AddressSpace for CPU training"
-            )
-        self._shim = _torch_shim
-        self.min_bytes = min_bytes
-        self._checked: set[int] = set()
-
-    def _check_mode(self, device: int) -> None:
-        if device in self._checked:
-            return
-        mode = self._shim.device_stats(device).evict_mode
-        if mode != "mapped":
-            raise _torch_mode.UnsupportedError(
-                f"paging torch's CUDA activations in place needs evict_mode 'mapped' (host-located pages, "
-                f"CUDA >= 12.2); device {device} runs '{mode}', where a tensor still read by the forward pass "
-                "after being offloaded would fault. Use enable(evict_mode='mapped') on a driver that supports it"
-            )
-        self._checked.add(device)
-
-    def accepts(self, tensor: Any) -> bool:
-        return tensor.device.type == "cuda" and tensor.numel() * tensor.element_size() >= self.min_bytes
-
-    def pack(self, tensor: Any) -> tuple[Any, int]:
-        device = tensor.device.index or 0
-        self._check_mode(device)
-        storage = tensor.untyped_storage()
-        address = storage.data_ptr()
-        self._shim.residency_op(device, self._shim.OP_SET_EVICTABLE, address)
-        return (tensor, address, device), storage.nbytes()
-
-    def _stream(self, device: int) -> int:
-        import torch
-
-        return torch.cuda.current_stream(device).cuda_stream
-
-    def offload(self, handle: Any) -> int:
-        return self._shim.offload_bytes(handle[2], handle[1])
-
-    def prefetch(self, handle: Any) -> None:
-        self._shim.residency_op(handle[2], self._shim.OP_PREFETCH, handle[1], self._stream(handle[2]))
-
-    def is_resident(self, handle: Any) -> bool:
-        return self._shim.residency_op(handle[2], self._shim.OP_RESIDENCY, handle[1]) == "resident"
-
-    def release_offloaded(self, wait: bool = False) -> int:
-        return self._shim.release_offloaded(wait=wait)
-
-    def unpack(self, handle: Any) -> Any:
-        self._shim.residency_op(handle[2], self._shim.OP_ENSURE_RESIDENT, handle[1], self._stream(handle[2]))
-        # Not evictable any more: autograd holds the value now, and neither pressure nor the
-        # offload of a neighbour sharing a page with it may move it.
-        self._shim.residency_op(handle[2], self._shim.OP_CLEAR_EVICTABLE, handle[1])
-        return handle[0]
-
-    def release(self, handle: Any) -> None:
-        self._shim.residency_op(handle[2], self._shim.OP_SET_EVICTABLE, handle[1])
-
-    def value_changed(self, handle: Any, version: int) -> bool:
-        return handle[0]._version != version  # paged in place: the value is the tensor itself
-
-
-def _GONE() -> None:
-    """Stands in the pack order for a tensor the pager had no room for (a dead weak reference)."""
-    return None
-
-
-class _Saved:
-    """What autograd stores for one packed tensor."""
-
-    __slots__ = ("handle", "nbytes", "index", "iteration", "state", "kept", "kind", "version", "value", "__weakref__")
-
-    def __init__(self, handle: Any, nbytes: int, index: int, iteration: int, kind: str = "page",
-                 version: int = 0) -> None:
-        self.handle = handle        # page: the pager's; keep: the tensor; recompute: its Recipe
-        self.kind = kind            # page | keep | recompute
-        self.version = version      # the tensor's _version when packed
-        self.value: Any = None      # recompute: weak reference to the value last recomputed (a second unpack)
-        self.nbytes = nbytes
-        self.index = index          # position in its iteration's pack order
-        self.iteration = iteration
-        self.state = "resident"     # resident | offloaded | prefetched | consumed
-        self.kept = 0               # offloaded: its bytes still resident (pages shared with a pinned tensor)
 
 
 class PagedActivations:
@@ -310,19 +95,17 @@ class PagedActivations:
         self._counts = dict(iterations=0, scheduled_iterations=0, fallback_iterations=0, packed=0, packed_bytes=0,
                             passed_through=0, passed_through_no_room=0, offloads=0, releases=0, release_waits=0,
                             prefetches=0, on_demand=0, shared=0, kept_bytes=0, bytes_paged=0, bytes_recomputed=0,
-                            recompute_flops=0, recompute_fallbacks=0)
-        self._step = dict.fromkeys(("kept_bytes", "bytes_paged", "bytes_recomputed", "recompute_flops"), 0)
+                            recompute_flops=0, recompute_fallbacks=0, verify_flops=0, recompute_diverged=0)
+        self._step = dict.fromkeys(("kept_bytes", "bytes_paged", "bytes_recomputed", "recompute_flops",
+                                    "verify_flops"), 0)
         self._wait_s = 0.0
         self.recompute = recompute
         self.cost_model = cost_model
-        self._recorder: Any = None                        # the dispatch mode (recompute="auto")
+        self._replay = Replay(self)                       # the recompute side: recorder, templates, verification
         self._rec_cands: list[Candidate] = []             # the recording iteration's packs, for the planner
-        self._rec_sigs: dict[int, tuple] = {}             # pack index -> verified recipe signature
         self._plan: Plan | None = None
         self._measuring = False
-        self._recorder_flops = 0                          # FLOPs of the recorded forward (FlopCounterMode's count)
         self.max_recompute_fraction = max_recompute_fraction
-        self._plan_sigs: dict[int, tuple] = {}
 
     # -- context ---------------------------------------------------------------------------
     def __enter__(self) -> "PagedActivations":
@@ -340,28 +123,17 @@ class PagedActivations:
                 self._counts["scheduled_iterations"] += 1
             self._unpack_pos = 0
             self._resident_bytes = 0
-            self._rec_cands, self._rec_sigs = [], {}
+            self._rec_cands = []
             self._measuring = self._plan is None  # no plan to follow: note what the planner needs
             self._step = dict.fromkeys(self._step, 0)
         self._hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack)
         self._hooks.__enter__()
-        if self.recompute == "auto":
-            from .activation_recompute import Recorder
-
-            self._recorder = Recorder()
-            self._recorder.measure = self._measuring  # FLOPs and bytes: only where a plan is made
-            self._recorder.__enter__()
+        # The recorder (a Python call per operation) runs only where a plan is made.
+        self._replay.start(record=self._measuring and self.recompute == "auto")
         return self
 
     def __exit__(self, *exc: Any) -> None:
-        if self._recorder is not None:
-            self._recorder.__exit__(*exc)
-            if self._recorder.measure:
-                # The cap's base: the forward's FLOPs as torch's flop counter counts them. The
-                # elementwise operations it counts as 0 (one per element in the recorder) would
-                # raise the cap above 5% of that (a Llama decoder recomputed 5.5%).
-                self._recorder_flops = self._recorder.formula_flops
-            self._recorder = None
+        self._replay.stop(*exc)
         self._hooks.__exit__(*exc)
         self._hooks = None
         with self._lock:
@@ -382,10 +154,11 @@ class PagedActivations:
             return self._plan
 
     def _make_plan(self) -> Plan:
-        forward = self._recorder_flops
+        forward = self._replay.forward_flops
         return plan_activations(self._rec_cands, self.budget, self.cost_model,
                                 allow_recompute=self.recompute == "auto",
-                                max_recompute_flops=int(forward * self.max_recompute_fraction))
+                                max_recompute_flops=int(forward * self.max_recompute_fraction),
+                                verify_at_pack=True)
 
     def _count(self, key: str, n: int) -> None:
         self._counts[key] += n
@@ -401,7 +174,7 @@ class PagedActivations:
             self._schedule_unpacks = list(self._rec_unpacks)
         if self._measuring and len(self._rec_cands) == len(self._rec_packs):
             self._plan = self._make_plan()
-            self._plan_sigs = dict(self._rec_sigs)
+            self._replay.adopt(r.index for r in self._plan.rows if r.decision == RECOMPUTE)
 
     def _fall_back(self) -> None:
         if self._following:
@@ -416,6 +189,10 @@ class PagedActivations:
         return base.is_leaf and base.requires_grad  # a parameter, or a view of one (Linear saves weight.t())
 
     def _pack(self, tensor: Any) -> Any:
+        with self._replay.packing():  # every call is an RNG capture point, passed through or not
+            return self._pack_one(tensor)
+
+    def _pack_one(self, tensor: Any) -> Any:
         if self._is_parameter(tensor) or not self.pager.accepts(tensor):
             with self._lock:
                 self._counts["passed_through"] += 1
@@ -438,11 +215,13 @@ class PagedActivations:
             decision = self._plan.decision(index) if (self._plan is not None and self._following) else PAGE
         recipe = None
         if decision == RECOMPUTE:
-            recipe = self._recipe(tensor)
-            if recipe is None or recipe.signature != self._plan_sigs.get(index):
-                recipe, decision = None, PAGE
+            # Bound to this iteration's records and run now: used only if it reproduces the tensor.
+            recipe, why = self._replay.bind(tensor, index)
+            if recipe is None:
+                decision = PAGE
                 with self._lock:
                     self._counts["recompute_fallbacks"] += 1
+                    self._counts["recompute_diverged"] += why == "diverged"
         if decision == KEEP:
             saved = _Saved(tensor, nbytes, index, self._iteration, kind=KEEP, version=tensor._version)
         elif decision == RECOMPUTE:
@@ -464,14 +243,10 @@ class PagedActivations:
                         self._rec_cands.append(Candidate(index, 0, "no room"))
                 return tensor
             saved = _Saved(handle, nbytes, index, self._iteration, version=tensor._version)
-        with contextlib.suppress(AttributeError, RuntimeError):
+        try:
             setattr(tensor, ATTR_SAVED, weakref.ref(saved))
-        if self._recorder is not None:
-            from .activation_recompute import node_of
-
-            node = node_of(tensor)
-            if node is not None:
-                node.saved = weakref.ref(saved)  # a later recompute may read this value from the record
+        except (AttributeError, RuntimeError):
+            pass
         with self._lock:
             self._saved.append(weakref.ref(saved))
             self._record_pack(index, signature)
@@ -483,7 +258,10 @@ class PagedActivations:
             if decision == PAGE:
                 self._candidates.append(self._saved[-1])
         if self._measuring:
-            self._note_candidate(tensor, saved)  # before evict-behind: its sources are likely still resident
+            # Before evict-behind: its sources are likely still resident.
+            cand = self._replay.note(tensor, saved)
+            with self._lock:
+                self._rec_cands.append(cand)
         if decision in (PAGE, KEEP):
             # A kept tensor counts against the budget too: the plan keeps the newest, packed after
             # the last paged one, so its pack must push paged ones out (it is no candidate itself).
@@ -491,78 +269,12 @@ class PagedActivations:
                 self._evict_behind(spare_newest=decision == PAGE)
         return saved
 
-    # -- recompute --------------------------------------------------------------------------
-    def _record_of(self, node: Any) -> Any:
-        s = node.saved() if node.saved is not None else None
-        return s if s is not None and s.iteration == self._iteration and s.version == node.version else None
-
-    def _recipe(self, tensor: Any) -> Any:
-        if self.recompute != "auto":
-            return None
-        from .activation_recompute import compile_recipe, node_of
-
-        node = node_of(tensor)
-        recipe = compile_recipe(tensor, self._record_of) if node is not None else None
-        return recipe
-
-    def _note_candidate(self, tensor: Any, saved: _Saved) -> None:
-        """Recorded iteration: the planner's view of this pack, with its recompute verified bit-exact now."""
-        recipe = None
-        node = None
-        if self.recompute == "auto":
-            from .activation_recompute import bitwise_equal, node_of as _node_of
-
-            node = _node_of(tensor)
-            recipe = self._recipe(tensor)
-            if recipe is not None:
-                try:
-                    ok = bitwise_equal(self._run(recipe, count=False), tensor)
-                except Exception:  # noqa: BLE001 - whatever fails to recompute is simply not planned
-                    ok = False
-                if not ok:
-                    recipe = None
-        op = recipe.op if recipe is not None else (getattr(getattr(node, "func", None), "__name__", "") if node else "")
+    # -- records ----------------------------------------------------------------------------
+    def _record_at(self, index: int) -> Any:
+        """This iteration's record at pack ``index``, if it still holds its value."""
         with self._lock:
-            if recipe is not None:
-                self._rec_sigs[saved.index] = recipe.signature
-            self._rec_cands.append(Candidate(
-                saved.index, saved.nbytes, op, recomputable=recipe is not None,
-                flops=recipe.flops if recipe else 0, touched=recipe.touched if recipe else 0,
-                ops=recipe.ops if recipe else 1, sources=tuple(r.index for r in recipe.sources()) if recipe else ()))
-
-    def _run(self, recipe: Any, count: bool = True) -> Any:
-        """Run a recipe, borrowing its saved sources (resident and not evictable while read)."""
-        borrowed: list[_Saved] = []
-
-        def value_of(src: _Saved) -> Any:
-            if src.kind == RECOMPUTE:
-                v = src.value() if src.value is not None else None
-                return v if v is not None else self._run(src.handle, count)
-            if src.kind == KEEP:
-                if src.handle._version != src.version:
-                    raise SourceChangedError("a saved tensor a recompute reads was changed in place after it was saved")
-                return src.handle
-            if self.pager.value_changed(src.handle, src.version):
-                raise SourceChangedError("a saved tensor a recompute reads was changed in place after it was saved")
-            with self._lock:
-                back = self._came_back(src)
-            value = self.pager.unpack(src.handle)
-            if src.state != "consumed":
-                borrowed.append(src)
-                with self._lock:
-                    self._count("bytes_paged", back)
-            return value
-
-        try:
-            value = recipe.run(value_of)
-        finally:
-            for src in borrowed:
-                if src.state != "consumed":
-                    self.pager.release(src.handle)
-        if count:
-            with self._lock:
-                self._count("bytes_recomputed", value.numel() * value.element_size())
-        return value
+            s = self._saved[index]() if 0 <= index < len(self._saved) else None
+        return s if s is not None and s.iteration == self._iteration and s.state != "consumed" else None
 
     def _came_back(self, s: _Saved) -> int:
         """Bookkeeping of a paged record made resident now; -> bytes that crossed the link back."""
@@ -661,11 +373,8 @@ class PagedActivations:
         elif saved.kind == RECOMPUTE:
             tensor = saved.value() if saved.value is not None else None
             if tensor is None:  # a second unpack (a shared record) takes the value autograd still holds
-                tensor = self._run(saved.handle)
+                tensor = self._replay.run(saved.handle)  # counts the FLOPs it ran, sources' included
                 saved.value = weakref.ref(tensor)
-                with self._lock:
-                    row = self._plan.rows[saved.index] if self._plan and saved.index < len(self._plan.rows) else None
-                    self._count("recompute_flops", row.flops if row else 0)
         else:
             with self._lock:
                 on_demand = saved.state == "offloaded" and not self.pager.is_resident(saved.handle)

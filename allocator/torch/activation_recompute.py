@@ -1,177 +1,52 @@
-"""Recompute of saved activations: what made each tensor, and running it again bit-exact.
+"""Recompute of saved activations: a saved tensor's recipe, and running it again bit-exact.
 
-Owns: the dispatch mode (:class:`Recorder`) that notes, inside a ``paged_activations``
-context, the aten operation behind every tensor (function, arguments by identity, RNG state of
-random operations, and in the recorded iteration its FLOPs and bytes touched); the recipe
-(:class:`Recipe`) compiled for a saved tensor from that record, whose leaves are tensors that
-stay available (another saved tensor the pager holds, or a parameter); running a recipe; and
-the bitwise comparison that decides whether a recipe may be planned.
+Owns: the recipe (:class:`Recipe`) compiled for a saved tensor from the recorder's nodes
+(``activation_recorder``), whose leaves are tensors that stay available (another saved tensor
+the pager holds, or a parameter); the recipe's template (:class:`RecipeTemplate`: the same
+program with its leaves named by pack index, parameter and RNG capture point), which later
+iterations, run without the recorder, bind to their own saved tensors; running a recipe; the
+bitwise comparison that decides whether a recipe may be used; why a tensor has no recipe.
 
-A tensor's record is a :class:`Node` set as the attribute ``_vta_node`` of the tensor (torch
-keeps one Python object per tensor, so the attribute lives as long as the tensor); a node holds
-the nodes of its arguments, never their tensors (a weak reference for tensors made outside the
-context), so recording keeps no activation alive. A node is valid while the tensor's
-``_version`` is the one it recorded: an in-place change of the tensor, or of the base of a view,
-makes it stale, and a stale tensor is never recomputed.
+What is recomputed: any chain of operations from saved tensors and parameters, multi-output
+operations included (``native_layer_norm``'s output from its saved input, weight and bias;
+the outputs of the attention kernels), matmuls (``addmm``, ``mm``, ``bmm``) over views,
+transposes and reshapes, views of views. Views cost nothing and do not count toward the depth.
 
 What is never recomputed: operations with a mutable schema (in-place, ``out=``, batch norm's
 running statistics) unless they write a fresh value of the recipe's own (dropout's mask:
 ``empty_like`` then ``bernoulli_``); operations tagged ``nondeterministic_bitwise``;
-``empty*`` values not overwritten; anything whose inputs are not available; anything the
-recorded iteration did not verify bit-exact (the planner's ``recomputable`` flag).
+``empty*`` values not overwritten; anything reading a tensor the pager does not hold that is
+neither a parameter nor recomputable within the bounds (a model input, a buffer); random
+operations whose RNG state was not captured, or (in later iterations) that have no capture
+point; anything not verified bit-exact (in the recorded iteration, and in every later one at
+pack: see docs/activation-plan.md).
 Invariants: a recipe runs under no_grad with autocast off (the dispatch level already sees
 cast arguments) and restores the RNG state it changed; its result has the saved tensor's
-shape, strides, dtype and device, and shares no memory with its sources; a parameter that
-changed since it was read raises :class:`SourceChangedError`, never a wrong value.
+shape, strides, dtype and device, and shares no memory with its sources; it never writes in
+place into a value it does not own (checked again at run time); a parameter that changed
+since it was read raises :class:`SourceChangedError`, never a wrong value.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
-import weakref
 from typing import Any, Callable
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
+from torch.utils._python_dispatch import _disable_current_modes
 from torch.utils._pytree import tree_flatten, tree_map_only
 
 from ..activation_plan import MAX_CHAIN
 from ..errors import SourceChangedError
+from .activation_recorder import Node, Recorder, node_of, rng_as
 
-__all__ = ["Recorder", "Recipe", "Node", "bitwise_equal", "SourceChangedError"]
+__all__ = ["Recorder", "Recipe", "RecipeTemplate", "Node", "compile_recipe", "bitwise_equal", "SourceChangedError"]
 
-ATTR_NODE = "_vta_node"
 _OVERWRITE = {"bernoulli_", "uniform_", "normal_", "fill_", "zero_", "random_", "exponential_", "copy_"}
-MAX_STEPS = 4 * MAX_CHAIN  # operations one recipe may run
-
-
-class Node:
-    """What made one tensor (see the module docstring)."""
-
-    __slots__ = ("func", "args", "kwargs", "out", "version", "rng", "inplace", "view", "ext", "saved",
-                 "flops", "touched", "__weakref__")
-
-    def __init__(self, func: Any, args: Any, kwargs: Any, out: int | None, version: int, *, rng: Any = None,
-                 inplace: bool = False, view: bool = False, ext: Any = None) -> None:
-        self.func, self.args, self.kwargs, self.out, self.version = func, args, kwargs, out, version
-        self.rng, self.inplace, self.view, self.ext = rng, inplace, view, ext
-        self.saved: Any = None  # weakref to the pager's record of this value, once saved
-        self.flops = self.touched = 0
-
-
-def node_of(t: torch.Tensor) -> Node | None:
-    n = getattr(t, ATTR_NODE, None)
-    return n if n is not None and n.version == t._version else None
-
-
-def _external(t: torch.Tensor) -> Node:
-    """A tensor made outside the recorder's sight (an input, a parameter, a buffer)."""
-    n = node_of(t)
-    if n is None:
-        n = Node(None, (), {}, None, t._version, ext=weakref.ref(t))
-        setattr(t, ATTR_NODE, n)
-    return n
-
-
-def _rng_state(device: torch.device) -> Any:
-    if device.type == "cuda":
-        return ("cuda", device.index, torch.cuda.get_rng_state(device))
-    return ("cpu", None, torch.get_rng_state())
-
-
-@contextlib.contextmanager
-def _rng_as(state: Any):
-    kind, index, value = state
-    if kind == "cuda":
-        before = torch.cuda.get_rng_state(index)
-        torch.cuda.set_rng_state(value, index)
-        try:
-            yield
-        finally:
-            torch.cuda.set_rng_state(before, index)
-    else:
-        before = torch.get_rng_state()
-        torch.set_rng_state(value)
-        try:
-            yield
-        finally:
-            torch.set_rng_state(before)
-
-
-def _cost(func: Any, args: Any, kwargs: Any, out: Any) -> tuple[int, int, bool]:
-    """(FLOPs, bytes touched, whether torch has a FLOP formula for it) of one call: torch's
-    formula where it has one (what ``FlopCounterMode`` counts), else one per element."""
-    tensors = [a for a in tree_flatten((args, kwargs))[0] if isinstance(a, torch.Tensor)]
-    outs = [o for o in tree_flatten(out)[0] if isinstance(o, torch.Tensor)]
-    touched = sum(t.numel() * t.element_size() for t in tensors + outs)
-    try:
-        from torch.utils.flop_counter import flop_registry
-
-        f = flop_registry.get(func._overloadpacket)
-        if f is not None:
-            return int(f(*args, **kwargs, out_val=out)), touched, True
-    except Exception:  # noqa: BLE001 - a formula that does not fit this call: count per element
-        pass
-    return sum(o.numel() for o in outs), touched, False
-
-
-class Recorder(TorchDispatchMode):
-    """Notes the node of every tensor an operation returns or writes (``measure``: with its cost)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.measure = False
-        self.flops = 0  # measured: of every operation seen, one per element where torch has no formula
-        # measured: of the operations torch has a FLOP formula for (matmuls, convolutions,
-        # attention): the forward's FLOPs as FlopCounterMode counts them, what the cap is a share of
-        self.formula_flops = 0
-
-    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-        kwargs = kwargs or {}
-        schema = func._schema
-        first = next((a for a in tree_flatten((args, kwargs))[0] if isinstance(a, torch.Tensor)), None)
-        rng = None
-        if torch.Tag.nondeterministic_seeded in func.tags and first is not None:
-            rng = _rng_state(first.device)
-        a_nodes, k_nodes = tree_map_only(torch.Tensor, lambda t: node_of(t) or _external(t), (args, kwargs))
-        out = func(*args, **kwargs)
-        flops = touched = 0
-        if self.measure:
-            flops, touched, formula = _cost(func, args, kwargs, out)
-            self.flops += flops
-            self.formula_flops += flops if formula else 0
-        written = [i for i, a in enumerate(schema.arguments) if a.alias_info is not None and a.alias_info.is_write]
-        if written:
-            name = func._schema.name.split("::")[-1]
-            for i in written:
-                t = args[i] if i < len(args) else kwargs.get(schema.arguments[i].name)
-                if not isinstance(t, torch.Tensor):
-                    continue
-                # The version counter is bumped above this dispatch level, after this returns.
-                if i == 0 and name.endswith("_") and len(written) == 1:
-                    n = Node(func, a_nodes, k_nodes, None, t._version + 1, rng=rng, inplace=True)
-                    n.flops, n.touched = flops, touched
-                else:  # out= and the like: what it now holds is opaque
-                    n = Node(None, (), {}, None, t._version + 1, ext=weakref.ref(t))
-                setattr(t, ATTR_NODE, n)
-            return out
-        if func is torch.ops.aten.empty_like.default and isinstance(out, torch.Tensor):
-            # Only the input's layout matters (dropout's mask starts so): no data dependency.
-            n = Node(torch.ops.aten.empty_strided.default, (tuple(out.shape), tuple(out.stride())),
-                     {"dtype": out.dtype, "device": out.device}, None, out._version)
-            setattr(out, ATTR_NODE, n)
-            return out
-        outs = out if isinstance(out, (tuple, list)) else (out,)
-        for i, o in enumerate(outs):
-            if not isinstance(o, torch.Tensor):
-                continue
-            ret = schema.returns[i] if i < len(schema.returns) else None
-            view = ret is not None and ret.alias_info is not None
-            n = Node(func, a_nodes, k_nodes, i if isinstance(out, (tuple, list)) else None, o._version, rng=rng, view=view)
-            n.flops, n.touched = flops, touched
-            setattr(o, ATTR_NODE, n)
-        return out
+MAX_STEPS = 4 * MAX_CHAIN  # operations that compute (views aside) one recipe may run
+MAX_DEPTH = 2 * MAX_CHAIN  # operations that compute (views aside), nested, from the tensor to a leaf
+MAX_ENTRIES = 96           # program entries in all, views and leaves included
 
 
 class _Slot:
@@ -181,12 +56,21 @@ class _Slot:
         self.i = i
 
 
+def _name(func: Any) -> str:
+    return func._schema.name.split("::")[-1]
+
+
+def _is_param(t: Any) -> bool:
+    base = t._base if t._base is not None else t
+    return bool(base.is_leaf and base.requires_grad)
+
+
 @dataclasses.dataclass
 class Recipe:
     """A saved tensor's value as a short program over leaves that stay available."""
 
-    prog: list            # ("saved", record) | ("param", weakref, version) | ("op", func, args, kwargs, out, rng):
-    #                       op arguments name earlier entries as _Slot(i)
+    prog: list            # ("saved", record) | ("param", weakref, version) |
+    #                       ("op", func, args, kwargs, out, rng, rng_point): op arguments name earlier entries as _Slot(i)
     meta: tuple           # (shape, stride, dtype, device)
     signature: tuple      # operations and leaves, to check a later iteration repeats the verified recipe
     flops: int
@@ -195,10 +79,29 @@ class Recipe:
 
     @property
     def op(self) -> str:
-        return self.prog[-1][1].__name__
+        return _name(self.prog[-1][1])
 
     def sources(self) -> list:
         return [e[1] for e in self.prog if e[0] == "saved"]
+
+    def template(self, why: list[str] | None = None) -> "RecipeTemplate | None":
+        """The program with its leaves named so a later iteration can bind its own; None (and the
+        reason in ``why``) if a random operation in it has no capture point."""
+        prog: list = []
+        for e in self.prog:
+            if e[0] == "saved":
+                prog.append(("saved", e[1].index))
+            elif e[0] == "param":
+                prog.append(("param", e[1]))
+            else:
+                _, func, args, kwargs, out, rng, point = e
+                if rng is not None and point is None:
+                    if why is not None and not why:
+                        why.append(f"random {_name(func)} with no capture point (another random operation "
+                                   "ran since the last saved tensor)")
+                    return None
+                prog.append(("op", func, args, kwargs, out, None if rng is None else (point, rng[0], rng[1])))
+        return RecipeTemplate(tuple(prog), self.meta, self.signature, self.flops, self.touched, self.ops)
 
     def run(self, value_of: Callable[[Any], torch.Tensor]) -> torch.Tensor:
         """The value again. ``value_of(record)`` gives a saved leaf's value, readable during the call."""
@@ -215,9 +118,12 @@ class Recipe:
                             "a parameter this saved activation is recomputed from changed in place (or was freed) "
                             "between forward and backward; autograd would refuse it too")
                 else:
-                    _, func, args, kwargs, out, rng = e
+                    _, func, args, kwargs, out, rng, _point = e
                     a, k = tree_map_only(_Slot, lambda s: vals[s.i], (args, kwargs))
-                    with (_rng_as(rng) if rng is not None else contextlib.nullcontext()):
+                    if func._schema.is_mutable and a and isinstance(a[0], torch.Tensor) and a[0].numel() \
+                            and a[0].untyped_storage().data_ptr() in leaf_storage:
+                        raise SourceChangedError("a recipe would write in place into a value it does not own")
+                    with (rng_as(rng) if rng is not None else contextlib.nullcontext()):
                         r = func(*a, **k)
                     vals.append(r[out] if out is not None else r)
                     continue
@@ -229,6 +135,49 @@ class Recipe:
             if res.numel() and (res.untyped_storage().data_ptr() in leaf_storage or tuple(res.stride()) != stride):
                 res = _copy_strided(res, shape, stride)
         return res
+
+
+@dataclasses.dataclass(frozen=True)
+class RecipeTemplate:
+    """A verified recipe with its leaves named, not held: ("saved", pack index) | ("param",
+    weakref) | ("op", func, args, kwargs, out, (capture point, generator kind, index) or None)."""
+
+    prog: tuple
+    meta: tuple
+    signature: tuple
+    flops: int
+    touched: int
+    ops: int
+
+    def points(self) -> set[tuple]:
+        """The RNG capture points its random operations start from: (point, kind, index)."""
+        return {e[5] for e in self.prog if e[0] == "op" and e[5] is not None}
+
+    def bind(self, record_at: Callable[[int], Any], rng_at: Callable[[tuple], Any]) -> tuple[Recipe | None, str]:
+        """This iteration's recipe: its records at the pack indices, the parameters' versions now,
+        the RNG states captured at the points. (None, why) if one is missing. The result must
+        still be verified against the tensor (a later iteration may compute it otherwise)."""
+        prog: list = []
+        for e in self.prog:
+            if e[0] == "saved":
+                rec = record_at(e[1])
+                if rec is None:
+                    return None, f"saved tensor #{e[1]} it reads is not held this iteration"
+                prog.append(("saved", rec))
+            elif e[0] == "param":
+                p = e[1]()
+                if p is None:
+                    return None, "a parameter it reads was freed"
+                prog.append(("param", e[1], p._version))
+            else:
+                _, func, args, kwargs, out, point = e
+                rng = None
+                if point is not None:
+                    rng = rng_at(point)
+                    if rng is None:
+                        return None, "no RNG state captured at its point"
+                prog.append(("op", func, args, kwargs, out, rng, None if point is None else point[0]))
+        return Recipe(prog, self.meta, self.signature, self.flops, self.touched, self.ops), ""
 
 
 def _no_autocast() -> Any:
@@ -252,16 +201,32 @@ def _copy_strided(src: torch.Tensor, shape: tuple, stride: tuple) -> torch.Tenso
     raise SourceChangedError("a recomputed value cannot take the saved tensor's strides")  # verify refuses it
 
 
-def _name(func: Any) -> str:
-    return func._schema.name.split("::")[-1]
+def compile_recipe(t: torch.Tensor, record_of: Callable[[Node], Any], why: list[str] | None = None) -> Recipe | None:
+    """The recipe of ``t``'s value from available leaves, or None (the first reason found is
+    appended to ``why``). ``record_of(node)`` gives the pager's record holding that node's value
+    (or None)."""
+    reasons: list[str] = []
 
-
-def compile_recipe(t: torch.Tensor, record_of: Callable[[Node], Any]) -> Recipe | None:
-    """The recipe of ``t``'s value from available leaves, or None. ``record_of(node)`` gives the
-    pager's record holding that node's value (or None)."""
-    node = node_of(t)
-    if node is None or node.func is None:
+    def fail(reason: str) -> Any:  # -> None, so that `return fail(...)` gives up with a reason
+        if not reasons:
+            reasons.append(reason)
         return None
+
+    try:
+        recipe = _compile(t, record_of, fail)
+    finally:
+        if why is not None and reasons:
+            why.append(reasons[0])
+    return recipe
+
+
+def _compile(t: torch.Tensor, record_of: Callable[[Node], Any], fail: Callable[[str], Any]) -> Recipe | None:
+    node = node_of(t)
+    if node is None:
+        return fail("not made under the recorder (or changed in place since)")
+    if node.func is None:
+        return fail("made outside the recorded forward (an input or a buffer)" if node.ext is not None
+                    else "written by an out= operation")
     prog: list = []
     sig: list = []
     memo: dict[int, tuple[int, bool]] = {}  # id(node) -> (slot, the value is the recipe's own)
@@ -274,9 +239,8 @@ def compile_recipe(t: torch.Tensor, record_of: Callable[[Node], Any]) -> Recipe 
             sig.append(("saved", rec.index))
             return len(prog) - 1, False
         if n.func is None:
-            p = n.ext()
-            base = None if p is None else (p._base if p._base is not None else p)
-            if base is not None and base.is_leaf and base.requires_grad:
+            p = n.ext() if n.ext is not None else None
+            if p is not None and _is_param(p):
                 prog.append(("param", n.ext, n.version))
                 sig.append(("param", tuple(p.shape)))
                 return len(prog) - 1, False
@@ -293,33 +257,45 @@ def compile_recipe(t: torch.Tensor, record_of: Callable[[Node], Any]) -> Recipe 
         return got
 
     def step(n: Node, depth: int) -> tuple[int, bool] | None:
-        if n.func is None or depth > MAX_CHAIN or cost[2] >= MAX_STEPS:
-            return None
+        if n.func is None:
+            return fail("reads a tensor made outside the recorded forward that is neither saved nor a "
+                        "parameter (a model input, a buffer)" if n.ext is not None
+                        else "reads a tensor an out= operation wrote")
+        if len(prog) >= MAX_ENTRIES:
+            return fail(f"more than {MAX_ENTRIES} entries")
+        if not n.view:
+            if depth >= MAX_DEPTH:
+                return fail(f"reaches a leaf only through more than {MAX_DEPTH} nested operations")
+            if cost[2] >= MAX_STEPS:
+                return fail(f"more than {MAX_STEPS} operations")
         tags = n.func.tags
-        if torch.Tag.nondeterministic_bitwise in tags or (n.func._schema.is_mutable and not n.inplace):
-            return None
+        if torch.Tag.nondeterministic_bitwise in tags:
+            return fail(f"{_name(n.func)} is not bitwise deterministic")
+        if n.func._schema.is_mutable and not n.inplace:
+            return fail(f"{_name(n.func)} mutates its arguments")
         if torch.Tag.nondeterministic_seeded in tags and n.rng is None:
-            return None
+            return fail(f"random {_name(n.func)} with no RNG state")
         got_args: list = []
+        below = depth if n.view else depth + 1
 
         def arg(x: Node) -> Any:
-            got = visit(x, depth + 1, False)
+            got = visit(x, below, False)
             got_args.append(got)
             return None if got is None else _Slot(got[0])
 
         a, k = tree_map_only(Node, arg, (n.args, n.kwargs))
         if any(g is None for g in got_args):
-            return None
+            return None  # the reason was given where it failed
         if n.inplace:
             # Writes in place: only into a value of the recipe's own, and an uninitialised one
             # only by an operation that overwrites all of it.
             if not (got_args and got_args[0][1]):
-                return None
-        prog.append(("op", n.func, a, k, n.out, n.rng))
+                return fail(f"{_name(n.func)} writes in place into a value the recipe does not own")
+        prog.append(("op", n.func, a, k, n.out, n.rng, n.rng_point))
         sig.append((_name(n.func), n.out))
         cost[0] += n.flops
         cost[1] += n.touched
-        cost[2] += 1
+        cost[2] += 0 if n.view else 1
         own = (got_args[0][1] if got_args else True) if n.view else True
         return len(prog) - 1, own
 
@@ -331,24 +307,24 @@ def compile_recipe(t: torch.Tensor, record_of: Callable[[Node], Any]) -> Recipe 
         visit = step = leaf = None  # type: ignore[assignment]  # noqa: F841
     if top is None:
         return None
-    names = [_name(e[1]) for e in prog if e[0] == "op"]
+    ops = [e for e in prog if e[0] == "op"]
     # An uninitialised value is used only as the target of an in-place overwrite.
     for i, e in enumerate(prog):
         if e[0] == "op" and _name(e[1]).startswith(("empty", "new_empty")):
             readers = [r for r in prog[i + 1:] if r[0] == "op" and any(isinstance(x, _Slot) and x.i == i
                                                                        for x in tree_flatten((r[2], r[3]))[0])]
             if not readers or any(_name(r[1]) not in _OVERWRITE for r in readers):
-                return None
-    if not names:
-        return None
+                return fail("reads an uninitialised value")
+    if not ops:
+        return fail("no operation to run")
     # An in-place step's target is read by nothing else (its old value is gone once it ran).
-    for e in prog:
-        if e[0] == "op" and e[1]._schema.is_mutable:
+    for e in ops:
+        if e[1]._schema.is_mutable:
             target = e[2][0]
-            others = [r for r in prog if r is not e and r[0] == "op"
+            others = [r for r in ops if r is not e
                       and any(isinstance(x, _Slot) and x.i == target.i for x in tree_flatten((r[2], r[3]))[0])]
             if others:
-                return None
+                return fail(f"{_name(e[1])}'s target is read by another operation of the recipe")
     return Recipe(prog, (tuple(t.shape), tuple(t.stride()), t.dtype, t.device), tuple(sig), cost[0], cost[1], cost[2])
 
 

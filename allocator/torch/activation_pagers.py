@@ -1,0 +1,178 @@
+"""Pagers: where the saved tensors ``paged_activations`` pages live, and how they move.
+
+Owns: the :class:`Pager` interface the scheduler (``activation_paging``) drives with opaque
+handles, and its two implementations. :class:`HostPager` (CPU training over a host-backend
+space: a saved CPU tensor is copied into the space on pack, as ``save_on_cpu`` copies to host;
+an expanded tensor, a stride of 0, is copied at the size of its storage) and
+:class:`DevicePager` (CUDA training with vtalloc as torch's allocator, ``enable(evict_mode=
+"mapped")``: the saved tensor's own allocation is paged in place: no copy, no new tensor, same
+address).
+Invariants: ``unpack`` returns the bytes ``pack`` was given and leaves them not evictable
+(autograd holds the value; neither pressure nor the offload of a neighbour sharing a page may
+move it) until ``release``; a pager never holds a tensor alive beyond its handle.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+from . import process_mode as _torch_mode, shim as _torch_shim
+from ..errors import InvalidArgumentError
+
+__all__ = ["Pager", "HostPager", "DevicePager", "DEFAULT_MIN_BYTES"]
+
+DEFAULT_MIN_BYTES = 1024  # smaller saved tensors are left as they are: paging them costs more than it saves
+
+
+class Pager(Protocol):
+    """Where saved tensors live. Handles are opaque to the scheduler."""
+
+    def accepts(self, tensor: Any) -> bool: ...
+    def pack(self, tensor: Any) -> tuple[Any, int]: ...          # -> (handle, bytes)
+    def offload(self, handle: Any) -> int | None: ...           # -> bytes of it now away (None: all)
+    def prefetch(self, handle: Any) -> None: ...
+    def is_resident(self, handle: Any) -> bool: ...
+    def unpack(self, handle: Any) -> Any: ...                   # waits; -> tensor (not evictable)
+    def release(self, handle: Any) -> None: ...                 # evictable again (after a borrow)
+    def value_changed(self, handle: Any, version: int) -> bool: ...  # written in place since it was packed
+    # Optional: unmap the device pages offloaded tensors still hold; -> bytes released.
+    def release_offloaded(self, wait: bool = False) -> int: ...
+
+
+def _storage_span(tensor: Any) -> int:
+    """Elements from a tensor's first to its last in storage (strides are never negative)."""
+    if tensor.numel() == 0:
+        return 0
+    return 1 + sum((n - 1) * st for n, st in zip(tensor.shape, tensor.stride()))
+
+
+class HostPager:
+    """Saved CPU tensors copied into a host-backend :class:`AddressSpace` and paged there."""
+
+    def __init__(self, space: Any, min_bytes: int = DEFAULT_MIN_BYTES) -> None:
+        if space.backend != "host":
+            raise InvalidArgumentError("HostPager needs a host-backend AddressSpace (CPU tensors)")
+        self.space = space
+        self.min_bytes = min_bytes
+
+    def accepts(self, tensor: Any) -> bool:
+        return tensor.device.type == "cpu" and tensor.numel() * tensor.element_size() >= self.min_bytes
+
+    def pack(self, tensor: Any) -> tuple[Any, int]:
+        src = tensor.detach()
+        span = _storage_span(src)
+        if span < src.numel():
+            # Expanded or overlapping (a stride of 0): copy the elements its storage holds, not
+            # its logical size (4 KiB broadcast to 256 MiB stays 4 KiB), and view them the same way.
+            flat = self.space.tensor((span,), src.dtype)
+            flat.copy_(src.as_strided((span,), (1,), src.storage_offset()))
+            copy = flat.as_strided(tuple(src.shape), tuple(src.stride()), 0)
+        elif span == src.numel() and not src.is_contiguous():
+            # Dense but permuted (attention's output, a transpose): the same strides, so what
+            # unpack returns is laid out as what was saved (a recipe may view it as the forward did).
+            flat = self.space.tensor((span,), src.dtype)
+            copy = flat.as_strided(tuple(src.shape), tuple(src.stride()), 0)
+            copy.copy_(src)
+        else:
+            copy = self.space.tensor(tuple(src.shape), src.dtype)
+            copy.copy_(src)
+        address = copy.untyped_storage().data_ptr()
+        self.space.set_evictable(address)
+        return (copy, address), min(span, src.numel()) * copy.element_size()
+
+    def offload(self, handle: Any) -> int:
+        return self.space.offload(handle[1])
+
+    def prefetch(self, handle: Any) -> None:
+        self.space.prefetch(handle[1])
+
+    def is_resident(self, handle: Any) -> bool:
+        return self.space.residency(handle[1]) == "resident"
+
+    def release_offloaded(self, wait: bool = False) -> int:
+        return self.space.release_offloaded(wait)
+
+    def unpack(self, handle: Any) -> Any:
+        # Resident, and not evictable any more: autograd holds the value now, and neither pressure
+        # nor the offload of a neighbour sharing a page with it may move it.
+        self.space.set_evictable(handle[1], False)
+        return handle[0]
+
+    def release(self, handle: Any) -> None:
+        self.space.set_evictable(handle[1])
+
+    def value_changed(self, handle: Any, version: int) -> bool:
+        return False  # the value is our copy: later in-place changes of the original do not reach it
+
+
+class DevicePager:
+    """Saved CUDA tensors paged in place in the spaces serving torch's allocator (``enable()``).
+
+    Only in the "mapped" eviction mode: forward code may still hold a saved tensor (a
+    residual connection, say) after it was offloaded, and in mapped mode such a read goes to
+    the host copy, where in "copy" mode the unmapped address would fault the CUDA context.
+    """
+
+    def __init__(self, min_bytes: int = DEFAULT_MIN_BYTES) -> None:
+        if _torch_mode.state.mode != _torch_mode.GLOBAL:
+            raise InvalidArgumentError(
+                "paged_activations() without a space pages torch's own CUDA tensors: call "
+                "vtalloc.allocator.torch.enable() first (MemPool allocations are sub-allocated by torch and "
+                "cannot be paged per tensor), or pass a host-backend AddressSpace for CPU training"
+            )
+        self._shim = _torch_shim
+        self.min_bytes = min_bytes
+        self._checked: set[int] = set()
+
+    def _check_mode(self, device: int) -> None:
+        if device in self._checked:
+            return
+        mode = self._shim.device_stats(device).evict_mode
+        if mode != "mapped":
+            raise _torch_mode.UnsupportedError(
+                f"paging torch's CUDA activations in place needs evict_mode 'mapped' (host-located pages, "
+                f"CUDA >= 12.2); device {device} runs '{mode}', where a tensor still read by the forward pass "
+                "after being offloaded would fault. Use enable(evict_mode='mapped') on a driver that supports it"
+            )
+        self._checked.add(device)
+
+    def accepts(self, tensor: Any) -> bool:
+        return tensor.device.type == "cuda" and tensor.numel() * tensor.element_size() >= self.min_bytes
+
+    def pack(self, tensor: Any) -> tuple[Any, int]:
+        device = tensor.device.index or 0
+        self._check_mode(device)
+        storage = tensor.untyped_storage()
+        address = storage.data_ptr()
+        self._shim.residency_op(device, self._shim.OP_SET_EVICTABLE, address)
+        return (tensor, address, device), storage.nbytes()
+
+    def _stream(self, device: int) -> int:
+        import torch
+
+        return torch.cuda.current_stream(device).cuda_stream
+
+    def offload(self, handle: Any) -> int:
+        return self._shim.offload_bytes(handle[2], handle[1])
+
+    def prefetch(self, handle: Any) -> None:
+        self._shim.residency_op(handle[2], self._shim.OP_PREFETCH, handle[1], self._stream(handle[2]))
+
+    def is_resident(self, handle: Any) -> bool:
+        return self._shim.residency_op(handle[2], self._shim.OP_RESIDENCY, handle[1]) == "resident"
+
+    def release_offloaded(self, wait: bool = False) -> int:
+        return self._shim.release_offloaded(wait=wait)
+
+    def unpack(self, handle: Any) -> Any:
+        self._shim.residency_op(handle[2], self._shim.OP_ENSURE_RESIDENT, handle[1], self._stream(handle[2]))
+        # Not evictable any more: autograd holds the value now, and neither pressure nor the
+        # offload of a neighbour sharing a page with it may move it.
+        self._shim.residency_op(handle[2], self._shim.OP_CLEAR_EVICTABLE, handle[1])
+        return handle[0]
+
+    def release(self, handle: Any) -> None:
+        self._shim.residency_op(handle[2], self._shim.OP_SET_EVICTABLE, handle[1])
+
+    def value_changed(self, handle: Any, version: int) -> bool:
+        return handle[0]._version != version  # paged in place: the value is the tensor itself

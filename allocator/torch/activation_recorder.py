@@ -1,0 +1,231 @@
+"""The recorder of the activation plan: what made each tensor of the recorded iteration.
+
+Owns: the dispatch mode (:class:`Recorder`) that runs only in the recorded iteration of a
+``paged_activations`` context and notes the aten operation behind every tensor (function,
+arguments by identity, the RNG state of random operations and where a later iteration can
+capture it again, its FLOPs and bytes touched); the record (:class:`Node`) set on each tensor;
+the cost of one operation.
+
+A tensor's record is a :class:`Node` set as the attribute ``_vta_node`` of the tensor (torch
+keeps one Python object per tensor, so the attribute lives as long as the tensor); a node holds
+the nodes of its arguments, never their tensors (a weak reference for tensors made outside the
+context), so recording keeps no activation alive. A node is valid while the tensor's
+``_version`` is the one it recorded: an in-place change of the tensor, or of the base of a view,
+makes it stale, and a stale tensor is never recomputed.
+
+RNG capture points: later iterations run without this mode, so the RNG state of a random
+operation cannot be read when it runs. The pager marks every call of its pack hook
+(:meth:`Recorder.mark`); a random operation with no random operation (on any device) between
+it and the latest mark starts from the state the generator had at that mark, which a later
+iteration captures at the same mark. One that has none gets no capture point and is not
+recomputed in later iterations.
+
+Costs: FLOPs by torch's ``flop_counter`` formulas (what ``FlopCounterMode`` counts: matmuls,
+convolutions, CUDA attention), by this module's formulas for the matmul-family kernels torch
+has none for (CPU flash attention, ``_addmm_activation``), else one per output element; views
+(outputs that alias an input) cost nothing. ``formula_flops`` is the forward's FLOPs as
+``FlopCounterMode`` counts them (the base of the recompute cap).
+Invariants: the mode never changes what an operation returns; outputs that share storage with
+an input are marked views whatever their schema says (``_unsafe_view`` aliases without saying
+so), so a recipe never writes in place into a value it does not own.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import weakref
+from typing import Any
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten, tree_map_only
+
+__all__ = ["Recorder", "Node", "node_of", "external_node", "rng_key", "rng_state", "rng_as"]
+
+ATTR_NODE = "_vta_node"
+
+
+class Node:
+    """What made one tensor (see the module docstring)."""
+
+    __slots__ = ("func", "args", "kwargs", "out", "version", "rng", "rng_point", "inplace", "view", "ext", "saved",
+                 "flops", "touched", "__weakref__")
+
+    def __init__(self, func: Any, args: Any, kwargs: Any, out: int | None, version: int, *, rng: Any = None,
+                 rng_point: int | None = None, inplace: bool = False, view: bool = False, ext: Any = None) -> None:
+        self.func, self.args, self.kwargs, self.out, self.version = func, args, kwargs, out, version
+        self.rng, self.rng_point, self.inplace, self.view, self.ext = rng, rng_point, inplace, view, ext
+        self.saved: Any = None  # weakref to the pager's record of this value, once saved
+        self.flops = self.touched = 0
+
+
+def node_of(t: torch.Tensor) -> Node | None:
+    n = getattr(t, ATTR_NODE, None)
+    return n if n is not None and n.version == t._version else None
+
+
+def external_node(t: torch.Tensor) -> Node:
+    """A tensor made outside the recorder's sight (an input, a parameter, a buffer)."""
+    n = node_of(t)
+    if n is None:
+        n = Node(None, (), {}, None, t._version, ext=weakref.ref(t))
+        setattr(t, ATTR_NODE, n)
+    return n
+
+
+def rng_key(device: torch.device) -> tuple[str, int]:
+    """The generator a random operation on ``device`` draws from."""
+    if device.type == "cuda":
+        return ("cuda", device.index if device.index is not None else torch.cuda.current_device())
+    return ("cpu", -1)
+
+
+def rng_state(key: tuple[str, int]) -> Any:
+    kind, index = key
+    if kind == "cuda":
+        return ("cuda", index, torch.cuda.get_rng_state(index))
+    return ("cpu", -1, torch.get_rng_state())
+
+
+@contextlib.contextmanager
+def rng_as(state: Any):
+    """Run with the generator at ``state``; the state it had before is restored after."""
+    kind, index, value = state
+    if kind == "cuda":
+        before = torch.cuda.get_rng_state(index)
+        torch.cuda.set_rng_state(value, index)
+        try:
+            yield
+        finally:
+            torch.cuda.set_rng_state(before, index)
+    else:
+        before = torch.get_rng_state()
+        torch.set_rng_state(value)
+        try:
+            yield
+        finally:
+            torch.set_rng_state(before)
+
+
+def _device_of(args: Any, kwargs: Any) -> torch.device:
+    first = next((a for a in tree_flatten((args, kwargs))[0] if isinstance(a, torch.Tensor)), None)
+    if first is not None:
+        return first.device
+    dev = kwargs.get("device")
+    return torch.device(dev) if dev is not None else torch.device("cpu")
+
+
+def _sdpa_cpu_flops(q: Any, k: Any, v: Any, *args: Any, **kwargs: Any) -> int:
+    from torch.utils.flop_counter import sdpa_flop_count
+
+    return int(sdpa_flop_count(tuple(q.shape), tuple(k.shape), tuple(v.shape)))
+
+
+def _addmm_act_flops(bias: Any, a: Any, b: Any, *args: Any, **kwargs: Any) -> int:
+    return 2 * a.shape[0] * a.shape[1] * b.shape[1]
+
+
+# Matmul-family kernels torch's flop counter has no formula for (it counts them as 0): their
+# recompute is counted at what they cost, so a recipe that runs one is not planned as cheap.
+_OWN_FORMULAS = {
+    "_scaled_dot_product_flash_attention_for_cpu": _sdpa_cpu_flops,
+    "_addmm_activation": _addmm_act_flops,
+}
+
+
+def op_cost(func: Any, args: Any, kwargs: Any, out: Any, view: bool = False) -> tuple[int, int, bool]:
+    """(FLOPs, bytes touched, whether ``FlopCounterMode`` counts it) of one call (module docstring)."""
+    if view:
+        return 0, 0, False
+    tensors = [a for a in tree_flatten((args, kwargs))[0] if isinstance(a, torch.Tensor)]
+    outs = [o for o in tree_flatten(out)[0] if isinstance(o, torch.Tensor)]
+    touched = sum(t.numel() * t.element_size() for t in tensors + outs)
+    try:
+        from torch.utils.flop_counter import flop_registry
+
+        f = flop_registry.get(func._overloadpacket)
+        if f is not None:
+            return int(f(*args, **kwargs, out_val=out)), touched, True
+        own = _OWN_FORMULAS.get(func._overloadpacket.__name__)
+        if own is not None:
+            return own(*args, **kwargs), touched, False
+    except Exception:  # noqa: BLE001 - a formula that does not fit this call: count per element
+        pass
+    return sum(o.numel() for o in outs), touched, False
+
+
+def _storages(ts: list) -> set[int]:
+    return {t.untyped_storage().data_ptr() for t in ts if isinstance(t, torch.Tensor) and t.numel()}
+
+
+class Recorder(TorchDispatchMode):
+    """Notes the node of every tensor an operation returns or writes, with its cost."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.flops = 0  # of every operation seen, one per element where no formula applies
+        # of the operations torch has a FLOP formula for (matmuls, convolutions, CUDA attention):
+        # the forward's FLOPs as FlopCounterMode counts them, what the cap is a share of
+        self.formula_flops = 0
+        self.point = 0        # the latest capture point (pack hook calls so far; 0: the context's start)
+        self._drawn = False   # a random operation ran since that point
+
+    def mark(self, point: int) -> None:
+        """The pager's pack hook was called for the ``point``-th time: a capture point."""
+        self.point, self._drawn = point, False
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        kwargs = kwargs or {}
+        schema = func._schema
+        rng = point = None
+        if torch.Tag.nondeterministic_seeded in func.tags:
+            rng = rng_state(rng_key(_device_of(args, kwargs)))
+            point = None if self._drawn else self.point
+            self._drawn = True  # any device: conservative, a capture point is never wrong
+        a_nodes, k_nodes = tree_map_only(torch.Tensor, lambda t: node_of(t) or external_node(t), (args, kwargs))
+        out = func(*args, **kwargs)
+        written = [i for i, a in enumerate(schema.arguments) if a.alias_info is not None and a.alias_info.is_write]
+        if written:
+            flops, touched, formula = op_cost(func, args, kwargs, out)
+            self.flops += flops
+            self.formula_flops += flops if formula else 0
+            name = schema.name.split("::")[-1]
+            for i in written:
+                t = args[i] if i < len(args) else kwargs.get(schema.arguments[i].name)
+                if not isinstance(t, torch.Tensor):
+                    continue
+                # The version counter is bumped above this dispatch level, after this returns.
+                if i == 0 and name.endswith("_") and len(written) == 1:
+                    n = Node(func, a_nodes, k_nodes, None, t._version + 1, rng=rng, rng_point=point, inplace=True)
+                    n.flops, n.touched = flops, touched
+                else:  # out= and the like: what it now holds is opaque
+                    n = Node(None, (), {}, None, t._version + 1, ext=weakref.ref(t))
+                setattr(t, ATTR_NODE, n)
+            return out
+        if func is torch.ops.aten.empty_like.default and isinstance(out, torch.Tensor):
+            # Only the input's layout matters (dropout's mask starts so): no data dependency.
+            n = Node(torch.ops.aten.empty_strided.default, (tuple(out.shape), tuple(out.stride())),
+                     {"dtype": out.dtype, "device": out.device}, None, out._version)
+            setattr(out, ATTR_NODE, n)
+            return out
+        outs = out if isinstance(out, (tuple, list)) else (out,)
+        in_storage = _storages(tree_flatten((args, kwargs))[0])
+        aliases = [isinstance(o, torch.Tensor) and (
+            (i < len(schema.returns) and schema.returns[i].alias_info is not None)
+            or bool(o.numel() and o.untyped_storage().data_ptr() in in_storage)) for i, o in enumerate(outs)]
+        flops, touched, formula = op_cost(func, args, kwargs, out, view=all(aliases))
+        self.flops += flops
+        self.formula_flops += flops if formula else 0
+        base = args[0] if args and isinstance(args[0], torch.Tensor) else None
+        for i, o in enumerate(outs):
+            if not isinstance(o, torch.Tensor):
+                continue
+            # A view op's output shares its base's version counter, but only once this returns
+            # (autograd's view tracking sits above this level): here it still reads its own 0.
+            schema_view = i < len(schema.returns) and schema.returns[i].alias_info is not None
+            version = base._version if schema_view and base is not None else o._version
+            n = Node(func, a_nodes, k_nodes, i if isinstance(out, (tuple, list)) else None, version, rng=rng,
+                     rng_point=point, view=aliases[i])
+            n.flops, n.touched = flops, touched
+            setattr(o, ATTR_NODE, n)
+        return out
