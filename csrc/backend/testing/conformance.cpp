@@ -206,8 +206,7 @@ class Checker {
     expect_ok(H100, b_.stream_synchronize(0), "synchronize");
     expect(H100, src == dst, "bytes round-trip through a mapped page");
     {
-      // What an extent split relies on before it moves live bytes: the device's wait covers a
-      // stream it was not given.
+      // What an extent split relies on before it moves live bytes: the wait covers every stream.
       const Evidence e = documented("cuCtxSynchronize: 'Blocks until the device has completed all preceding requested "
                                     "tasks'");
       StreamHandle s = 0;
