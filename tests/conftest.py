@@ -2,7 +2,9 @@
 with nothing held (no page, mapping, reservation, pinned byte, event or stream), no test
 touches an unmapped address through the host backend unless marked ``host_faults`` (its
 fault guard counts such an access instead of crashing, so without this rule a bug that used to
-kill the test would pass), and under CI (CI=true) hypothesis runs derandomized.
+kill the test would pass), under CI (CI=true) hypothesis runs derandomized, and the terminal
+size is the one a user's shell gives (pytest-xdist's workers set COLUMNS=80 and LINES=24, which
+the CLI's console would read once at import and keep).
 
 Shared helpers live in tests/helpers/, never here.
 """
@@ -20,6 +22,11 @@ from hypothesis import settings
 settings.register_profile("ci", derandomize=True, print_blob=True)
 if os.environ.get("CI") == "true":
     settings.load_profile("ci")
+
+# Before anything imports the CLI: its console takes COLUMNS at construction, so a worker's 80
+# would override the width each test asks for (tests/test_cli.py sets COLUMNS per command).
+for _name in ("COLUMNS", "LINES"):
+    os.environ.pop(_name, None)
 
 from vtalloc.allocator import backend_available, global_counters
 from vtalloc.allocator._native import guarded_fault_totals

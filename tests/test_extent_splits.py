@@ -253,6 +253,14 @@ def test_a_split_is_one_device_wait():
 
 @pytest.mark.host_faults
 def test_skipping_the_wait_of_a_split_is_caught():
-    after_malloc, k, splits = split_under_a_kernel(broken=True)
-    assert splits == 1 and after_malloc.kernels_completed == 1, "the split did not wait"
-    assert k.kernels_faulted or k.bytes_mismatched, "S's kernel read under the mapping change"
+    # The kernel must be reading at the instant the mapping changes, which a loaded machine (the
+    # suite under pytest-xdist) can make it miss: up to 5 tries, each must skip the wait, and one
+    # must catch the read.
+    caught = []
+    for _ in range(5):
+        after_malloc, k, splits = split_under_a_kernel(broken=True)
+        assert splits == 1 and after_malloc.kernels_completed == 1, "the split did not wait"
+        caught.append(bool(k.kernels_faulted or k.bytes_mismatched))
+        if caught[-1]:
+            break
+    assert any(caught), f"S's kernel never read under the mapping change in {len(caught)} tries"
