@@ -27,10 +27,13 @@ Configurations (GPU), per model, at the native maximum batch B (probed, or ``--b
 * checkpoint   - ``torch.utils.checkpoint`` (full, per block, ``use_reentrant=False``): every
                  block's activations recomputed in backward; the peer that moves no bytes.
 
-Models: ResNet-50 (torchvision, channels_last, 224x224) and a transformer (8 x
-TransformerEncoderLayer(2048, 16 heads, 8192), seq 1024), bf16 autocast, SGD. On CPU also
-``gpt2`` and ``llama`` (``transformers`` models from small configs, random weights: GPT-2 with
-its default dropout 0.1, so recompute replays RNG; a Llama-style decoder), eager attention.
+Models: ResNet-50 (torchvision's, or where torchvision does not import resnet50_stand_in.py's
+network with the same layers: ``model_source`` in each run; channels_last, 224x224) and a
+transformer (8 x TransformerEncoderLayer(2048, 16 heads, 8192), seq 1024), bf16 autocast, SGD.
+On CPU (fp32, one thread per child) ``resnet50`` runs too (``--batch resnet50=2``: about 1.5 s
+per plain step), and ``gpt2`` and ``llama`` (``transformers`` models from small configs, random
+weights: GPT-2 with its default dropout 0.1, so recompute replays RNG; a Llama-style decoder),
+eager attention.
 
 ``--cpu-smoke`` runs a tiny version on CPU (a small CNN and a 2-layer transformer, 3 steps):
 native, save_on_cpu, the offloader (synchronous copies: CPU has no copy stream) and vtalloc's
@@ -138,9 +141,15 @@ def build(torch: Any, model: str, batch: int, device: str) -> tuple[Any, Any, An
     torch.manual_seed(0)
     seq = 1
     if model == "resnet50":
-        import torchvision
+        if resnet50_source() == "torchvision":
+            import torchvision
 
-        net, shape, classes = torchvision.models.resnet50(), (3, 224, 224), 1000
+            net = torchvision.models.resnet50()
+        else:
+            from resnet50_stand_in import resnet50_stand_in
+
+            net = resnet50_stand_in(torch)
+        shape, classes = (3, 224, 224), 1000
     elif model in HF_MODELS:
         net, seq, vocab = hf_model(torch, model), 64, 1000
         g = torch.Generator().manual_seed(1)
@@ -165,6 +174,16 @@ def build(torch: Any, model: str, batch: int, device: str) -> tuple[Any, Any, An
         net, x = net.to(memory_format=torch.channels_last), x.contiguous(memory_format=torch.channels_last)
 
     return net, x, y, _loss_fn(torch)
+
+
+def resnet50_source() -> str:
+    """Where ResNet-50 comes from: torchvision's model, or resnet50_stand_in.py's network (the same
+    layers in the same order) where torchvision does not import. Recorded per run."""
+    try:
+        import torchvision  # noqa: F401
+    except Exception:  # noqa: BLE001 - not installed, or built for another torch
+        return "resnet50_stand_in"
+    return "torchvision"
 
 
 def _loss_fn(torch: Any) -> Any:
@@ -307,6 +326,8 @@ def child(cfg: dict[str, Any]) -> dict[str, Any]:
     if cfg.get("probe"):
         return probe(torch, cfg, device)
     out: dict[str, Any] = {"config": name, "model": cfg["model"], "batch": cfg["batch"]}
+    if cfg["model"] == "resnet50":
+        out["model_source"] = resnet50_source()
     if cuda:
         p = torch.cuda.get_device_properties(0)
         out["gpu"] = {"name": p.name, "total_memory_bytes": p.total_memory, "cuda": torch.version.cuda,
@@ -676,7 +697,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--child", help=argparse.SUPPRESS)
     ap.add_argument("--cpu-smoke", action="store_true", help="tiny models on CPU over the host backend")
     ap.add_argument("--models", default=None,
-                    help="comma-separated (GPU: resnet50,transformer; CPU also cnn,tiny_transformer,gpt2,llama)")
+                    help="comma-separated (GPU: resnet50,transformer; CPU: cnn,tiny_transformer,gpt2,llama,resnet50)")
     ap.add_argument("--configs", default=None, help=f"comma-separated subset of {','.join(GPU_CONFIGS)}")
     ap.add_argument("--cap", default=None, help="memory cap per process (GPU default 16GiB, smoke 4MiB)")
     ap.add_argument("--batch", default=None, help="native batch per model (model=N,...), else probed (GPU)")

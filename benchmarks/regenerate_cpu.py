@@ -100,6 +100,12 @@ COMMANDS: tuple[Command, ...] = (
             "--configs native,checkpoint,vtalloc_off,vtalloc --budget-fraction 0.25 --steps 4 --warmup 2 --multiples 1 "
             "--out benchmarks/results/offload_training-recompute-cpu-{date}.json",
             _SMOKE_RECOMPUTE + " --out benchmarks/results/offload_training-recompute-cpu-{date}.json", needs=HF),
+    Command("recompute_resnet50", RECOMPUTE,
+            "python benchmarks/bench_offload_training.py --cpu-smoke --models resnet50 "
+            "--configs native,checkpoint,vtalloc_off,vtalloc --budget-fraction 0.25 --steps 4 --warmup 2 --multiples 1 "
+            "--batch resnet50=2 --out benchmarks/results/offload_training-recompute-resnet50-cpu-{date}.json",
+            None, skip_quick="ResNet-50 at 224x224 takes seconds per step on 2 cores; the CNN of the quick "
+            "recompute form covers the same code"),
     Command("footprint_off", RECOMPUTE,
             "python benchmarks/probe_paged_footprint.py --model gpt2 --recompute off "
             "--out benchmarks/results/paged_footprint-gpt2-off-cpu-{date}.json",

@@ -9,12 +9,14 @@ bitwise comparison that decides whether a recipe may be used; why a tensor has n
 
 What is recomputed: any chain of operations from saved tensors and parameters, multi-output
 operations included (``native_layer_norm``'s output from its saved input, weight and bias;
-the outputs of the attention kernels), matmuls (``addmm``, ``mm``, ``bmm``) over views,
+the outputs of the attention kernels; batch norm's in training mode, by the recorder's stand-in
+that writes no running statistics), matmuls (``addmm``, ``mm``, ``bmm``) over views,
 transposes and reshapes, views of views. Views cost nothing and do not count toward the depth.
 
-What is never recomputed: operations with a mutable schema (in-place, ``out=``, batch norm's
-running statistics) unless they write a fresh value of the recipe's own (dropout's mask:
-``empty_like`` then ``bernoulli_``); operations tagged ``nondeterministic_bitwise``;
+What is never recomputed: operations with a mutable schema (in-place, ``out=``) unless they
+write a fresh value of the recipe's own (dropout's mask: ``empty_like`` then ``bernoulli_``);
+a call that writes batch norm's running statistics, whatever its schema says (refused at
+compile time and again when it runs); operations tagged ``nondeterministic_bitwise``;
 ``empty*`` values not overwritten; anything reading a tensor the pager does not hold that is
 neither a parameter nor recomputable within the bounds (a model input, a buffer); random
 operations whose RNG state was not captured, or (in later iterations) that have no capture
@@ -39,7 +41,7 @@ from torch.utils._pytree import tree_flatten, tree_map_only
 
 from ..activation_plan import MAX_CHAIN
 from ..errors import SourceChangedError
-from .activation_recorder import Node, Recorder, node_of, rng_as
+from .activation_recorder import Node, Recorder, node_of, rng_as, writes_running_stats
 
 __all__ = ["Recorder", "Recipe", "RecipeTemplate", "Node", "compile_recipe", "bitwise_equal", "SourceChangedError"]
 
@@ -123,6 +125,8 @@ class Recipe:
                     if func._schema.is_mutable and a and isinstance(a[0], torch.Tensor) and a[0].numel() \
                             and a[0].untyped_storage().data_ptr() in leaf_storage:
                         raise SourceChangedError("a recipe would write in place into a value it does not own")
+                    if writes_running_stats(func, a, k):
+                        raise SourceChangedError("a recipe would write batch norm's running statistics")
                     with (rng_as(rng) if rng is not None else contextlib.nullcontext()):
                         r = func(*a, **k)
                     vals.append(r[out] if out is not None else r)
@@ -271,7 +275,7 @@ def _compile(t: torch.Tensor, record_of: Callable[[Node], Any], fail: Callable[[
         tags = n.func.tags
         if torch.Tag.nondeterministic_bitwise in tags:
             return fail(f"{_name(n.func)} is not bitwise deterministic")
-        if n.func._schema.is_mutable and not n.inplace:
+        if (n.func._schema.is_mutable and not n.inplace) or writes_running_stats(n.func, n.args, n.kwargs):
             return fail(f"{_name(n.func)} mutates its arguments")
         if torch.Tag.nondeterministic_seeded in tags and n.rng is None:
             return fail(f"random {_name(n.func)} with no RNG state")

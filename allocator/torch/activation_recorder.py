@@ -27,7 +27,8 @@ has none for (CPU flash attention, ``_addmm_activation``), else one per output e
 ``FlopCounterMode`` counts them (the base of the recompute cap).
 Invariants: the mode never changes what an operation returns; outputs that share storage with
 an input are marked views whatever their schema says (``_unsafe_view`` aliases without saying
-so), so a recipe never writes in place into a value it does not own.
+so), so a recipe never writes in place into a value it does not own; no node runs an operation
+that writes batch norm's running statistics (:func:`writes_running_stats`).
 """
 
 from __future__ import annotations
@@ -40,7 +41,8 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten, tree_map_only
 
-__all__ = ["Recorder", "Node", "node_of", "external_node", "rng_key", "rng_state", "rng_as"]
+__all__ = ["Recorder", "Node", "node_of", "external_node", "rng_key", "rng_state", "rng_as",
+           "batch_norm_stand_in", "writes_running_stats"]
 
 ATTR_NODE = "_vta_node"
 
@@ -154,6 +156,45 @@ def op_cost(func: Any, args: Any, kwargs: Any, out: Any, view: bool = False) -> 
     return sum(o.numel() for o in outs), touched, False
 
 
+# Batch norm operations that write running_mean and running_var in training mode; the value is
+# whether their schema says so (the version counter is bumped above the dispatch level only then).
+_BATCH_NORM_WRITES = {"native_batch_norm": False, "cudnn_batch_norm": False, "miopen_batch_norm": False,
+                      "_native_batch_norm_legit": True, "_batch_norm_with_update": True}
+
+
+def _bound(func: Any, args: Any, kwargs: Any) -> dict[str, Any]:
+    """The call's arguments by name (positional or keyword)."""
+    names = [a.name for a in func._schema.arguments]
+    return {**dict(zip(names, args)), **kwargs}
+
+
+def writes_running_stats(func: Any, args: Any, kwargs: Any) -> bool:
+    """Whether this call is batch norm in training mode writing running statistics (its outputs
+    have a stand-in, :func:`batch_norm_stand_in`; the call itself must never run again)."""
+    name = func._schema.name.split("::")[-1]
+    if name not in _BATCH_NORM_WRITES or func._overloadname == "no_stats":
+        return False
+    b = _bound(func, args, kwargs)
+    training = True if name == "_batch_norm_with_update" else bool(b.get("training"))
+    return training and (b.get("running_mean") is not None or b.get("running_var") is not None)
+
+
+def batch_norm_stand_in(func: Any, args: Any, kwargs: Any) -> tuple[Any, tuple, dict] | None:
+    """For batch norm in training mode with running statistics (``args``/``kwargs`` of any kind:
+    tensors or their nodes), the call that computes its first three outputs from the batch alone
+    and writes nothing (module docstring); None for any other call."""
+    if not writes_running_stats(func, args, kwargs):
+        return None
+    b = _bound(func, args, kwargs)
+    name = func._schema.name.split("::")[-1]
+    if name in ("_native_batch_norm_legit", "_batch_norm_with_update"):
+        return (torch.ops.aten._native_batch_norm_legit.no_stats,
+                (b["input"], b["weight"], b["bias"], True, b["momentum"], b["eps"]), {})
+    momentum, eps = (b["momentum"], b["eps"]) if name == "native_batch_norm" else \
+        (b["exponential_average_factor"], b["epsilon"])
+    return func, (b["input"], b["weight"], b["bias"], None, None, True, momentum, eps), {}
+
+
 def _storages(ts: list) -> set[int]:
     return {t.untyped_storage().data_ptr() for t in ts if isinstance(t, torch.Tensor) and t.numel()}
 
@@ -174,6 +215,28 @@ class Recorder(TorchDispatchMode):
         """The pager's pack hook was called for the ``point``-th time: a capture point."""
         self.point, self._drawn = point, False
 
+    def _batch_norm(self, func: Any, args: Any, kwargs: Any, out: Any, stand_in: tuple) -> None:
+        """Batch norm in training mode: its outputs made by the stand-in, its running statistics opaque."""
+        flops, touched, formula = op_cost(func, args, kwargs, out)
+        self.flops += flops
+        self.formula_flops += flops if formula else 0
+        sfunc, sargs, skwargs = stand_in
+        for i, o in enumerate(out):
+            if not isinstance(o, torch.Tensor):
+                continue
+            if i < 3:  # the output, the batch's mean and inverse standard deviation (variance: cuDNN's 3rd)
+                n = Node(sfunc, sargs, skwargs, i, o._version)
+                n.flops, n.touched = flops, touched
+            else:  # cuDNN's reserve space: opaque
+                n = Node(None, (), {}, None, o._version, ext=weakref.ref(o))
+            setattr(o, ATTR_NODE, n)
+        bumped = _BATCH_NORM_WRITES[func._schema.name.split("::")[-1]]
+        b = _bound(func, args, kwargs)
+        for key in ("running_mean", "running_var"):
+            t = b.get(key)
+            if isinstance(t, torch.Tensor):
+                setattr(t, ATTR_NODE, Node(None, (), {}, None, t._version + int(bumped), ext=weakref.ref(t)))
+
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
         schema = func._schema
@@ -184,6 +247,10 @@ class Recorder(TorchDispatchMode):
             self._drawn = True  # any device: conservative, a capture point is never wrong
         a_nodes, k_nodes = tree_map_only(torch.Tensor, lambda t: node_of(t) or external_node(t), (args, kwargs))
         out = func(*args, **kwargs)
+        stand_in = batch_norm_stand_in(func, a_nodes, k_nodes)
+        if stand_in is not None:
+            self._batch_norm(func, args, kwargs, out, stand_in)
+            return out
         written = [i for i, a in enumerate(schema.arguments) if a.alias_info is not None and a.alias_info.is_write]
         if written:
             flops, touched, formula = op_cost(func, args, kwargs, out)
