@@ -141,14 +141,10 @@ def build(torch: Any, model: str, batch: int, device: str) -> tuple[Any, Any, An
     torch.manual_seed(0)
     seq = 1
     if model == "resnet50":
-        if resnet50_source() == "torchvision":
-            import torchvision
+        from resnet50_stand_in import resnet50_stand_in, torchvision_or_why
 
-            net = torchvision.models.resnet50()
-        else:
-            from resnet50_stand_in import resnet50_stand_in
-
-            net = resnet50_stand_in(torch)
+        tv, _ = torchvision_or_why()
+        net = tv.models.resnet50() if tv is not None else resnet50_stand_in(torch)
         shape, classes = (3, 224, 224), 1000
     elif model in HF_MODELS:
         net, seq, vocab = hf_model(torch, model), 64, 1000
@@ -179,11 +175,9 @@ def build(torch: Any, model: str, batch: int, device: str) -> tuple[Any, Any, An
 def resnet50_source() -> str:
     """Where ResNet-50 comes from: torchvision's model, or resnet50_stand_in.py's network (the same
     layers in the same order) where torchvision does not import. Recorded per run."""
-    try:
-        import torchvision  # noqa: F401
-    except Exception:  # noqa: BLE001 - not installed, or built for another torch
-        return "resnet50_stand_in"
-    return "torchvision"
+    from resnet50_stand_in import torchvision_or_why
+
+    return "torchvision" if torchvision_or_why()[0] is not None else "resnet50_stand_in"
 
 
 def _loss_fn(torch: Any) -> Any:

@@ -3,7 +3,8 @@
 Owns: resnet50_stand_in(torch), the network torchvision.models.resnet50() builds (v1.5: the stride
 on the 3x3 convolution of a bottleneck; one in-place ReLU module per block, reused; the downsample
 branch run after the block's third convolution; the residual added in place), written from the
-architecture, not copied.
+architecture, not copied; and torchvision_or_why(), the one test of whether torchvision's model
+can be had beside this torch, which every benchmark that runs ResNet-50 asks.
 Invariants: the same layers, shapes and forward order as torchvision's model, so autograd saves
 the same tensors in the same order: tests/test_saved_activation_sizes.py checks what
 saved_activation_sizes.py records from it against the 2026-11-26 run taken from torchvision's
@@ -13,7 +14,34 @@ layers initialise to (the benchmark records shapes, on fake tensors).
 
 from __future__ import annotations
 
+import sys
+import types
 from typing import Any
+
+
+def import_torchvision() -> Any:
+    """torchvision, or, where its compiled ops cannot load (a CUDA build of torchvision beside a CPU
+    torch: "operator torchvision::nms does not exist"), torchvision without the fake-kernel
+    registrations of those ops (detection ops; the model code is torchvision's own)."""
+    try:
+        import torchvision
+        return torchvision
+    except RuntimeError as e:
+        if "torchvision::" not in str(e):
+            raise
+    for name in [m for m in sys.modules if m == "torchvision" or m.startswith("torchvision.")]:
+        del sys.modules[name]
+    sys.modules["torchvision._meta_registrations"] = types.ModuleType("torchvision._meta_registrations")
+    import torchvision
+    return torchvision
+
+
+def torchvision_or_why() -> tuple[Any, str]:
+    """(torchvision, "") where it imports beside this torch, else (None, why not)."""
+    try:
+        return import_torchvision(), ""
+    except Exception as e:  # not installed, or a build for another torch (ImportError, RuntimeError, OSError)
+        return None, f"{type(e).__name__}: {e}".splitlines()[0]
 
 
 def resnet50_stand_in(torch: Any) -> Any:

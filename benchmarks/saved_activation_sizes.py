@@ -37,9 +37,11 @@ import datetime as _dt
 import json
 import math
 import sys
-import types
 from pathlib import Path
 from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # resnet50_stand_in sits beside this file
+from resnet50_stand_in import torchvision_or_why  # noqa: E402
 
 MiB = 1 << 20
 PAGE_MIN_BYTES = 1024  # paged_activations' DEFAULT_MIN_BYTES: smaller saved tensors are left alone
@@ -172,31 +174,6 @@ def cycle_copy_us(handle_bytes: int) -> float:
 
 
 # -- recording what autograd saves --------------------------------------------------------------
-
-def import_torchvision() -> Any:
-    """torchvision, or, where its compiled ops cannot load (a CUDA build of torchvision beside a CPU
-    torch: "operator torchvision::nms does not exist"), torchvision without the fake-kernel
-    registrations of those ops (detection ops; the model code is torchvision's own)."""
-    try:
-        import torchvision
-        return torchvision
-    except RuntimeError as e:
-        if "torchvision::" not in str(e):
-            raise
-    for name in [m for m in sys.modules if m == "torchvision" or m.startswith("torchvision.")]:
-        del sys.modules[name]
-    sys.modules["torchvision._meta_registrations"] = types.ModuleType("torchvision._meta_registrations")
-    import torchvision
-    return torchvision
-
-
-def torchvision_or_why() -> tuple[Any, str]:
-    """(torchvision, "") where it imports beside this torch, else (None, why not)."""
-    try:
-        return import_torchvision(), ""
-    except Exception as e:  # not installed, or a build for another torch (ImportError, RuntimeError, OSError)
-        return None, f"{type(e).__name__}: {e}".splitlines()[0]
-
 
 def resnet50_source(choice: str = "auto") -> str:
     """Which ResNet-50 record_saved() runs: "torchvision X.Y" or "stand-in (...why...)". ``choice``:
