@@ -55,7 +55,29 @@ TORCH_TEST_FILES = ("tests/test_torch_binding_gpu.py", "tests/test_torch_demo.py
 # The build step is cheap when the library is already built (a warm machine keeps it).
 BUILD = Step("build", _py("benchmarks/gpu_session.py", "--build-if-needed"), 60, 240)
 
+# The tests that show enable() (torch-native binding, a fresh process each) trains with the
+# native allocator's losses: the GPU issue's first question, asked before the whole torch stage.
+ENABLE_TESTS = ("tests/test_torch_gpu.py::test_training_losses_match_the_native_allocator",
+                "tests/test_torch_demo.py::test_gpu_training_under_vtalloc_matches_native")
+
 STAGES: dict[str, tuple[Step, ...]] = {
+    # A session lent 15 minutes of device time in all (the machine's start included) gets one
+    # call of about 6 minutes and room to run it again: each of the GPU issue's questions gets a
+    # first answer here (the demo, enable()'s losses, every gpu test but torch's, eviction at
+    # 32 MiB in both modes with auto's pick, the C reuse loop). The stages below go deeper.
+    "first": (
+        BUILD,
+        Step("demo", _py("-m", "vtalloc.client", "demo"), 40, 90),
+        Step("enable_losses", _py("-m", "pytest", "-v", "-m", "gpu", "-rfEs", "--tb=short", "-p", "no:cacheprovider",
+                                  "--durations=0", "--junitxml={out}/enable_losses.xml", *ENABLE_TESTS), 90, 180),
+        Step("gpu_tests_core", _py("-m", "pytest", "-q", "-m", "gpu", "-rfEs", "--tb=short", "-p", "no:cacheprovider",
+                                   *(f"--ignore={f}" for f in TORCH_TEST_FILES), "--durations=0",
+                                   "--continue-on-collection-errors", "--junitxml={out}/gpu_tests_core.xml"), 120, 240),
+        Step("bench_evict_32MiB", _py("benchmarks/bench_evict.py", "--backend", "cuda", "--size", str(32 << 20),
+                                      "--out", "{out}/evict_32MiB.json"), 20, 120),
+        Step("bench_malloc_free", _py("benchmarks/bench_malloc_free.py", "--backend", "cuda", "--quick",
+                                      "--out", "{out}/malloc_free.json"), 30, 120),
+    ),
     # Correctness first: if these fail, the figures of the later stages mean little. The gpu
     # tests took ~540 s in all on the H100 (2026-11-26): split in two stages, torch's own second.
     "check": (

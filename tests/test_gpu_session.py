@@ -53,6 +53,23 @@ def test_every_step_names_a_script_and_flags_it_accepts(step):
     assert not missing, f"{step.name}: {script.name} does not accept {missing}"
 
 
+def test_every_test_a_stage_names_exists():
+    """A lent GPU's minutes are too few to learn there that a test was renamed: every test file
+    and test a step names must collect here (collection needs no GPU)."""
+    named = sorted({a for stage in session.STAGES.values() for step in stage for a in step.argv
+                    if a.startswith("tests/") or a.startswith("--ignore=tests/")})
+    paths = [a.removeprefix("--ignore=") for a in named]
+    assert any("::" in a for a in paths), "no stage names a single test: this check would prove nothing"
+    for a in paths:
+        assert (ROOT / a.split("::")[0]).is_file(), a
+    p = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider",
+                        *[a for a in paths if "::" in a]], capture_output=True, text=True, cwd=ROOT, timeout=180)
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
+    for a in paths:
+        if "::" in a:
+            assert a in p.stdout, f"{a} collected nothing:\n{p.stdout[-2000:]}"
+
+
 def test_a_stage_runs_every_step_and_records_each(tmp_path, monkeypatch):
     py = ("{py}", "-c")
     monkeypatch.setitem(session.STAGES, "toy", (
