@@ -55,6 +55,17 @@ TORCH_TEST_FILES = ("tests/test_torch_binding_gpu.py", "tests/test_torch_demo.py
 # The build step is cheap when the library is already built (a warm machine keeps it).
 BUILD = Step("build", _py("benchmarks/gpu_session.py", "--build-if-needed"), 60, 240)
 
+# Steps that more than one stage runs (the first stage asks each question once; the later ones
+# go deeper), defined once so the stages cannot drift apart.
+DEMO = Step("demo", _py("-m", "vtalloc.client", "demo"), 40, 90)
+GPU_TESTS_CORE = Step("gpu_tests_core", _py("-m", "pytest", "-q", "-m", "gpu", "-rfEs", "--tb=short", "-p", "no:cacheprovider",
+                                            *(f"--ignore={f}" for f in TORCH_TEST_FILES), "--durations=0",
+                                            "--continue-on-collection-errors", "--junitxml={out}/gpu_tests_core.xml"), 120, 240)
+EVICT_32MIB = Step("bench_evict_32MiB", _py("benchmarks/bench_evict.py", "--backend", "cuda", "--size", str(32 << 20),
+                                            "--out", "{out}/evict_32MiB.json"), 20, 120)
+MALLOC_FREE = Step("bench_malloc_free", _py("benchmarks/bench_malloc_free.py", "--backend", "cuda", "--quick",
+                                            "--out", "{out}/malloc_free.json"), 30, 120)
+
 # The tests that show enable() (torch-native binding, a fresh process each) trains with the
 # native allocator's losses: the GPU issue's first question, asked before the whole torch stage.
 ENABLE_TESTS = ("tests/test_torch_gpu.py::test_training_losses_match_the_native_allocator",
@@ -67,26 +78,20 @@ STAGES: dict[str, tuple[Step, ...]] = {
     # 32 MiB in both modes with auto's pick, the C reuse loop). The stages below go deeper.
     "first": (
         BUILD,
-        Step("demo", _py("-m", "vtalloc.client", "demo"), 40, 90),
+        DEMO,
         Step("enable_losses", _py("-m", "pytest", "-v", "-m", "gpu", "-rfEs", "--tb=short", "-p", "no:cacheprovider",
                                   "--durations=0", "--junitxml={out}/enable_losses.xml", *ENABLE_TESTS), 90, 180),
-        Step("gpu_tests_core", _py("-m", "pytest", "-q", "-m", "gpu", "-rfEs", "--tb=short", "-p", "no:cacheprovider",
-                                   *(f"--ignore={f}" for f in TORCH_TEST_FILES), "--durations=0",
-                                   "--continue-on-collection-errors", "--junitxml={out}/gpu_tests_core.xml"), 120, 240),
-        Step("bench_evict_32MiB", _py("benchmarks/bench_evict.py", "--backend", "cuda", "--size", str(32 << 20),
-                                      "--out", "{out}/evict_32MiB.json"), 20, 120),
-        Step("bench_malloc_free", _py("benchmarks/bench_malloc_free.py", "--backend", "cuda", "--quick",
-                                      "--out", "{out}/malloc_free.json"), 30, 120),
+        GPU_TESTS_CORE,
+        EVICT_32MIB,
+        MALLOC_FREE,
     ),
     # Correctness first: if these fail, the figures of the later stages mean little. The gpu
     # tests took ~540 s in all on the H100 (2026-11-26): split in two stages, torch's own second.
     "check": (
         BUILD,
         Step("probe_oom_crash", _py("benchmarks/probe_oom_crash.py", "--out", "{out}/oom_crash.json"), 60, 150),
-        Step("gpu_tests_core", _py("-m", "pytest", "-q", "-m", "gpu", "-rfEs", "--tb=short", "-p", "no:cacheprovider",
-                                   *(f"--ignore={f}" for f in TORCH_TEST_FILES), "--durations=0",
-                                   "--continue-on-collection-errors", "--junitxml={out}/gpu_tests_core.xml"), 120, 240),
-        Step("demo", _py("-m", "vtalloc.client", "demo"), 40, 90),
+        GPU_TESTS_CORE,
+        DEMO,
         Step("probe_copy_paths", _py("benchmarks/probe_copy_paths.py", "--with-compute", "--max-seconds", "150",
                                      "--out", "{out}/probe_copy_paths.json"), 30, 200),
     ),
@@ -101,10 +106,8 @@ STAGES: dict[str, tuple[Step, ...]] = {
     "paging": (
         BUILD,
         Step("bench_evict", _py("benchmarks/bench_evict.py", "--backend", "cuda", "--out", "{out}/evict.json"), 20, 120),
-        Step("bench_evict_32MiB", _py("benchmarks/bench_evict.py", "--backend", "cuda", "--size", str(32 << 20),
-                                      "--out", "{out}/evict_32MiB.json"), 20, 120),
-        Step("bench_malloc_free", _py("benchmarks/bench_malloc_free.py", "--backend", "cuda", "--quick",
-                                      "--out", "{out}/malloc_free.json"), 30, 120),
+        EVICT_32MIB,
+        MALLOC_FREE,
         Step("bench_torch_alloc", _py("benchmarks/bench_torch_alloc.py", "--quick", "--out", "{out}/torch_alloc.json"),
              50, 120),
         Step("bench_churn", _py("benchmarks/bench_churn.py", "--out", "{out}/churn.json"), 150, 300),

@@ -51,10 +51,14 @@ def nothing_leaks():
     the suite's time. A test that ends with the counters at 0 holds nothing, whatever garbage
     it left, so skipping the collection there cannot hide a leak."""
     yield
-    left = {k: v for k, v in global_counters().items() if v}
+
+    def held() -> dict[str, int]:
+        return {k: v for k, v in global_counters().items() if v}
+
+    left = held()
     if left:
         gc.collect()
-        left = {k: v for k, v in global_counters().items() if v}
+        left = held()
     assert not left, f"resources still held after the test: {left}"
 
 
