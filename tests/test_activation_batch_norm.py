@@ -19,7 +19,7 @@ from vtalloc.allocator import SourceChangedError  # noqa: E402
 from vtalloc.allocator.torch import paged_activations  # noqa: E402
 from vtalloc.allocator.torch.activation_recompute import Recipe  # noqa: E402
 from vtalloc.allocator.torch.activation_recorder import writes_running_stats  # noqa: E402
-from test_activation_recipes import SLOW_LINK, recomputed_ops, space  # noqa: E402
+from test_activation_recipes import SLOW_LINK, recomputed_exactly, recomputed_ops, space  # noqa: E402
 
 
 class Block(nn.Module):
@@ -105,15 +105,9 @@ def test_batch_norm_outputs_recomputed_bit_exact_with_running_stats_identical(na
     model, x = net(functional, channels_last)
     ref_model = copy.deepcopy(model)
     reference = train(ref_model, x, contextlib.nullcontext(), autocast=autocast)
-    with space() as sp:
-        pager = paged_activations(sp, budget=64 * 1024, max_recompute_fraction=2.0, cost_model=SLOW_LINK)
-        got = train(model, x, pager, autocast=autocast)
-        st = pager.stats()
-        ops = recomputed_ops(pager)
-        assert same(got, reference), name
+    with recomputed_exactly(train, model, x, reference, autocast=autocast, name=name,
+                            equal=same) as (pager, st, ops):
         assert [(n, v) for n, _, v in stats_of(model)] == [(n, v) for n, _, v in stats_of(ref_model)]
-        assert st.recompute_fallbacks == 0 and st.fallback_iterations == 0, st
-        assert st.step_bytes_recomputed > 0 and st.step_verify_flops > 0, st
         stand_in = "_native_batch_norm_legit" if functional else "native_batch_norm"
         assert stand_in in ops and "relu_" in ops, (sorted(ops), str(pager.plan()))
         # The BN/ReLU outputs the next convolution and the ReLU save: recomputed, not moved.

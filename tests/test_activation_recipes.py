@@ -33,6 +33,24 @@ def recomputed_ops(pager):
             for t in pager._replay.templates.values() for e in t.prog}
 
 
+@contextlib.contextmanager
+def recomputed_exactly(train, model, x, reference, *, autocast, name, equal=same):
+    """Trains ``model`` under a pager whose link is so slow that every verified recipe is planned
+    (``train(model, x, pager, autocast=...)``, as the reference ran without one) and checks what
+    every recipe test asks: results ``equal`` to the reference's, no recipe fell back to paging,
+    bytes recomputed and verified. Yields the pager, its stats and the recomputed operations
+    while the space is still open."""
+    with space() as sp:
+        pager = paged_activations(sp, budget=64 * 1024, max_recompute_fraction=2.0, cost_model=SLOW_LINK)
+        got = train(model, x, pager, autocast=autocast)
+        st = pager.stats()
+        assert equal(got, reference), name
+        assert st.recompute_fallbacks == 0 and st.fallback_iterations == 0, st
+        assert st.step_bytes_recomputed > 0 and st.step_verify_flops > 0, st
+        yield pager, st, recomputed_ops(pager)
+        del pager  # the caller drops its own: the pager goes before its space closes
+
+
 class Attention(nn.Module):
     """Pre-norm self-attention written out: a layer norm, one projection to q, k, v split by
     views, attention with dropout, the heads transposed back and a projection, and an MLP."""
@@ -82,14 +100,7 @@ SLOW_LINK = CostModel(link_bytes_per_s=1e3, peak_flops=1e15, mem_bytes_per_s=1e1
 @pytest.mark.parametrize("name,model,x,autocast", list(models()), ids=lambda v: v if isinstance(v, str) else "")
 def test_each_recipe_kind_recomputes_bit_exact(name, model, x, autocast):
     reference = run(model, x, contextlib.nullcontext(), autocast=autocast)
-    with space() as sp:
-        pager = paged_activations(sp, budget=64 * 1024, max_recompute_fraction=2.0, cost_model=SLOW_LINK)
-        got = run(model, x, pager, autocast=autocast)
-        st = pager.stats()
-        ops = recomputed_ops(pager)
-        assert same(got, reference), name
-        assert st.recompute_fallbacks == 0 and st.fallback_iterations == 0, st
-        assert st.step_bytes_recomputed > 0 and st.step_verify_flops > 0
+    with recomputed_exactly(run, model, x, reference, autocast=autocast, name=name) as (pager, st, ops):
         assert "native_layer_norm" in ops and ops & MATMULS and attention(ops), (name, sorted(ops), str(pager.plan()))
         if autocast:
             assert "_to_copy" in ops  # the casts autocast inserted are replayed as the forward ran them
