@@ -2,16 +2,18 @@
 
 Owns: the list of GPU checks and benchmarks (docs/gpu-validation.md, "What to run on a GPU"),
 grouped in stages of at most ~9.5 minutes each (a lent GPU machine runs one command for at most
-10 minutes, 30 minutes in all), and running one stage: each step in its own process with its own
-time limit, its output and JSON in one folder, a summary of what ran, passed, failed, timed out
-or was skipped for want of time.
+10 minutes; since 2026-11-27 a session has 15 minutes of device time in all, its start
+included, so ``first`` is the stage such a session runs), and running one stage: each step in
+its own process with its own time limit, its output and JSON in one folder, a summary of what
+ran, passed, failed, timed out or was skipped for want of time.
 Invariants: a step that fails or times out never stops the stage (the next step still runs);
 a step whose estimate no longer fits the stage's budget is skipped and recorded as such, never
 started; the summary is written after every step, so a stage killed from outside still leaves
 what it finished; nothing here measures anything itself: the figures are the steps' own JSON.
 
     python benchmarks/gpu_session.py --list                      # the stages and their steps
-    python benchmarks/gpu_session.py --stage check --out "$OUT"   # then paging, training, memory
+    python benchmarks/gpu_session.py --stage first --out "$OUT"   # ~6 min: a first answer to each question
+    python benchmarks/gpu_session.py --stage check --out "$OUT"   # then torch, paging, stress, training, memory
     python benchmarks/gpu_session.py --stage check --dry-run      # the commands, not run
 """
 
