@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from vtalloc.allocator import _native
-from helpers.elf import is_iostream_or_locale, undefined_dynamic_symbols
+from vtalloc.allocator.elf_symbols import is_iostream_or_locale, undefined_dynamic_symbols
 from helpers.subproc import run_python
 
 # Imported by the core as built on 2026-11-22, when `import torch` crashed after it.

@@ -1,5 +1,5 @@
 """The torch-native binding on a machine without a GPU: its source compiles against the installed
-torch's headers (-fsyntax-only), and enable()'s choice of binding (auto / native / pluggable),
+torch's headers into a library that formats no number through a C++ stream, and enable()'s choice of binding (auto / native / pluggable),
 its fallback warning, the build cache and vt.binding() behave as docs/torch.md says. The build
 and load steps are faked where they would need CUDA libraries.
 """
@@ -7,6 +7,7 @@ and load steps are faked where they would need CUDA libraries.
 from __future__ import annotations
 
 import os
+import re
 import stat
 import sys
 import types
@@ -67,24 +68,76 @@ def fresh_warning():
 
 # -- the source compiles -------------------------------------------------------------------------
 
-def test_binding_source_compiles_against_installed_torch():
+def _compile_check_or_skip(**kw):
     if not _torch_binding.cuda_include_dirs():
         pytest.skip("no CUDA headers (cuda_runtime_api.h) in $CUDA_HOME, /usr/local/cuda or pip nvidia-* packages")
-    result = _torch_binding.syntax_check(torch)
-    assert result.ok, f"{' '.join(result.command)}\n{result.output[-4000:]}"
-    assert "-fsyntax-only" in result.command
+    return _torch_binding.compile_check(torch, **kw)
 
 
-def test_syntax_check_reports_a_compile_error(monkeypatch, tmp_path):
+def test_binding_compiles_against_installed_torch_and_formats_no_number_through_a_stream():
+    """The binding as build() compiles it (-O2, torch's and CUDA's headers) writes no number into
+    a C++ stream, imported or instantiated: on the H200 of 2026-11-28 the one in its OOM message
+    (TORCH_CHECK_WITH -> c10::str<..., int, ...> -> ostream::_M_insert<long>) was a SIGSEGV at
+    every out-of-memory. The sources before the fix fail here (ostream::_M_insert<double>,
+    _M_insert<unsigned long>, operator<<(int))."""
+    result = _compile_check_or_skip()
+    assert result.returncode == 0, f"{' '.join(result.command)}\n{result.output[-4000:]}"
+    assert result.number_formatting == (), result.number_formatting
+    assert result.ok and "-O2" in result.command and "-DNDEBUG" in result.command
+
+
+def test_compile_check_catches_a_number_formatted_through_torch_check(monkeypatch, tmp_path):
+    """The check is not vacuous: one TORCH_CHECK with a number in a binding source is caught."""
+    if not _torch_binding.cuda_include_dirs():
+        pytest.skip("no CUDA headers found")
+    (tmp_path / "torch_binding").mkdir()
+    (tmp_path / "torch_binding" / "formats.cpp").write_text(
+        '#include <c10/util/Exception.h>\nvoid vta_check_size(int n) { TORCH_CHECK(n > 0, "bad size ", n); }\n')
+    monkeypatch.setattr(_torch_binding, "_source_root", lambda: tmp_path)
+    result = _torch_binding.compile_check(torch)
+    assert result.returncode == 0, result.output[-4000:]
+    assert not result.ok and result.number_formatting
+    assert any("_ZNSolsEi" in s or "_M_insert" in s for s in result.number_formatting), result.number_formatting
+
+
+def test_compile_check_reports_a_compile_error(monkeypatch, tmp_path):
     if not _torch_binding.cuda_include_dirs():
         pytest.skip("no CUDA headers found")
     bad = tmp_path / "torch_binding"
     bad.mkdir()
     (bad / "broken.cpp").write_text("int main() { return undeclared_name; }\n")
     monkeypatch.setattr(_torch_binding, "_source_root", lambda: tmp_path)
-    result = _torch_binding.syntax_check(torch)
+    result = _torch_binding.compile_check(torch)
     assert not result.ok and result.returncode != 0
     assert "undeclared_name" in result.output
+
+
+# What formats through a stream in torch's headers: the binding's own sources use none of it
+# (csrc/torch_binding/raise.hpp builds messages with snprintf and throws torch's types).
+STREAM_FORMATTING_IN_SOURCE = re.compile(
+    r"\b(TORCH_CHECK\w*|TORCH_WARN\w*|TORCH_INTERNAL_ASSERT\w*|C10_THROW_ERROR|AT_ERROR|c10::str|std::(o|i)?stringstream|"
+    r"std::cout|std::cerr|std::ostream)\b|#include\s*<(sstream|iostream|ostream|fstream|iomanip|locale)>|<<\s*\w")
+
+
+def test_binding_sources_use_no_stream_formatting():
+    offending = []
+    for f in _torch_binding.source_files():
+        for n, line in enumerate(f.read_text().splitlines(), 1):
+            code = line.split("//", 1)[0]
+            if STREAM_FORMATTING_IN_SOURCE.search(code) and "uint64_t{1} <<" not in code:
+                offending.append(f"{f.name}:{n}: {line.strip()}")
+    assert offending == [], "the binding must not format through iostreams (csrc/torch_binding/raise.hpp):\n" + \
+        "\n".join(offending)
+
+
+def test_a_built_binding_that_formats_numbers_is_refused(build_env, monkeypatch):
+    """build() reads the library it built: one that writes numbers into streams (a newer torch's
+    headers could inline such code) is never loaded; enable() then falls back to pluggable."""
+    monkeypatch.setattr(_torch_binding, "number_formatting_symbols", lambda path: ("_ZNSo9_M_insertIlEERSoT_",))
+    with pytest.raises(_torch_binding.BindingBuildError) as info:
+        _torch_binding.build(fake_torch(), build_env)
+    assert info.value.failure.kind == "stream-formatting"
+    assert "_M_insert" in str(info.value) and not list(Path(build_env["VTALLOC_CACHE_DIR"]).glob("*.so"))
 
 
 def test_core_library_does_not_compile_the_binding():

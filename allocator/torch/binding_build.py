@@ -28,18 +28,19 @@ import time
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from .. import _native
+from .. import _native, elf_symbols
 from ..errors import BackendUnavailableError
 
 __all__ = [
-    "BuildFailure", "BindingBuildError", "FAILURE_KINDS", "SUPPORTED_TORCH", "SyntaxCheck", "build", "cache_dir",
-    "cache_key", "find_compiler", "cuda_include_dirs", "source_files", "syntax_check", "load", "install",
+    "BuildFailure", "BindingBuildError", "FAILURE_KINDS", "SUPPORTED_TORCH", "CompileCheck", "build", "cache_dir",
+    "cache_key", "find_compiler", "cuda_include_dirs", "source_files", "compile_check", "number_formatting_symbols",
+    "load", "install",
 ]
 
 log = logging.getLogger("vtalloc.allocator")
 
-FAILURE_KINDS = ("no-compiler", "no-cuda-headers", "unsupported-torch", "compile-error", "load-error",
-                 "abi-mismatch")
+FAILURE_KINDS = ("no-compiler", "no-cuda-headers", "unsupported-torch", "compile-error", "stream-formatting",
+                 "load-error", "abi-mismatch")
 # (major, minor) range of torch whose allocator interface the binding implements
 # (TORCH_BINDING_MIN / MAX in csrc/torch_binding/vta_allocator.hpp).
 SUPPORTED_TORCH = ((2, 11), (2, 13))
@@ -190,7 +191,9 @@ def cache_key(torch_version: str, cuda_version: str | None, cxx11_abi: int, sour
 
 def _compile_args(torch: Any, cuda_includes: list[str], *, extra_includes: Sequence[str] = ()) -> list[str]:
     includes, _ = _torch_dirs(torch)
-    args = ["-std=c++17", "-fPIC", "-fvisibility=hidden", f"-D_GLIBCXX_USE_CXX11_ABI={_cxx11_abi(torch)}",
+    # -DNDEBUG as torch's own extension builds: torch's debug-only asserts (c10::Device::validate)
+    # format numbers through c10::str, which the binding must never link (raise.hpp).
+    args = ["-std=c++17", "-fPIC", "-fvisibility=hidden", "-DNDEBUG", f"-D_GLIBCXX_USE_CXX11_ABI={_cxx11_abi(torch)}",
             f"-I{_source_root()}", f"-I{_source_root() / 'include'}"]
     for d in [*includes, *extra_includes, *cuda_includes]:
         args.append(f"-isystem{d}")
@@ -202,24 +205,33 @@ def _tail(text: str) -> str:
 
 
 @dataclasses.dataclass(frozen=True)
-class SyntaxCheck:
-    ok: bool
+class CompileCheck:
+    ok: bool                          # compiled, and formats no number through a stream
     returncode: int
     output: str
     command: tuple[str, ...]
+    number_formatting: tuple[str, ...]  # the offending symbols (elf_symbols.formats_numbers)
 
 
-def syntax_check(torch: Any, environ: Mapping[str, str] | None = None) -> SyntaxCheck:
-    """Compile the binding with -fsyntax-only against ``torch``'s headers and the CUDA headers
-    (no CUDA libraries needed). Raises BindingBuildError only for a missing compiler or CUDA
-    headers; a compile error is ``ok=False`` with the compiler's output."""
+def number_formatting_symbols(library: Path | str) -> tuple[str, ...]:
+    """The symbols of a built binding that write a number into a C++ stream, imported or
+    defined: none is allowed (docs/design.md, "No iostreams in the core or the binding")."""
+    return tuple(sorted({s.name for s in elf_symbols.symbols(str(library)) if elf_symbols.formats_numbers(s.name)}))
+
+
+def compile_check(torch: Any, environ: Mapping[str, str] | None = None) -> CompileCheck:
+    """Compile the binding as :func:`build` does (same flags, -O2) against ``torch``'s headers and
+    the CUDA headers into a shared library that is linked to nothing (no torch or CUDA libraries
+    needed, so a CPU-only torch will do), and read its symbols. Raises BindingBuildError only for
+    a missing compiler or CUDA headers; a compile error or a number formatted through a stream is
+    ``ok=False``."""
     env = _environ(environ)
     cxx = find_compiler(env)
     cuda = cuda_include_dirs(env)
     if not cuda:
         raise BindingBuildError("no-cuda-headers", _NO_CUDA_HEADERS)
     includes, _ = _torch_dirs(torch)
-    with tempfile.TemporaryDirectory(prefix="vtalloc-syntax-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="vtalloc-compile-check-") as tmp:
         extra = []
         # A CPU-only torch wheel ships c10/cuda's headers without the generated one they include.
         if not any(os.path.exists(os.path.join(d, "c10/cuda/impl/cuda_cmake_macros.h")) for d in includes):
@@ -227,10 +239,13 @@ def syntax_check(torch: Any, environ: Mapping[str, str] | None = None) -> Syntax
             shim.mkdir(parents=True)
             (shim / "cuda_cmake_macros.h").write_text("#pragma once\n#define C10_CUDA_BUILD_SHARED_LIBS\n")
             extra.append(tmp)
-        cmd = [cxx, "-fsyntax-only", "-Wall", *_compile_args(torch, cuda, extra_includes=extra),
-               *[str(f) for f in source_files() if f.suffix == ".cpp"]]
+        out = Path(tmp) / "binding_check.so"
+        cmd = [cxx, "-O2", "-shared", "-Wall", *_compile_args(torch, cuda, extra_includes=extra),
+               *[str(f) for f in source_files() if f.suffix == ".cpp"], "-o", str(out)]
         proc = subprocess.run(cmd, capture_output=True, text=True)
-    return SyntaxCheck(proc.returncode == 0, proc.returncode, proc.stdout + proc.stderr, tuple(cmd))
+        offending = number_formatting_symbols(out) if proc.returncode == 0 and out.exists() else ()
+    ok = proc.returncode == 0 and not offending
+    return CompileCheck(ok, proc.returncode, proc.stdout + proc.stderr, tuple(cmd), offending)
 
 
 _NO_CUDA_HEADERS = ("no CUDA headers (cuda_runtime_api.h) found in $CUDA_HOME, $CUDA_PATH, /usr/local/cuda or the "
@@ -288,6 +303,17 @@ def build(torch: Any, environ: Mapping[str, str] | None = None) -> tuple[Path, f
                 "compile-error",
                 f"{cxx} exited {proc.returncode} building against torch {torch.__version__}; its output ends:\n"
                 f"{_tail(proc.stdout + proc.stderr)}")
+        try:
+            offending = number_formatting_symbols(tmp)
+        except ValueError:  # not an ELF library at all: load() says so
+            offending = ()
+        if offending:  # a newer torch's headers may inline such code; never load it
+            tmp.unlink(missing_ok=True)
+            raise BindingBuildError(
+                "stream-formatting",
+                f"built against torch {torch.__version__}, the binding writes numbers into C++ streams "
+                f"({', '.join(offending[:4])}), which crashed processes on GPU machines (docs/design.md, "
+                "\"No iostreams in the core or the binding\"); report it with your torch version")
         os.replace(tmp, target)
     log.info("vtalloc: built the torch-native binding in %.1f s: %s", seconds, target)
     return target, round(seconds, 1)

@@ -13,11 +13,12 @@
 
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAFunctions.h>
-#include <c10/cuda/CUDAGuard.h>
 #include <c10/util/Exception.h>
 
 #include <algorithm>
 #include <cstdio>
+#include <tuple>
+#include <utility>
 
 namespace vta_torch {
 
@@ -28,7 +29,7 @@ void free_block(void* ptr) {
 void check(vta_status_t status, const char* what) {
   if (status == VTA_OK) return;
   const char* message = vta_torch_last_error();
-  TORCH_CHECK(false, "vtalloc: ", what, " failed: ", message ? message : "(no message)");
+  VTA_RAISE("vtalloc: ", what, " failed: ", message ? message : "(no message)");
 }
 
 std::vector<int32_t> devices_with_space() {
@@ -49,19 +50,6 @@ c10::DeviceIndex current_device() {
   return device;
 }
 
-std::string bytes_text(uint64_t n) {
-  char buf[64];
-  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
-  double v = static_cast<double>(n);
-  int u = 0;
-  while (v >= 1024.0 && u < 4) {
-    v /= 1024.0;
-    ++u;
-  }
-  std::snprintf(buf, sizeof buf, u == 0 ? "%.0f %s" : "%.2f %s", v, units[u]);
-  return buf;
-}
-
 void fill(c10::CachingDeviceAllocator::StatArray& out, const vta_torch_stat_t (&in)[3]) {
   for (size_t i = 0; i < 3; ++i) {
     out[i].current = in[i].current;
@@ -71,12 +59,36 @@ void fill(c10::CachingDeviceAllocator::StatArray& out, const vta_torch_stat_t (&
   }
 }
 
-size_t device_total(c10::DeviceIndex device) {
-  c10::cuda::CUDAGuard guard(device);
+// The current CUDA device set to `device` for a scope, then put back. torch's CUDAGuard would do,
+// but its inline error paths format numbers through c10::str (raise.hpp).
+class DeviceScope {
+ public:
+  explicit DeviceScope(c10::DeviceIndex device) {
+    C10_CUDA_CHECK(cudaGetDevice(&previous_));
+    if (previous_ != device) {
+      C10_CUDA_CHECK(cudaSetDevice(device));
+      changed_ = true;
+    }
+  }
+  ~DeviceScope() {
+    if (changed_ && cudaSetDevice(previous_) != cudaSuccess) (void)cudaGetLastError();
+  }
+  DeviceScope(const DeviceScope&) = delete;
+  DeviceScope& operator=(const DeviceScope&) = delete;
+
+ private:
+  int previous_ = 0;
+  bool changed_ = false;
+};
+
+std::pair<size_t, size_t> device_memory(c10::DeviceIndex device) {
+  DeviceScope scope(device);
   size_t free = 0, total = 0;
   C10_CUDA_CHECK(cudaMemGetInfo(&free, &total));
-  return total;
+  return {free, total};
 }
+
+size_t device_total(c10::DeviceIndex device) { return device_memory(device).second; }
 
 }  // namespace
 
@@ -99,9 +111,10 @@ void VtaAllocator::throw_oom(c10::DeviceIndex device, size_t nbytes) {
   s.struct_size = sizeof s;
   (void)vta_torch_device_stats(device, &s);
   size_t free = 0, total = 0;
-  {
-    c10::cuda::CUDAGuard guard(device);
-    if (cudaMemGetInfo(&free, &total) != cudaSuccess) (void)cudaGetLastError();
+  try {
+    std::tie(free, total) = device_memory(device);
+  } catch (const c10::Error&) {  // the out-of-memory error below says more than a failed query
+    free = total = 0;
   }
   std::vector<cca::OutOfMemoryObserver> observers;
   {
@@ -112,13 +125,11 @@ void VtaAllocator::throw_oom(c10::DeviceIndex device, size_t nbytes) {
     observer(device, static_cast<size_t>(s.allocated_bytes[0].current), total, free);
   }
   const uint64_t requested = f.last_oom_requested_bytes ? f.last_oom_requested_bytes : nbytes;
-  TORCH_CHECK_WITH(OutOfMemoryError, false, "CUDA out of memory (vtalloc, device ", static_cast<int>(device),
-                   "): tried to allocate ", bytes_text(requested), "; vtalloc's capacity on this device is ",
-                   bytes_text(f.last_oom_capacity_bytes), ", of which ", bytes_text(f.last_oom_mapped_bytes),
-                   " is mapped. ", message[0] ? message : "",
-                   message[0] ? "" : "Free tensors you no longer need, lower the batch size, or raise the capacity "
-                                     "(VTALLOC_CAPACITY or enable(capacity=...))");
-  __builtin_unreachable();
+  VTA_RAISE_OOM("CUDA out of memory (vtalloc, device ", static_cast<int>(device), "): tried to allocate ",
+                bytes_text(requested), "; vtalloc's capacity on this device is ", bytes_text(f.last_oom_capacity_bytes),
+                ", of which ", bytes_text(f.last_oom_mapped_bytes), " is mapped. ", message[0] ? message : "",
+                message[0] ? "" : "Free tensors you no longer need, lower the batch size, or raise the capacity "
+                                  "(VTALLOC_CAPACITY or enable(capacity=...))");
 }
 
 void* VtaAllocator::malloc_or_throw(size_t nbytes, c10::DeviceIndex device, cudaStream_t stream) {
@@ -183,6 +194,8 @@ c10::CachingDeviceAllocator::DeviceStats VtaAllocator::getDeviceStats(c10::Devic
   out.num_device_free = s.num_device_free;
   return out;  // inactive_split*, oversize_*: vtalloc does not split blocks; they stay 0
 }
+
+std::pair<size_t, size_t> VtaAllocator::getMemoryInfo(c10::DeviceIndex device) { return device_memory(device); }
 
 void VtaAllocator::resetAccumulatedStats(c10::DeviceIndex device) {
   check(vta_torch_reset_accumulated(device), "resetAccumulatedStats");
@@ -254,7 +267,7 @@ double VtaAllocator::getMemoryFraction(c10::DeviceIndex device) {
 }
 
 void VtaAllocator::setMemoryFraction(double fraction, c10::DeviceIndex device) {
-  TORCH_CHECK(fraction >= 0.0 && fraction <= 1.0, "vtalloc: memory fraction must be in [0, 1], got ", fraction);
+  VTA_CHECK(fraction >= 0.0 && fraction <= 1.0, "vtalloc: memory fraction must be in [0, 1], got ", fraction);
   const size_t total = device_total(device);
   // 0 lifts vtalloc's cap: a fraction of 1 does; any smaller one caps at 1 byte or more.
   const uint64_t bytes =
@@ -282,7 +295,7 @@ void VtaAllocator::recordStream(const c10::DataPtr& ptr, c10::cuda::CUDAStream s
 }
 
 void VtaAllocator::enablePeerAccess(c10::DeviceIndex dev, c10::DeviceIndex dev_to_access) {
-  c10::cuda::CUDAGuard guard(dev);
+  DeviceScope scope(dev);
   const cudaError_t err = cudaDeviceEnablePeerAccess(dev_to_access, 0);
   if (err == cudaErrorPeerAccessAlreadyEnabled) {
     (void)cudaGetLastError();
@@ -300,14 +313,14 @@ cudaError_t VtaAllocator::memcpyAsync(void* dst, int dstDevice, const void* src,
 }
 
 cca::ShareableHandle VtaAllocator::shareIpcHandle(void*) {
-  TORCH_CHECK(false, "vtalloc: CUDA IPC of vtalloc memory is not supported (the tensor cannot be shared with another "
-                     "process through torch.multiprocessing); copy it to a CPU tensor, or run the process that "
-                     "shares CUDA tensors without vtalloc.allocator.torch.enable()");
+  VTA_RAISE("vtalloc: CUDA IPC of vtalloc memory is not supported (the tensor cannot be shared with another "
+                   "process through torch.multiprocessing); copy it to a CPU tensor, or run the process that "
+                   "shares CUDA tensors without vtalloc.allocator.torch.enable()");
 }
 
 std::shared_ptr<void> VtaAllocator::getIpcDevPtr(std::string) {
-  TORCH_CHECK(false, "vtalloc: CUDA IPC of vtalloc memory is not supported (opening another process's CUDA tensor "
-                     "under vtalloc.allocator.torch.enable())");
+  VTA_RAISE("vtalloc: CUDA IPC of vtalloc memory is not supported (opening another process's CUDA tensor "
+                   "under vtalloc.allocator.torch.enable())");
 }
 
 }  // namespace vta_torch

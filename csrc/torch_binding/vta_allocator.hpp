@@ -35,6 +35,7 @@
 #include <utility>
 #include <vector>
 
+#include "torch_binding/raise.hpp"
 #include "vtalloc/torch_native.h"
 
 // The torch versions whose allocator interface this file implements (major * 100 + minor).
@@ -75,6 +76,7 @@ class VtaAllocator final : public cca::CUDAAllocator {
 
   // -- statistics and inspection (vta_allocator.cpp) --
   c10::CachingDeviceAllocator::DeviceStats getDeviceStats(c10::DeviceIndex device) override;
+  std::pair<size_t, size_t> getMemoryInfo(c10::DeviceIndex device) override;  // no CUDAGuard (raise.hpp)
   void resetAccumulatedStats(c10::DeviceIndex device) override;
   void resetPeakStats(c10::DeviceIndex device) override;
   void cacheInfo(c10::DeviceIndex device, size_t* largestBlock) override;

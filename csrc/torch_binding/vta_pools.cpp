@@ -55,7 +55,7 @@ void VtaAllocator::beginAllocateToPool(c10::DeviceIndex device, c10::MempoolId_t
   std::lock_guard<std::mutex> lock(pools_mutex_);
   if (active_.size() <= static_cast<size_t>(device)) active_.resize(device + 1);
   for (const auto& p : active_[device]) {
-    TORCH_CHECK(!same(p.id, pool), "vtalloc: beginAllocateToPool: already allocating to pool (", pool.first, ", ",
+    VTA_CHECK(!same(p.id, pool), "vtalloc: beginAllocateToPool: already allocating to pool (", pool.first, ", ",
                 pool.second, ") on device ", static_cast<int>(device));
   }
   check(vta_torch_pool_incref(device, pool), "beginAllocateToPool");
@@ -69,7 +69,7 @@ void VtaAllocator::endAllocateToPool(c10::DeviceIndex device, c10::MempoolId_t m
   if (static_cast<size_t>(device) >= active_.size()) return;
   auto& pools = active_[device];
   auto it = std::find_if(pools.begin(), pools.end(), [&](const ActivePool& p) { return same(p.id, pool); });
-  TORCH_CHECK(it != pools.end(), "vtalloc: endAllocateToPool: pool (", pool.first, ", ", pool.second,
+  VTA_CHECK(it != pools.end(), "vtalloc: endAllocateToPool: pool (", pool.first, ", ", pool.second,
               ") is not being allocated to on device ", static_cast<int>(device));
   pools.erase(it);
   active_count_.fetch_sub(1, std::memory_order_release);
@@ -81,7 +81,7 @@ void VtaAllocator::releasePool(c10::DeviceIndex device, c10::MempoolId_t mempool
 
 void VtaAllocator::createOrIncrefPool(c10::DeviceIndex device, c10::MempoolId_t mempool_id,
                                       std::shared_ptr<cca::CUDAAllocator> allocator) {
-  TORCH_CHECK(allocator == nullptr || allocator.get() == this,
+  VTA_CHECK(allocator == nullptr || allocator.get() == this,
               "vtalloc: a torch.cuda.MemPool with its own allocator cannot be used while vtalloc is torch's "
               "allocator (its memory would come from outside vtalloc); create torch.cuda.MemPool() without one");
   check(vta_torch_pool_incref(device, pool_of(mempool_id)), "createOrIncrefPool");
@@ -128,8 +128,8 @@ std::shared_ptr<cca::AllocatorState> VtaAllocator::getCheckpointState(c10::Devic
 cca::CheckpointDelta VtaAllocator::setCheckpointPoolState(c10::DeviceIndex device,
                                                           std::shared_ptr<cca::AllocatorState> pps) {
   auto state = std::dynamic_pointer_cast<PoolCheckpoint>(pps);
-  TORCH_CHECK(state != nullptr, "vtalloc: setCheckpointPoolState got a state that vtalloc did not make");
-  TORCH_CHECK(state->device == device, "vtalloc: setCheckpointPoolState: the state is of device ",
+  VTA_CHECK(state != nullptr, "vtalloc: setCheckpointPoolState got a state that vtalloc did not make");
+  VTA_CHECK(state->device == device, "vtalloc: setCheckpointPoolState: the state is of device ",
               static_cast<int>(state->device), ", not ", static_cast<int>(device));
   std::vector<uint64_t> live;
   live.reserve(state->live.size());
