@@ -7,7 +7,8 @@ Invariants: a session sees, and acts on, only sessions of its own uid *and* prin
 all); under ``--principal-by pod`` a session is admin only if its uid is and its cgroup is
 exactly the daemon's own or under an ``--admin-cgroup`` (a pod's root is not the node's root);
 an ended session holds no page and no open eviction ticket; reports are untrusted: one with a
-value out of range is refused whole and counted as a protocol error.
+value out of range, or naming more page uses than its session holds pages (checked before any
+work is done with it), is refused whole and counted as a protocol error.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from .protocol.errors import (
 )
 from .quota import check_principal, pod_principal
 from .records import SESSION_KINDS, Session
-from .reports import check_report, take_report
+from .reports import ReportedUses, check_report, check_uses_count, take_report
 from .views import ClientReport
 
 __all__ = ["LedgerSessions"]
@@ -119,14 +120,27 @@ class LedgerSessions(LedgerBooks):
 
 
     # -- reports ----------------------------------------------------------------------------
-    def record_report(self, s: Session, report: ClientReport) -> None:
-        """Take a client's report; one with a value out of range is refused whole (reports.py)
-        and counted as a protocol error."""
+    def admit_report(self, s: Session, uses: int) -> None:
+        """Whether ``s`` may send a report naming ``uses`` page uses: checked before anything is
+        done with it (a client session, live, naming at most the pages it holds: reports.py);
+        a refusal counts as a protocol error."""
         with self._lock:
             if s.kind != "client":
                 raise FailedPreconditionError("an observer session has no pages to report")
             if not s.live:
                 raise NotFoundError(f"session {s.session_id} has ended")
+            try:
+                check_uses_count(uses, len(s.pages), self.geometry.max_return_pages)
+            except InvalidArgumentError:
+                self._counters.protocol_errors_total += 1
+                raise
+
+    def record_report(self, s: Session, report: ClientReport) -> None:
+        """Take a client's report; one with a value out of range, or naming more page uses than
+        its session holds pages, is refused whole (reports.py) and counted as a protocol error."""
+        with self._lock:
+            uses = report.page_uses
+            self.admit_report(s, uses.received if isinstance(uses, ReportedUses) else len(uses))
             try:
                 check_report(report)
             except InvalidArgumentError:

@@ -24,7 +24,7 @@ class LedgerViews(LedgerVictims):
     def _info(self, s: Session) -> SessionInfoView:
         g = self.geometry
         return SessionInfoView(s.session_id, s.pid, s.uid, s.principal, s.kind, g.backend, g.device, g.page_bytes,
-                               g.capacity_bytes, g.host_capacity_bytes, self.quota_of(s.principal), len(s.pages),
+                               g.capacity_bytes, g.host_capacity_bytes, self.quota_for(s), len(s.pages),
                                g.evict_deadline_s, self.is_admin(s))
 
     def session_info(self, s: Session) -> SessionInfoView:

@@ -131,8 +131,8 @@ class NodeConnections(NodePeers):
                 log.info("session %s opened: pid %d uid %d (%s)%s", session.session_id, pid, uid, session.principal,
                          f", quota {info.quota.min_bytes}:{info.quota.max_bytes} after its declaration"
                          if declared else "")
-                if declared:
-                    self.quota_changed(self.ledger.quota_of(session.principal))
+                if declared:  # tell the sessions it binds: its principal's, of its uid (ledger_quotas.py)
+                    self.quota_changed(self.ledger.quota_for(session), uid)
             clean = await self._until_gone(peer)
             self._end(peer, clean=clean)
         except LimitExceededError:

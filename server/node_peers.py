@@ -11,7 +11,8 @@ Invariants: a page is in the page pool exactly while the ledger has an owner for
 ledger lets go of are released at once (``_release_pages``), never handed to another session,
 so no bytes cross between sessions (memfd pages start zeroed; see docs/service.md on cuda
 pages); every release and every ended session wakes every ``_wait``; a session is watched
-by at most one stream at a time.
+by at most one stream at a time; what waits for a session's watch is bounded whether or not
+it ever reads (node_events.py, Note [Bounded event queues]).
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from vtalloc.allocator.page_pool import PagePool
 from .ledger import Ledger
 from .limits import RefusalLog, SessionLimits, UidSlots
 from .loop_stalls import LoopStalls
-from .node_events import QuotaEvent, ShutdownEvent
+from .node_events import EventBox, QuotaEvent, ShutdownEvent
 from .protocol.errors import FailedPreconditionError, ServiceUnavailableError
 from .quota import Quota
 from .records import Session
@@ -46,7 +47,7 @@ class _Peer:
         self.session = session
         self.conn = conn
         self.pidfd = pidfd
-        self.events: asyncio.Queue[object] = asyncio.Queue()
+        self.events = EventBox()  # bounded: node_events.py, Note [Bounded event queues]
         self.watching = False
 
 
@@ -106,7 +107,9 @@ class NodePeers:
         del self._peers[s.session_id]
         pages = self.ledger.end_session(s, clean=clean)
         self._release_pages(pages)
-        peer.events.put_nowait(None)
+        if s.declared is not None and not self._closing:  # its scope's quota may rise again
+            self.quota_changed(self.ledger.quota_for(s), s.uid)
+        peer.events.put(None)
         peer.conn.close()
         if peer.pidfd is not None:
             os.close(peer.pidfd)
@@ -145,15 +148,16 @@ class NodePeers:
         finally:
             peer.watching = False
 
-    def quota_changed(self, quota: Quota) -> None:
-        """Tell the principal's client sessions their quota: the one in force, lowered by declarations."""
-        quota = self.ledger.quota_of(quota.principal)
+    def quota_changed(self, quota: Quota, uid: int | None = None) -> None:
+        """Tell the principal's client sessions (only those of ``uid``, when given: the scope a
+        declaration binds, ledger_quotas.py) the quota in force for each of them."""
         for peer in list(self._peers.values()):
-            if peer.session.principal == quota.principal and peer.session.kind == "client":
-                peer.events.put_nowait(QuotaEvent(quota))
+            s = peer.session
+            if s.principal == quota.principal and s.kind == "client" and uid in (None, s.uid):
+                peer.events.put(QuotaEvent(self.ledger.quota_for(s)))
 
     # -- shutdown ---------------------------------------------------------------------------
     def announce_shutdown(self, reason: str) -> None:
         self._closing = True
         for peer in self._peers.values():
-            peer.events.put_nowait(ShutdownEvent(reason))
+            peer.events.put(ShutdownEvent(reason))

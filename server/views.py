@@ -11,6 +11,7 @@ ledger's live state, so a view may be read outside its lock.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Sequence
 
 from .quota import Quota
 
@@ -48,7 +49,9 @@ class ClientReport:
     evictions_total: int = 0
     restores_total: int = 0
     ooms_total: int = 0
-    page_uses: tuple[PageUseReport, ...] = ()  # per leased page; pages the session does not hold are dropped
+    # per leased page; pages the session does not hold are dropped (a tuple, or as received:
+    # reports.ReportedUses, decoded when a view first reads it)
+    page_uses: Sequence[PageUseReport] = ()
 
 
 @dataclass(frozen=True)
