@@ -206,7 +206,12 @@ class AddressSpace(TestHooks, NativeHandle):
                                   lambda may_evict, counted: self._malloc(n, s, may_evict, counted))
 
     def free(self, address: int) -> None:
-        """Free an address returned by :meth:`malloc` (double, foreign or interior frees raise)."""
+        """Free an address returned by :meth:`malloc` (double, foreign or interior frees raise; so
+        does the address of a live :meth:`tensor`'s storage: the tensor frees it when it dies)."""
+        if getattr(self, "_live_tensors", 0):
+            from .tensors import refuse_if_tensor_owned
+
+            refuse_if_tensor_owned(self, address, "free")
         source = self._source
         if source is not None:
             source.check_usable()
