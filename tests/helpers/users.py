@@ -77,3 +77,27 @@ def made_users(n: int) -> Iterator[list[User]]:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
             subprocess.run(["userdel", user.name], capture_output=True)
+
+
+# Run Python code as another user: imports first (the interpreter and the package may be
+# unreadable to that uid), then drop to it for good, then the code.
+_AS_USER = """
+import os, sys
+import vtalloc.allocator, vtalloc.allocator.publish, vtalloc.client.session  # noqa: F401 - before the drop
+uid, gid = (int(x) for x in sys.argv[1].split(":"))
+os.setgroups([]); os.setgid(gid); os.setuid(uid)
+sys.argv = sys.argv[1:]
+"""
+
+
+def run_as(user: User | None, code: str, *args: str, env: dict[str, str] | None = None,
+           **popen: object) -> subprocess.Popen:
+    """Start ``python -c code args...`` as ``user`` (None: as this process), in its own session."""
+    import sys
+
+    from helpers.service import child_env
+
+    prelude = _AS_USER if user is not None else "import sys; sys.argv = sys.argv[1:]\n"
+    ident = f"{user.uid}:{user.gid}" if user is not None else "-"
+    return subprocess.Popen([sys.executable, "-c", prelude + code, ident, *args], env=child_env(**(env or {})),
+                            start_new_session=True, **popen)  # type: ignore[call-overload]
