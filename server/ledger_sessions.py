@@ -18,7 +18,7 @@ import secrets
 from vtalloc.allocator.errors import InvalidArgumentError
 
 from .ledger_books import LedgerBooks
-from .principals import under_cgroup
+from .principals import limit_key, under_cgroup
 from .protocol.errors import (
     FailedPreconditionError,
     NotFoundError,
@@ -68,6 +68,11 @@ class LedgerSessions(LedgerBooks):
                     "no live session for this call: open one on the side channel and send its token "
                     "as x-vtalloc-session")
             return s
+
+    def session_keys(self) -> set[int | str]:
+        """The limit keys (principals.limit_key: uid, or pod) of every caller with a live session."""
+        with self._lock:
+            return {limit_key(s.uid, s.pod) for s in self._sessions.values()}
 
     def is_admin(self, s: Session) -> bool:
         if s.uid not in self._admin_uids:
@@ -135,15 +140,16 @@ class LedgerSessions(LedgerBooks):
                 self._counters.protocol_errors_total += 1
                 raise
 
-    def record_report(self, s: Session, report: ClientReport) -> None:
-        """Take a client's report; one with a value out of range, or naming more page uses than
-        its session holds pages, is refused whole (reports.py) and counted as a protocol error."""
+    def record_report(self, s: Session, report: ClientReport, uses: ReportedUses | None = None) -> None:
+        """Take a client's report (its page uses as received: ``uses``, else ``report.page_uses``);
+        one with a value out of range, or naming more page uses than its session holds pages, is
+        refused whole (reports.py) and counted as a protocol error."""
         with self._lock:
-            uses = report.page_uses
-            self.admit_report(s, uses.received if isinstance(uses, ReportedUses) else len(uses))
+            page_uses = report.page_uses if uses is None else uses
+            self.admit_report(s, uses.received if uses is not None else len(page_uses))
             try:
                 check_report(report)
             except InvalidArgumentError:
                 self._counters.protocol_errors_total += 1
                 raise
-            take_report(s, report, self._clock(), self._counters)
+            take_report(s, report, self._clock(), self._counters, page_uses)

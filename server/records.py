@@ -8,11 +8,11 @@ is the one list of them. Invariant: no rule lives here; a record only holds stat
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, Sequence
 from dataclasses import dataclass, field
 
 from .protocol.rpc import MAX_LEASE_PAGES, MAX_RETURN_PAGES, NODE_COUNTERS
-from .views import ClientReport
+from .views import ClientReport, PageUseReport
 
 __all__ = ["SESSION_KINDS", "NodeGeometry", "NodeCounters", "SessionCounters", "Session", "EvictTicket", "Holder",
            "MAX_HOLDER_BYTES", "add_bytes"]
@@ -70,7 +70,9 @@ class Session:
     kind: str
     started: float
     pages: dict[int, str] = field(default_factory=dict)  # page id -> a PAGE_STATES value
-    report: ClientReport | None = None
+    report: ClientReport | None = None                    # its last report (page uses apart: below)
+    page_uses: Sequence[PageUseReport] = ()               # that report's page uses (reports.ReportedUses:
+                                                          # as received, decoded when a view reads them)
     report_at: float = 0.0
     evictions_per_s: float = 0.0
     restores_per_s: float = 0.0

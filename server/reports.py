@@ -92,7 +92,8 @@ def saturating_sum(values: Iterable[int]) -> int:
     return min(UINT64_MAX, sum(values))
 
 
-def take_report(s: Session, report: ClientReport, now: float, counters: NodeCounters) -> None:
+def take_report(s: Session, report: ClientReport, now: float, counters: NodeCounters,
+                uses: Sequence[PageUseReport]) -> None:
     """Make a checked ``report`` the session's latest: its rates since the last one, and the
     growth of its monotonic counters added to the node's (a decrease counts as a restart of
     the client's count: nothing is added; the node's counters saturate)."""
@@ -106,7 +107,6 @@ def take_report(s: Session, report: ClientReport, now: float, counters: NodeCoun
         setattr(counters, name, saturating_sum((getattr(counters, name), n)))
     # Keep only what the session holds: a report cannot speak for another session's pages
     # (ReportedUses drops the others when a view first reads them).
-    uses = report.page_uses
     if not isinstance(uses, ReportedUses):
         uses = tuple(u for u in uses if u.page_id in s.pages and u.use in PAGE_USES)
-    s.report, s.report_at = dataclasses.replace(report, page_uses=uses), now
+    s.report, s.page_uses, s.report_at = dataclasses.replace(report, page_uses=()), uses, now

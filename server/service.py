@@ -93,8 +93,7 @@ class PagesService(pages_pb2_grpc.PagesServicer):
         r = request.report
         self.ledger.admit_report(s, len(r.page_uses))  # bounded before any work (reports.py)
         counts = {f.name: getattr(r, f.name) for f in _REPORT_COUNTS}
-        report = ClientReport(**counts, page_uses=ReportedUses(r.page_uses, _page_use, s.pages))
-        self.ledger.record_report(s, report)
+        self.ledger.record_report(s, ClientReport(**counts), ReportedUses(r.page_uses, _page_use, s.pages))
         return pages_pb2.ReportReply()
 
     async def Watch(self, request: pages_pb2.WatchRequest, context) -> AsyncIterator[pages_pb2.Event]:

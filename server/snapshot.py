@@ -42,8 +42,7 @@ def _report(s: Session) -> ClientReport:
     """The session's last report with its page uses decoded now (a view refers to nothing live)."""
     if s.report is None:
         return ClientReport()
-    uses = s.report.page_uses
-    return s.report if isinstance(uses, tuple) else dataclasses.replace(s.report, page_uses=tuple(uses))
+    return dataclasses.replace(s.report, page_uses=tuple(s.page_uses))
 
 
 def session_view(info: SessionInfoView, s: Session, now: float) -> SessionView:

@@ -11,7 +11,6 @@ ledger's live state, so a view may be read outside its lock.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
 
 from .quota import Quota
 
@@ -49,9 +48,7 @@ class ClientReport:
     evictions_total: int = 0
     restores_total: int = 0
     ooms_total: int = 0
-    # per leased page; pages the session does not hold are dropped (a tuple, or as received:
-    # reports.ReportedUses, decoded when a view first reads it)
-    page_uses: Sequence[PageUseReport] = ()
+    page_uses: tuple[PageUseReport, ...] = ()  # per leased page; pages the session does not hold are dropped
 
 
 @dataclass(frozen=True)

@@ -83,7 +83,8 @@ def made_users(n: int) -> Iterator[list[User]]:
 # unreadable to that uid), then drop to it for good, then the code.
 _AS_USER = """
 import os, sys
-import vtalloc.allocator, vtalloc.allocator.publish, vtalloc.client.session  # noqa: F401 - before the drop
+import ctypes, encodings.idna, json, logging, select, socket, time  # noqa: F401 - before the drop
+import vtalloc.allocator, vtalloc.allocator.publish, vtalloc.client.session  # noqa: F401
 uid, gid = (int(x) for x in sys.argv[1].split(":"))
 os.setgroups([]); os.setgid(gid); os.setuid(uid)
 sys.argv = sys.argv[1:]
