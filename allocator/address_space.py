@@ -146,15 +146,19 @@ class AddressSpace(TestHooks, NativeHandle):
         source = self._source
         if source is not None:
             source.stop()
+        deferred = False
         try:
             if getattr(self, "_live_tensors", 0):
                 from .tensors import defer_close
 
-                if defer_close(self):  # tensors over its pages live: the last one's finalizer closes it
+                # Tensors over its pages live: the last one's finalizer closes it, and its page
+                # source (a lease ends by revoking its pages: they must outlive the tensors).
+                deferred = defer_close(self)
+                if deferred:
                     return
             _native.check(self._lib.vta_space_close(self._handle))
         finally:
-            if source is not None:
+            if source is not None and not deferred:
                 source.close()
 
     def __repr__(self) -> str:

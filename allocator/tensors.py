@@ -11,7 +11,8 @@ Invariants:
   torch keeps alive dies and its finalizer runs), never while any view of it lives;
 - closing a space while tensors over it live never unmaps their pages: ``close()`` marks the
   space closed at once (every further call raises ClosedError) and the pages stay mapped
-  until the last such tensor dies, whose finalizer then releases the space;
+  until the last such tensor dies, whose finalizer then releases the space and, for a leased
+  space, only then ends its lease (the daemon revokes the pages of an ended lease);
 - an allocation a live tensor owns is the tensor's alone: ``free`` of its address is refused
   (:func:`refuse_if_tensor_owned`, an InvalidArgumentError), so nothing but the tensor's death
   frees its bytes (a free accepted there let the next malloc land under the tensor, whose
@@ -125,6 +126,15 @@ def _release(space: Any, address: int) -> None:
                 _native.check(lib.vta_space_close(handle))
             except VtallocError as e:
                 _failures.append(f"deferred close of the address space: {e}")
+            source = getattr(space, "_source", None)
+        else:
+            source = None
+    if source is not None:  # a leased space's lease ends only now (outside the lock: it talks to the daemon)
+        try:
+            source.close()
+        except Exception as e:  # noqa: BLE001 - a finalizer never raises
+            with _lock:
+                _failures.append(f"deferred close of the address space's page source: {e}")
 
 
 def refuse_if_tensor_owned(space: Any, address: int, what: str) -> None:

@@ -42,6 +42,7 @@ from .ledger import Ledger, NodeGeometry
 from .grpc_front import GrpcFront, connections_per_uid
 from .limits import RpcLimiter, RpcSlots
 from .node import Node
+from .page_reclaim import reclaim_of
 from .principals import boot_ticks_now, limit_key, own_cgroup
 from .side_channel import peer_pidfd
 from .proto.vtalloc.v1 import admin_pb2_grpc, pages_pb2_grpc
@@ -124,7 +125,7 @@ class _Lock:
 
     def __init__(self, path: str) -> None:
         self.path = path
-        self.fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        self.fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
         try:
             fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -166,7 +167,8 @@ async def serve(config: DaemonConfig, *, on_ready: Callable[[dict], None] | None
     try:
         info = pool.info()
         geometry = NodeGeometry(info.backend, info.device, info.page_bytes, info.capacity_bytes // info.page_bytes,
-                                int(config.host_capacity or 0), config.evict_deadline_s)  # an int since __post_init__
+                                int(config.host_capacity or 0), config.evict_deadline_s,  # an int since __post_init__
+                                reclaim=reclaim_of(info.backend))
         admins = {0, os.geteuid(), *config.admin_uids}
         admin_cgroups = None
         if config.principal_by == "pod":

@@ -256,7 +256,7 @@ class GrpcFront:
                 pipe.close()
 
     async def _accept_loop(self) -> None:
-        failures = AcceptFailures()
+        failures = AcceptFailures(what="gRPC socket")
         while True:
             try:
                 sock, _ = await self.loop.sock_accept(self.listener)

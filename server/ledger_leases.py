@@ -4,8 +4,10 @@ pages a session gives back.
 Owns: the owner of every leased page from the moment the node creates it (``delivering``)
 through its delivery (``leased``) until the session gives it back or ends; lease ids.
 Invariants: every leased page id has exactly one owner, a live session, and is in that
-session's pages; the pages held by all sessions never exceed the node's capacity, and a lease
-is admitted only while they fit beside the pages inherited; a principal's pages never exceed
+session's pages (or is retained by its process: ledger_books.py, page_reclaim.py); the pages
+held by all sessions never exceed the node's capacity, and a lease is admitted only while they
+fit beside the pages inherited and retained, a process's own retained pages counted as its
+lease's first; a principal's pages never exceed
 its maximum because of a lease the ledger admitted (lowering a maximum later refuses new
 leases; it takes nothing away); pages given back are checked all or none (each owned by the
 session, none twice, none still being delivered) and any of them given back while the
@@ -41,7 +43,8 @@ class LedgerLeases(LedgerQuotas):
         with self._lock:
             if s.kind != "client":
                 raise FailedPreconditionError("an observer session cannot lease pages")
-            over = self.over_maximum(s, pages)
+            new = max(0, pages - self.reusable(s))   # its process's retained pages come first, counted already
+            over = self.over_maximum(s, new)
             if over is not None:
                 q, used = over
                 whose = s.principal if q == self._operator_quota(s.principal) else \
@@ -55,7 +58,7 @@ class LedgerLeases(LedgerQuotas):
                     f"{whose} holds {used} pages of {g.page_bytes} bytes; {pages} more would pass its "
                     f"maximum of {q.max_bytes} bytes", requested_bytes=pages * g.page_bytes,
                     capacity_bytes=q.max_bytes, mapped_bytes=used * g.page_bytes)
-            return max(0, pages - (g.capacity_pages - len(self._owner) - self._inherited.pages))
+            return max(0, new - (g.capacity_pages - self._unavailable()))
 
 
     def count_node_short(self) -> None:
@@ -69,11 +72,12 @@ class LedgerLeases(LedgerQuotas):
             return n
 
     def add_pages(self, s: Session, page_ids: list[int]) -> None:
-        """Record fresh pages as on their way to ``s``."""
+        """Record fresh pages (or pages taken back from its process's retained ones: take_retained)
+        as on their way to ``s``."""
         with self._lock:
             if not s.live:
                 raise NotFoundError(f"session {s.session_id} has ended")
-            if len(self._owner) + len(page_ids) + self._inherited.pages > self.geometry.capacity_pages:
+            if self._unavailable() + len(page_ids) > self.geometry.capacity_pages:
                 raise InternalError("the ledger would hold more pages than the node's capacity")
             if twice := [p for p in page_ids if p in self._owner]:  # checked first: a refusal records none
                 raise InternalError(f"page {twice[0]} handed out twice")

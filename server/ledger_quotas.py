@@ -102,10 +102,13 @@ class LedgerQuotas(LedgerSessions):
         return q
 
     def _principal_pages(self, principal: str) -> int:
-        return sum(len(s.pages) for s in self._sessions.values() if s.principal == principal)
+        """Pages its sessions hold and its processes retain (page_reclaim.py: they may still reach them)."""
+        return (sum(len(s.pages) for s in self._sessions.values() if s.principal == principal)
+                + sum(len(r.pages) for r in self._retained.values() if r.principal == principal))
 
     def _scope_pages(self, principal: str, uid: int) -> int:
-        return sum(len(s.pages) for s in self._sessions.values() if s.principal == principal and s.uid == uid)
+        return (sum(len(s.pages) for s in self._sessions.values() if s.principal == principal and s.uid == uid)
+                + sum(len(r.pages) for r in self._retained.values() if r.principal == principal and r.uid == uid))
 
     def over_maximum(self, s: Session, pages: int) -> tuple[Quota, int] | None:
         """(the maximum that ``pages`` more would pass, what it bounds now), or None: the

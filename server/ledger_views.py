@@ -32,7 +32,9 @@ class LedgerViews(LedgerVictims):
             return self._info(s)
 
     def _device(self) -> DeviceView:
-        return device_view(self.geometry, self._sessions.values(), len(self._owner), self._inherited.pages,
+        # Retained pages are held by clients (page_reclaim.py): leased, as the node sees it.
+        return device_view(self.geometry, self._sessions.values(), len(self._owner) + self._retained_count(),
+                           self._inherited.pages,
                            self._inherited.processes)
 
     def _visible(self, caller: Session | None, session_id: str) -> tuple[list[Session], int, bool]:
@@ -73,4 +75,5 @@ class LedgerViews(LedgerVictims):
         """Everything metrics need, from one consistent moment: the full view and pages by state."""
         with self._lock:
             by_state = pages_by_state(self._sessions.values(), self.free_pages(), self._inherited.pages)
+            by_state["leased"] += self._retained_count()
             return self.node_view(None), by_state

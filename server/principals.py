@@ -52,7 +52,7 @@ import time
 from dataclasses import dataclass
 
 __all__ = ["PRINCIPAL_MODES", "POD_UID_RE", "PeerIdentity", "PeerIdentityError", "cgroup_v2_path", "pod_from_cgroup",
-           "peer_cgroup", "own_cgroup", "under_cgroup", "limit_key",
+           "peer_cgroup", "own_cgroup", "under_cgroup", "limit_key", "pidfd_exited",
            "boot_ticks_now"]
 
 PRINCIPAL_MODES = ("uid", "pod")
@@ -176,6 +176,9 @@ def _exited(pidfd: int) -> bool:
     p = select.poll()
     p.register(pidfd, select.POLLIN)
     return bool(p.poll(0))
+
+
+pidfd_exited = _exited
 
 
 def boot_ticks_now() -> int:

@@ -281,3 +281,28 @@ def test_a_forked_child_does_not_keep_the_parents_directory(runtime):
         finally:
             unpublish_stats(space)
     assert stat.S_ISDIR(proc_dir.st_mode)
+
+
+def _calls(path: Path, names: set[str]):
+    import ast
+
+    tree = ast.parse(path.read_text())
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in names \
+                and isinstance(node.func.value, ast.Name) and node.func.value.id == "os":
+            yield node, ast.unparse(node)
+
+
+def test_no_product_open_follows_a_link_and_the_publisher_names_nothing_by_path():
+    """The invariant, in the source: every os.open of the package passes O_NOFOLLOW (DIR_FLAGS
+    includes it), and the publisher opens, creates, renames and removes only relative to a held
+    directory descriptor (dir_fd)."""
+    root = Path(__file__).resolve().parent.parent
+    files = [p for d in ("allocator", "server", "client") for p in (root / d).rglob("*.py") if "proto" not in p.parts]
+    opens = [(p.name, text) for p in files for _, text in _calls(p, {"open"})]
+    assert opens, "no os.open found: the check reads nothing"
+    assert [o for o in opens if "O_NOFOLLOW" not in o[1] and "DIR_FLAGS" not in o[1]] == []
+    by_path = [text for node, text in _calls(root / "allocator" / "publish.py", {"open", "replace", "unlink", "mkdir",
+                                                                                 "rename", "remove", "stat", "lstat"})
+               if not any(k.arg in ("dir_fd", "src_dir_fd") for k in node.keywords) and "/proc/" not in text]
+    assert by_path == []
