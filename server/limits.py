@@ -14,6 +14,16 @@ Under ``--principal-by pod`` a pod's connections count per pod instead (the key 
 ``pod:<uid>``, principals.py :func:`limit_key`): pods mostly share one uid (often root), and
 one pod must not use up the slots of the others; a process outside any pod counts per uid.
 
+Note [Paced session opens]
+--------------------------
+Opening a session costs the daemon's event loop work (credentials, pidfd, the hello, the
+books, the answer, its end), and nothing bounded how often one uid did it: one uid's hellos
+in a loop, each declaring a quota, tripled another user's lease latency. Each uid (pod) may
+open SESSIONS_PER_S sessions per second after a burst of SESSIONS_BURST; past that its new
+connections wait (holding their pending slot, so at most --max-pending-per-uid wait) until
+their turn, before any work is done on them; one that would wait longer than the hello
+timeout is refused with LimitExceededError. A waiting connection costs the loop a timer.
+
 Note [Calls per uid]
 --------------------
 gRPC's own ``maximum_concurrent_rpcs`` counts a call as soon as its headers arrive, before
@@ -27,11 +37,17 @@ shared bucket), then one of the node's (``--max-concurrent-rpcs``), except for a
 uid can starve them. Both come back when the call ends, however it ends. Health's ``Check``
 (answered from memory at once) counts against neither, so no flood of other calls makes the
 daemon look down. A call over a limit ends with RESOURCE_EXHAUSTED naming
-LimitExceededError and the limit.
+LimitExceededError and the limit. Calls are also paced per caller (the same buckets: a
+session's uid or pod, or "no session"): CALLS_PER_S a second after a burst of CALLS_BURST; a
+call past its caller's rate waits for its turn (a timer, no work) before its handler runs, and
+one that would wait longer than CALL_WAIT_MAX_S is refused: eight threads of one uid calling
+GetStats back to back made another user's leases 2.3 times slower; paced, one caller gets at
+most that share of the event loop.
 """
 
 from __future__ import annotations
 
+import asyncio
 import collections
 import logging
 import time
@@ -47,11 +63,17 @@ from .protocol.errors import LimitExceededError, UnauthenticatedError
 from .protocol.rpc import session_token
 
 __all__ = ["SessionLimits", "UidSlots", "who", "RefusalLog", "REFUSAL_LOG_EVERY_S", "RpcSlots", "RpcLimiter",
-           "NO_SESSION", "UNCOUNTED_METHODS"]
+           "NO_SESSION", "UNCOUNTED_METHODS", "RatePacer", "SESSIONS_PER_S", "SESSIONS_BURST", "CALLS_PER_S",
+           "CALLS_BURST"]
 
 log = logging.getLogger("vtalloc.server")
 
 REFUSAL_LOG_EVERY_S = 10.0
+SESSIONS_PER_S = 100.0      # sessions one uid (pod) opens per second, after a burst of
+SESSIONS_BURST = 100        # (Note [Paced session opens])
+CALLS_PER_S = 500.0         # gRPC calls one caller starts per second, after a burst of
+CALLS_BURST = 500           # (Note [Calls per uid])
+CALL_WAIT_MAX_S = 2.0       # longer than this to wait for its turn: refused
 _HELLO_TIMEOUT_RANGE_S = (0.05, 60.0)   # shorter fails busy clients; longer lets idle ones hold a slot
 _MAX_SLOTS = 1 << 20
 
@@ -107,6 +129,32 @@ class UidSlots:
 
     def held(self, uid: Hashable) -> int:
         return self._held[uid]
+
+
+class RatePacer:
+    """A token bucket per caller (Note [Paced session opens]): ``delay(key)`` takes one unit and
+    says how long the caller waits before it may use it (0 within its rate and burst), or None
+    when that would be longer than ``max_wait_s`` (then nothing is taken). Not thread-safe: the
+    event loop's. Idle callers are forgotten, so it holds one entry per caller active lately."""
+
+    def __init__(self, rate_per_s: float, burst: int, max_wait_s: float,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.rate, self.burst, self.max_wait_s, self._clock = rate_per_s, burst, max_wait_s, clock
+        self._buckets: dict[Hashable, tuple[float, float]] = {}   # key -> (tokens, at)
+
+    def delay(self, key: Hashable) -> float | None:
+        now = self._clock()
+        tokens, at = self._buckets.get(key, (float(self.burst), now))
+        tokens = min(float(self.burst), tokens + (now - at) * self.rate) - 1.0
+        wait = max(0.0, -tokens / self.rate)
+        if wait > self.max_wait_s:
+            return None
+        self._buckets[key] = (tokens, now)
+        if len(self._buckets) > 4096:       # forget callers whose buckets are full again
+            full = [k for k, (t, a) in self._buckets.items() if t + (now - a) * self.rate >= self.burst]
+            for k in full:
+                del self._buckets[k]
+        return wait
 
 
 class RefusalLog:
@@ -165,10 +213,12 @@ class RpcSlots:
 class RpcLimiter(grpc.aio.ServerInterceptor):
     """Takes a slot of :class:`RpcSlots` when a call's handler starts, vacates it when it ends."""
 
-    def __init__(self, slots: RpcSlots, identify: Callable[[str | None], tuple[Hashable, bool]]) -> None:
+    def __init__(self, slots: RpcSlots, identify: Callable[[str | None], tuple[Hashable, bool]],
+                 pacer: RatePacer | None = None) -> None:
         self.slots = slots
         self._identify = identify            # token -> (limit key: uid or pod, admin); raises UnauthenticatedError
         self._refusals = RefusalLog()
+        self.pacer = pacer or RatePacer(CALLS_PER_S, CALLS_BURST, CALL_WAIT_MAX_S)
 
     def _caller(self, metadata: Any) -> tuple[Hashable, bool]:
         token = session_token(metadata)
@@ -189,12 +239,24 @@ class RpcLimiter(grpc.aio.ServerInterceptor):
         async def enter(context: grpc.aio.ServicerContext) -> tuple[Hashable, bool]:
             """The caller's slots, or the call ends here (abort raises)."""
             caller, admin = self._caller(metadata)
+            whose = "gRPC call without a session" if caller == NO_SESSION else f"gRPC call of {who(caller)}"
+            wait = self.pacer.delay(caller)
+            if wait is None:
+                e = LimitExceededError(f"{whose} past {CALLS_PER_S:g} calls a second (after {CALLS_BURST}) on this "
+                                       "vtalloc daemon; try again shortly")
+                self._refusals.refused(caller, 0, slots.per_uid, f"{method}: {e}", who=whose)
+                await abort(context, e, method)
             try:
                 slots.take(caller, admin)
             except LimitExceededError as e:
-                whose = "gRPC call without a session" if caller == NO_SESSION else f"gRPC call of {who(caller)}"
                 self._refusals.refused(caller, 0, slots.per_uid, f"{method}: {e}", who=whose)
                 await abort(context, e, method)
+            if wait:
+                try:
+                    await asyncio.sleep(wait)   # its turn (Note [Calls per uid]): holding its slot, doing no work
+                except BaseException:
+                    slots.vacate(caller, admin)
+                    raise
             return caller, admin
 
         def unary(inner: Callable) -> Callable:

@@ -28,7 +28,7 @@ from typing import AsyncIterator, Callable
 from vtalloc.allocator.page_pool import PagePool
 
 from .ledger import Ledger
-from .limits import RefusalLog, SessionLimits, UidSlots
+from .limits import SESSIONS_BURST, SESSIONS_PER_S, RatePacer, RefusalLog, SessionLimits, UidSlots
 from .loop_stalls import LoopStalls
 from .node_events import EventBox, QuotaEvent, ShutdownEvent
 from .page_reclaim import RETAIN, REVOKE, revoke_page
@@ -53,6 +53,7 @@ class _Peer:
         self.conn = conn
         self.pidfd = pidfd
         self.events = EventBox()  # bounded: node_events.py, Note [Bounded event queues]
+        self.told_quota: Quota | None = None   # the last quota queued for it
         self.watching = False
 
 
@@ -68,6 +69,7 @@ class NodePeers:
                                  limits.max_pending_per_uid)
         self._sessions = UidSlots("open sessions", "--max-sessions-per-uid", limits.max_sessions_per_uid)
         self._refusals = RefusalLog()
+        self._opens = RatePacer(SESSIONS_PER_S, SESSIONS_BURST, limits.hello_timeout_s)  # limits.py
         self._unidentified = UidSlots("connections whose cgroup could not be read", "--principal-by pod", 0)
         self._closer = Closer()
         self.stalls = LoopStalls()
@@ -211,11 +213,20 @@ class NodePeers:
 
     def quota_changed(self, quota: Quota, uid: int | None = None) -> None:
         """Tell the principal's client sessions (only those of ``uid``, when given: the scope a
-        declaration binds, ledger_quotas.py) the quota in force for each of them."""
+        declaration binds, ledger_quotas.py) the quota in force for each of them, once per scope
+        and only to a session not yet told that quota: a hello costs the daemon one pass over
+        its sessions, however many of that principal never watch."""
+        in_force: dict[int, Quota] = {}
         for peer in list(self._peers.values()):
             s = peer.session
-            if s.principal == quota.principal and s.kind == "client" and uid in (None, s.uid):
-                peer.events.put(QuotaEvent(self.ledger.quota_for(s)))
+            if s.principal != quota.principal or s.kind != "client" or uid not in (None, s.uid):
+                continue
+            q = in_force.get(s.uid)
+            if q is None:
+                q = in_force[s.uid] = self.ledger.quota_for(s)
+            if peer.told_quota != q:
+                peer.told_quota = q
+                peer.events.put(QuotaEvent(q))
 
     # -- shutdown ---------------------------------------------------------------------------
     def announce_shutdown(self, reason: str) -> None:

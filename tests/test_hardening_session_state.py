@@ -61,14 +61,15 @@ def declaring_hello(side_channel: str, max_bytes: int) -> None:
 
 def test_hellos_in_a_loop_do_not_grow_the_daemon_whose_sessions_never_watch():
     """Before: each declaring hello queued a quota event for every session of the principal,
-    unbounded; 80 idle sessions and 3,000 hellos grew the daemon by about 25 MiB."""
+    unbounded; 200 idle sessions and 1,000 hellos grew the daemon by about 20 MiB (hellos are
+    paced to 100 a second per uid now: this takes about 15 s)."""
     with Daemon(capacity="16MiB") as d:
-        idle = [ServiceSession(d.address, timeout_s=5) for _ in range(80)]   # never watch
+        idle = [ServiceSession(d.address, timeout_s=5) for _ in range(200)]   # never watch
         try:
-            for i in range(300):                       # warm-up: the daemon's own caches settle
+            for i in range(200):                       # warm-up: the daemon's own caches settle
                 declaring_hello(d.ready["side_channel"], (64 << 20) + i)
             before = rss_bytes(d.pid)
-            for i in range(3000):
+            for i in range(1000):
                 declaring_hello(d.ready["side_channel"], (64 << 20) + i)
             grown = rss_bytes(d.pid) - before
             assert grown < 8 << 20, f"the daemon grew by {grown >> 20} MiB"
@@ -222,3 +223,32 @@ def test_set_quota_refuses_a_principal_with_a_newline():
                 s.call(s.admin, "SetQuota", admin_pb2.SetQuotaRequest(principal=name, max_bytes=PAGE), 10)
         q = s.call(s.admin, "GetQuota", admin_pb2.GetQuotaRequest(principal="*"), 10)
         assert [x.principal for x in q.quotas] == []
+
+
+# -- pacing: one uid's session opens and calls have a rate, applied before any work ---------------
+
+def test_a_rate_pacer_gives_each_caller_its_burst_then_its_rate():
+    from vtalloc.server.limits import RatePacer
+
+    now = [0.0]
+    pacer = RatePacer(10.0, 5, max_wait_s=1.0, clock=lambda: now[0])
+    assert [pacer.delay("a") for _ in range(5)] == [0.0] * 5            # the burst
+    waits = [pacer.delay("a") for _ in range(10)]
+    assert waits == pytest.approx([0.1 * k for k in range(1, 11)])      # then its rate: queued, not refused
+    assert pacer.delay("a") is None                                      # more than max_wait_s: refused
+    assert pacer.delay("b") == 0.0                                       # another caller is not held up
+    now[0] = 10.0
+    assert pacer.delay("a") == 0.0                                       # refilled
+
+
+def test_one_uid_opening_sessions_in_a_loop_is_paced():
+    """Before: nothing bounded how often one uid opened sessions; 300 hellos took well under a
+    second and, in a loop with declared quotas, tripled another user's lease latency."""
+    from vtalloc.server.limits import SESSIONS_BURST, SESSIONS_PER_S
+
+    with Daemon(capacity="16MiB") as d:
+        t0 = time.monotonic()
+        for i in range(300):
+            declaring_hello(d.ready["side_channel"], (64 << 20) + i)      # none refused: paced
+        took = time.monotonic() - t0
+        assert took >= 0.75 * (300 - SESSIONS_BURST) / SESSIONS_PER_S, took

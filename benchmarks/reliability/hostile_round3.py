@@ -308,10 +308,10 @@ def session_state(d: Daemon, rounds: int) -> Tally:
     t = Tally()
     idle = [ServiceSession(d.address, timeout_s=10) for _ in range(40)]
     try:
-        for i in range(200):
+        for i in range(100):
             _declaring_hello(d.ready["side_channel"], (64 << 20) + i)
         before = _rss(d.pid)
-        for i in range(1000 * rounds):
+        for i in range(300 * rounds):              # paced: 100 a second (server/limits.py)
             _declaring_hello(d.ready["side_channel"], (64 << 20) + i)
         grown = _rss(d.pid) - before
         (t.ok if grown < 8 << 20 else t.bad)(f"hellos in a loop: the daemon grew by {grown >> 10} KiB")
