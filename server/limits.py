@@ -37,12 +37,10 @@ shared bucket), then one of the node's (``--max-concurrent-rpcs``), except for a
 uid can starve them. Both come back when the call ends, however it ends. Health's ``Check``
 (answered from memory at once) counts against neither, so no flood of other calls makes the
 daemon look down. A call over a limit ends with RESOURCE_EXHAUSTED naming
-LimitExceededError and the limit. Calls are also paced per caller (the same buckets: a
-session's uid or pod, or "no session"): CALLS_PER_S a second after a burst of CALLS_BURST; a
-call past its caller's rate waits for its turn (a timer, no work) before its handler runs, and
-one that would wait longer than CALL_WAIT_MAX_S is refused: eight threads of one uid calling
-GetStats back to back made another user's leases 2.3 times slower; paced, one caller gets at
-most that share of the event loop.
+LimitExceededError and the limit. Calls are also paced by what they cost (the same callers: a
+session's uid or pod, or "no session"): each call is charged its handler's own event-loop time
+plus gRPC's per-call cost, and a caller past its share of the loop waits for its turn (a timer,
+no work, holding its slot) before its next handler runs (loop_share.py, Note [Loop share]).
 """
 
 from __future__ import annotations
@@ -59,21 +57,18 @@ import grpc
 from vtalloc.allocator.errors import InvalidArgumentError
 
 from .errors import Continuation, abort
+from .loop_share import CALL_COST_S, LOOP_SHARE, LoopShare, timed
 from .protocol.errors import LimitExceededError, UnauthenticatedError
 from .protocol.rpc import session_token
 
 __all__ = ["SessionLimits", "UidSlots", "who", "RefusalLog", "REFUSAL_LOG_EVERY_S", "RpcSlots", "RpcLimiter",
-           "NO_SESSION", "UNCOUNTED_METHODS", "RatePacer", "SESSIONS_PER_S", "SESSIONS_BURST", "CALLS_PER_S",
-           "CALLS_BURST"]
+           "NO_SESSION", "UNCOUNTED_METHODS", "RatePacer", "SESSIONS_PER_S", "SESSIONS_BURST"]
 
 log = logging.getLogger("vtalloc.server")
 
 REFUSAL_LOG_EVERY_S = 10.0
 SESSIONS_PER_S = 100.0      # sessions one uid (pod) opens per second, after a burst of
 SESSIONS_BURST = 100        # (Note [Paced session opens])
-CALLS_PER_S = 500.0         # gRPC calls one caller starts per second, after a burst of
-CALLS_BURST = 500           # (Note [Calls per uid])
-CALL_WAIT_MAX_S = 2.0       # longer than this to wait for its turn: refused
 _HELLO_TIMEOUT_RANGE_S = (0.05, 60.0)   # shorter fails busy clients; longer lets idle ones hold a slot
 _MAX_SLOTS = 1 << 20
 
@@ -214,11 +209,11 @@ class RpcLimiter(grpc.aio.ServerInterceptor):
     """Takes a slot of :class:`RpcSlots` when a call's handler starts, vacates it when it ends."""
 
     def __init__(self, slots: RpcSlots, identify: Callable[[str | None], tuple[Hashable, bool]],
-                 pacer: RatePacer | None = None) -> None:
+                 share: LoopShare | None = None) -> None:
         self.slots = slots
         self._identify = identify            # token -> (limit key: uid or pod, admin); raises UnauthenticatedError
         self._refusals = RefusalLog()
-        self.pacer = pacer or RatePacer(CALLS_PER_S, CALLS_BURST, CALL_WAIT_MAX_S)
+        self.share = share or LoopShare()    # each caller's share of the loop (loop_share.py)
 
     def _caller(self, metadata: Any) -> tuple[Hashable, bool]:
         token = session_token(metadata)
@@ -234,16 +229,16 @@ class RpcLimiter(grpc.aio.ServerInterceptor):
         handler = await continuation(details)
         if handler is None or details.method in UNCOUNTED_METHODS:
             return handler
-        method, metadata, slots = details.method, details.invocation_metadata, self.slots
+        method, metadata, slots, share = details.method, details.invocation_metadata, self.slots, self.share
 
         async def enter(context: grpc.aio.ServicerContext) -> tuple[Hashable, bool]:
             """The caller's slots, or the call ends here (abort raises)."""
             caller, admin = self._caller(metadata)
             whose = "gRPC call without a session" if caller == NO_SESSION else f"gRPC call of {who(caller)}"
-            wait = self.pacer.delay(caller)
+            wait = self.share.wait(caller)
             if wait is None:
-                e = LimitExceededError(f"{whose} past {CALLS_PER_S:g} calls a second (after {CALLS_BURST}) on this "
-                                       "vtalloc daemon; try again shortly")
+                e = LimitExceededError(f"{whose} is past its share of the vtalloc daemon's time ({LOOP_SHARE:g} of "
+                                       "each second); try again shortly")
                 self._refusals.refused(caller, 0, slots.per_uid, f"{method}: {e}", who=whose)
                 await abort(context, e, method)
             try:
@@ -251,6 +246,7 @@ class RpcLimiter(grpc.aio.ServerInterceptor):
             except LimitExceededError as e:
                 self._refusals.refused(caller, 0, slots.per_uid, f"{method}: {e}", who=whose)
                 await abort(context, e, method)
+            share.charge(caller, CALL_COST_S)   # gRPC's own work for the call (loop_share.py)
             if wait:
                 try:
                     await asyncio.sleep(wait)   # its turn (Note [Calls per uid]): holding its slot, doing no work
@@ -262,9 +258,13 @@ class RpcLimiter(grpc.aio.ServerInterceptor):
         def unary(inner: Callable) -> Callable:
             async def call(request: Any, context: grpc.aio.ServicerContext) -> Any:
                 held = await enter(context)
+                t0 = time.perf_counter()
                 try:
                     result = inner(request, context)
-                    return await result if hasattr(result, "__await__") else result
+                    if not hasattr(result, "__await__"):
+                        return result
+                    share.charge(held[0], time.perf_counter() - t0)
+                    return await timed(result, lambda seconds: share.charge(held[0], seconds))
                 finally:
                     slots.vacate(*held)
             return call
