@@ -21,6 +21,7 @@ import contextlib
 import os
 import socket
 import subprocess
+import threading
 import time
 import urllib.request
 
@@ -155,14 +156,16 @@ def test_descriptors_sent_on_the_grpc_socket_do_not_stall_other_calls():
             # Ten lingering sockets in the unread datagram of a Unix socket, itself sent on the
             # gRPC socket: whoever drops that socket's last reference closes the ten (ours go now).
             a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)
-            socket.send_fds(a, [b"x"], [x.fileno() for x in sockets[10 * i:10 * i + 10]])
+            group = sockets[10 * i:10 * i + 10]
+            socket.send_fds(a, [b"x"], [x.fileno() for x in group])
+            for x in group:
+                os.close(x.detach())                             # not the last: b's datagram holds each
             conn = stack.enter_context(socket.socket(socket.AF_UNIX, socket.SOCK_STREAM))
             conn.connect(d.socket)
             socket.send_fds(conn, [PREFACE], [b.fileno()])
-            a.close()
-            b.close()
-        for x in sockets:
-            os.close(x.detach())                                 # a datagram holds each one's last reference
+            # Our copies go on a thread of ours: if the daemon dropped its copy of b first, ours is
+            # the last and its close lingers here (until the test's end resets the sockets).
+            threading.Thread(target=lambda a=a, b=b: (a.close(), b.close()), daemon=True).start()
         took = []
         end = time.monotonic() + LINGER_S
         while time.monotonic() < end:
