@@ -9,7 +9,7 @@ in the CLI and the protobuf (ClientReport.pages_resident, PAGE_USE_RESIDENT); a 
 consistent ledger snapshot and changes nothing; counters only ever grow (client-reported
 counters are summed as deltas); the HTTP server holds at most METRICS_MAX_CONNECTIONS
 connections (more are closed at once), at most METRICS_PER_PEER of them from one peer (a
-local uid, found in ``/proc/net/tcp``; a remote address), each for at most
+local uid, asked of the kernel (sock_diag, else ``/proc/net/tcp``); a remote address), each for at most
 METRICS_REQUEST_DEADLINE_S and idle at most METRICS_IDLE_TIMEOUT_S, one request per
 connection: whoever reaches the port (any local user, on the default 127.0.0.1) cannot make
 the daemon hold more descriptors or threads than that, nor one user keep the others out.
@@ -179,11 +179,54 @@ def _normal(ip: str) -> str:
     return str(a)
 
 
+_NETLINK_SOCK_DIAG, _SOCK_DIAG_BY_FAMILY, _NLM_F_REQUEST, _NLMSG_ERROR = 4, 20, 1, 2
+_NOCOOKIE = 0xFFFFFFFF
+
+
+_GONE = -1   # sock_diag answered: no such socket (it closed already)
+
+
+def _diag_uid(client: tuple[str, int], server: tuple[str, int]) -> int | None:
+    """The uid owning the local TCP socket ``client`` connected to ``server``: one exact
+    sock_diag lookup (netlink); _GONE when the kernel knows no such socket (here, or any more);
+    None when sock_diag cannot be asked (then /proc/net/tcp is read)."""
+    a, b = ipaddress.ip_address(client[0]), ipaddress.ip_address(server[0])
+    family = socket.AF_INET6 if a.version == 6 else socket.AF_INET
+    if a.version != b.version:
+        return None
+    pad = 16 - len(a.packed)
+    sockid = (struct.pack("!HH", client[1], server[1]) + a.packed + b"\0" * pad + b.packed + b"\0" * pad
+              + struct.pack("=III", 0, _NOCOOKIE, _NOCOOKIE))
+    body = struct.pack("=BBBBI", family, socket.IPPROTO_TCP, 0, 0, 0xFFFFFFFF) + sockid
+    msg = struct.pack("=IHHII", 16 + len(body), _SOCK_DIAG_BY_FAMILY, _NLM_F_REQUEST, 1, 0) + body
+    try:
+        with socket.socket(socket.AF_NETLINK, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC, _NETLINK_SOCK_DIAG) as nl:
+            nl.settimeout(1.0)
+            nl.send(msg)
+            reply = nl.recv(8192)
+    except OSError:
+        return None
+    if len(reply) < 16:
+        return None
+    _, kind = struct.unpack_from("=IH", reply, 0)
+    if kind == _NLMSG_ERROR:
+        return _GONE
+    if kind != _SOCK_DIAG_BY_FAMILY or len(reply) < 16 + 4 + 48 + 16:
+        return None
+    return struct.unpack_from("=I", reply, 16 + 4 + 48 + 12)[0]   # inet_diag_msg.idiag_uid
+
+
 def tcp_peer(client: tuple, server: tuple) -> tuple[str, int | str]:
     """Who is at the other end of a TCP connection to ``server`` from ``client`` (addresses as
-    accept gives them): ``("uid", n)`` when the connecting socket is on this host (its line in
-    ``/proc/net/tcp`` or ``tcp6``, the kernel's), else ``("address", ip)``."""
+    accept gives them): ``("uid", n)`` when the connecting socket is on this host (the kernel's
+    sock_diag answer for it, else its line in ``/proc/net/tcp`` or ``tcp6``), else
+    ``("address", ip)``."""
     want_local, want_remote = (_normal(client[0]), client[1]), (_normal(server[0]), server[1])
+    uid = _diag_uid(want_local, want_remote)
+    if uid == _GONE:
+        return ("address", want_local[0])
+    if uid is not None:
+        return ("uid", uid)
     for table in ("/proc/net/tcp", "/proc/net/tcp6"):
         try:
             with open(table) as f:

@@ -219,15 +219,36 @@ while time.monotonic() < end:
         assert f"uid {user.uid} has {METRICS_PER_PEER} connections open" in d.log(), d.log()[-2000:]
 
 
-def test_the_peer_of_a_loopback_connection_is_its_uid():
+@contextlib.contextmanager
+def loopback_connection():
+    """A TCP connection of ours over loopback: (its client's address, its server's), as accept gives them."""
     with socket.socket() as server:
         server.bind(("127.0.0.1", 0))
         server.listen(1)
         with socket.create_connection(server.getsockname()):
             conn, addr = server.accept()
             with conn:
-                assert tcp_peer(addr, conn.getsockname()) == ("uid", os.geteuid())
+                yield addr, conn.getsockname()
+
+
+def test_the_peer_of_a_loopback_connection_is_its_uid():
+    with loopback_connection() as (client, server):
+        assert tcp_peer(client, server) == ("uid", os.geteuid())
     assert tcp_peer(("10.255.255.1", 1), ("127.0.0.1", 2)) == ("address", "10.255.255.1")
+
+
+def test_the_peer_uid_is_asked_of_the_kernel_and_the_table_fallback_agrees(monkeypatch):
+    """sock_diag answers one exact lookup (no read of every TCP socket of the host per accept);
+    where it cannot be asked, /proc/net/tcp gives the same answer; a socket the kernel does not
+    know is no local uid's."""
+    from vtalloc.server import metrics
+
+    with loopback_connection() as (client, server):
+        assert metrics._diag_uid(client, server) == os.geteuid()
+        monkeypatch.setattr(metrics, "_diag_uid", lambda client, server: None)
+        assert tcp_peer(client, server) == ("uid", os.geteuid())
+        monkeypatch.undo()
+        assert metrics._diag_uid(("127.0.0.1", 1), ("127.0.0.1", 2)) == metrics._GONE
 
 
 @pytest.mark.parametrize("sessions", [1, 256, 100_000])
