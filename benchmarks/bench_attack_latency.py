@@ -6,21 +6,27 @@ another uid (64999, as root; else this uid): hellos declaring quotas beside 200 
 never watch, a gRPC connection flood, lingering sockets sent on the gRPC socket, four senders
 of 4 MiB reports, eight threads calling GetStats back to back, a metrics-port flood, and a
 lease-keep-return loop. For each phase it records
-the victim's lease + return round trips (median, p90, p99, max) and the ratio of the median to
-the median of an idle phase measured just before it (the machine's load drifts: a shared
-2-core machine's idle median moved between 3.6 and 7.1 ms in one run); the JSON carries
+the victim's lease + return round trips (median, p90, p99, max) in windows while the attacker
+runs, interleaved with windows while it is stopped (SIGSTOP; its connections and sessions stay),
+and the ratio of the attack windows' median to the stopped windows' median: the machine's own
+load drifts (on the shared 2-core CI machine an idle median moved between 3.4 and 12.8 ms from
+one minute to the next, and two processes spinning, touching nothing of the daemon's, made it
+2 to 10 times slower), so only windows taken side by side are compared. The JSON carries
 machine, date, commit and command (provenance.py).
 
-Invariant: an attack phase measures only while its attacker runs (started, then a warm-up);
-every attacker is stopped before the next phase, and the daemon with them at the end.
+Invariant: an attack window measures only while its attacker runs (started, warmed up, then
+continued), a paused window only while it is stopped; every attacker is killed before the next
+attack, and the daemon with them at the end.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime as _dt
 import json
 import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -179,20 +185,30 @@ def round_trip(s: ServiceSession) -> float:
     return time.perf_counter() - t0
 
 
-def measure(s: ServiceSession, seconds: float) -> dict[str, Any]:
-    samples = []
+def samples(s: ServiceSession, seconds: float) -> list[float]:
+    out = []
     end = time.monotonic() + seconds
     while time.monotonic() < end:
-        samples.append(round_trip(s))
+        out.append(round_trip(s))
         time.sleep(0.005)
-    q = statistics.quantiles(samples, n=100)
-    return {"samples": len(samples), "median_ms": round(1e3 * statistics.median(samples), 3),
-            "p90_ms": round(1e3 * q[89], 3), "p99_ms": round(1e3 * q[98], 3), "max_ms": round(1e3 * max(samples), 3)}
+    return out
+
+
+def summary(xs: list[float]) -> dict[str, Any]:
+    q = statistics.quantiles(xs, n=100)
+    return {"samples": len(xs), "median_ms": round(1e3 * statistics.median(xs), 3),
+            "p90_ms": round(1e3 * q[89], 3), "p99_ms": round(1e3 * q[98], 3), "max_ms": round(1e3 * max(xs), 3)}
+
+
+def measure(s: ServiceSession, seconds: float) -> dict[str, Any]:
+    return summary(samples(s, seconds))
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--seconds", type=float, default=6.0, help="measured seconds per phase")
+    ap.add_argument("--windows", type=int, default=6, help="attack/stopped window pairs per attack")
+    ap.add_argument("--window", type=float, default=1.0, help="seconds per window")
+    ap.add_argument("--seconds", type=float, default=4.0, help="seconds of the idle phases (before any attack, after all)")
     ap.add_argument("--warmup", type=float, default=2.0, help="seconds an attack runs before measuring")
     ap.add_argument("--only", default=",".join(ATTACKS), help="comma-separated attacks")
     ap.add_argument("--out", default="benchmarks/results/attack-latency-{date}.json")
@@ -208,24 +224,33 @@ def main(argv: list[str] | None = None) -> int:
             ServiceSession(d.address, timeout_s=30) as victim:
         for _ in range(50):
             round_trip(victim)
+        record["phases"]["idle_before"] = measure(victim, args.seconds)
         for name in [n for n in args.only.split(",") if n]:
-            record["phases"][f"idle_before_{name}"] = idle = measure(victim, args.seconds)
-            print(f"idle: {idle}", flush=True)
             code = _PRELUDE + ATTACKS[name]
-            runs = str(args.warmup + args.seconds + 1)
+            runs = str(args.warmup + 3 * args.windows * args.window + 30)
             proc = run_as(attacker, code, d.socket, d.ready["side_channel"], d.ready["metrics"], runs,
                           stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+            attacked: list[float] = []
+            paused: list[float] = []
             try:
                 time.sleep(args.warmup)
-                if proc.poll() is not None:
-                    raise RuntimeError(f"attack {name} ended early: {proc.stderr.read()[-2000:]}")
-                phase = measure(victim, args.seconds)
+                for _ in range(args.windows):
+                    if proc.poll() is not None:
+                        raise RuntimeError(f"attack {name} ended early: {proc.stderr.read()[-2000:]}")
+                    os.killpg(proc.pid, signal.SIGCONT)
+                    time.sleep(0.2)
+                    attacked += samples(victim, args.window)
+                    os.killpg(proc.pid, signal.SIGSTOP)
+                    time.sleep(0.2)
+                    paused += samples(victim, args.window)
             finally:
-                proc.kill()
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL)
                 proc.communicate()
-            phase["idle_median_ms"] = idle["median_ms"]
-            phase["median_ratio_to_idle"] = round(phase["median_ms"] / idle["median_ms"], 2)
-            phase["p90_ratio_to_idle"] = round(phase["p90_ms"] / idle["p90_ms"], 2)
+            phase = summary(attacked)
+            idle = phase["paused"] = summary(paused)
+            phase["median_ratio_to_paused"] = round(phase["median_ms"] / idle["median_ms"], 2)
+            phase["p90_ratio_to_paused"] = round(phase["p90_ms"] / idle["p90_ms"], 2)
             record["phases"][name] = phase
             print(f"{name}: {phase}", flush=True)
             time.sleep(1.0)
@@ -233,8 +258,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"idle after: {record['phases']['idle_after']}", flush=True)
         log = d.log()
     record["daemon_tracebacks"] = log.count("Traceback")
-    attacks = [p for n, p in record["phases"].items() if not n.startswith("idle")]
-    record["worst_median_ratio"] = max((p["median_ratio_to_idle"] for p in attacks), default=None)
+    attacks = [p for n, p in record["phases"].items() if not n.startswith(("idle", "control"))]
+    record["worst_median_ratio"] = max((p["median_ratio_to_paused"] for p in attacks), default=None)
     out = Path(args.out.format(date=_dt.date.today().isoformat()))
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(record, indent=2) + "\n")
