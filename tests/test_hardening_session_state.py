@@ -306,7 +306,8 @@ def test_cancelling_a_timed_handler_reaches_the_handler():
 def test_the_rpc_limiter_charges_each_caller_its_handlers_loop_time_and_paces_only_it():
     """Before: calls were paced by count (500 a second), whatever each cost: eight threads of one
     uid calling GetStats (2 ms each) made another user's leases 4.4 times slower
-    (benchmarks/bench_attack_latency.py, rpc_flood). Now a caller's handler time is its own debt."""
+    (benchmarks/bench_attack_latency.py, rpc_flood), and decoding a request (50 ms for a 4 MiB
+    Report, refused at once after) was charged to no one. Now both are the caller's own debt."""
     import types
 
     import grpc
@@ -325,20 +326,26 @@ def test_the_rpc_limiter_charges_each_caller_its_handlers_loop_time_and_paces_on
     limiter = RpcLimiter(RpcSlots(per_uid=8, total=16), lambda token: ({"a": 1000, "b": 1001}[token], False),
                          LoopShare(share=0.25, burst_s=0.1, max_wait_s=60.0, clock=lambda: 0.0))  # no refill
 
+    def decode(data: bytes) -> bytes:            # gRPC decodes on the loop, before the handler
+        end = time.perf_counter() + 0.02
+        while time.perf_counter() < end:
+            pass
+        return data
+
     async def continuation(details: object) -> grpc.RpcMethodHandler:
-        return grpc.unary_unary_rpc_method_handler(dear)
+        return grpc.unary_unary_rpc_method_handler(dear, request_deserializer=decode)
 
     async def call(token: str) -> str:
         details = types.SimpleNamespace(method="/vtalloc.v1.Pages/GetStats",
                                         invocation_metadata=((SESSION_KEY, token),))
         handler = await limiter.intercept_service(continuation, details)
-        return await handler.unary_unary(None, None)
+        return await handler.unary_unary(handler.request_deserializer(b"request"), None)
 
     async def main() -> None:
-        for _ in range(5):                       # 5 x 30 ms against a burst of 100 ms
+        for _ in range(5):                       # 5 x (20 + 30) ms against a burst of 100 ms
             assert await call("a") == "ok"
-        # at least 5 x 30 ms - 100 ms in debt, refilled at 0.25 s a second: >= 0.2 s to wait
-        assert 0.2 <= limiter.share.wait(1000) < 60 and limiter.share.wait(1001) == 0.0
+        # at least 5 x 50 ms - 100 ms in debt, refilled at 0.25 s a second: >= 0.6 s to wait
+        assert 0.6 <= limiter.share.wait(1000) < 60 and limiter.share.wait(1001) == 0.0
         assert await call("b") == "ok"           # another caller: not held by a's debt
         assert limiter.slots.total == 0 and limiter.slots.per_uid.held(1000) == 0
 
