@@ -67,6 +67,7 @@ FREE_EVICTABLE = "free under an evictable allocation"
 EVICT = "Eviction and paged training"
 OFFLOAD = "Offload training against every peer"
 RECOMPUTE = "Keep, page out or recompute under one byte budget (CPU)"
+ATTACK = "The daemon under attack: another user's lease latency (host backend)"
 CHURN = "Churn: random-size tensors under a cap"
 EVICT_MODEL = "Predicted (host cost model): eviction on an H100"
 SIZES = "Predicted: in-place paged training at default settings"
@@ -122,6 +123,10 @@ COMMANDS: tuple[Command, ...] = (
             "--max-recompute-fraction 1.0 --out benchmarks/results/offload_training-recompute-cap1-cpu-{date}.json",
             _SMOKE_RECOMPUTE + " --max-recompute-fraction 1.0 "
             "--out benchmarks/results/offload_training-recompute-cap1-cpu-{date}.json", needs=HF),
+    Command("attack_latency", ATTACK,
+            "python benchmarks/bench_attack_latency.py --out benchmarks/results/attack-latency-{date}.json",
+            "python benchmarks/bench_attack_latency.py --only hello_storm --windows 1 --window 0.5 --seconds 0.5 "
+            "--warmup 0.5 --out benchmarks/results/attack-latency-{date}.json"),
     Command("churn", CHURN,
             "python benchmarks/bench_churn.py --backend host --out benchmarks/results/churn-host-{date}.json",
             _SMALL_CHURN + " --out benchmarks/results/churn-host-{date}.json"),
