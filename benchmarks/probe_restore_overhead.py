@@ -98,6 +98,65 @@ def reference(size: int, repeats: int) -> dict:
     return out
 
 
+def driver_call_costs(sizes: tuple[int, ...] = (2 * MiB, 32 * MiB, 256 * MiB), reps: int = 20) -> dict:
+    """Wall time of the VMM calls a copy-mode cycle makes, per handle size, straight through
+    libcuda (ctypes): create, map, set_access, unmap, release, in the device's primary context."""
+    import ctypes
+
+    cu = ctypes.CDLL("libcuda.so.1")
+
+    class Location(ctypes.Structure):
+        _fields_ = [("type", ctypes.c_int), ("id", ctypes.c_int)]
+
+    class Flags(ctypes.Structure):
+        _fields_ = [("compressionType", ctypes.c_ubyte), ("gpuDirectRDMACapable", ctypes.c_ubyte),
+                    ("usage", ctypes.c_ushort), ("reserved", ctypes.c_ubyte * 4)]
+
+    class Prop(ctypes.Structure):
+        _fields_ = [("type", ctypes.c_int), ("requestedHandleTypes", ctypes.c_int), ("location", Location),
+                    ("win32HandleMetaData", ctypes.c_void_p), ("allocFlags", Flags)]
+
+    class Access(ctypes.Structure):
+        _fields_ = [("location", Location), ("flags", ctypes.c_int)]
+
+    def ok(rc: int, what: str) -> None:
+        if rc != 0:
+            raise RuntimeError(f"{what}: CUresult {rc}")
+
+    ok(cu.cuInit(0), "cuInit")
+    dev, ctx = ctypes.c_int(), ctypes.c_void_p()
+    ok(cu.cuDeviceGet(ctypes.byref(dev), 0), "cuDeviceGet")
+    ok(cu.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), dev), "cuDevicePrimaryCtxRetain")
+    ok(cu.cuCtxSetCurrent(ctx), "cuCtxSetCurrent")
+    prop = Prop(type=1, requestedHandleTypes=0, location=Location(1, 0))
+    access = Access(location=Location(1, 0), flags=3)
+    out = {}
+    for size in sizes:
+        va = ctypes.c_uint64()
+        ok(cu.cuMemAddressReserve(ctypes.byref(va), ctypes.c_size_t(size), ctypes.c_size_t(0), ctypes.c_uint64(0),
+                                  ctypes.c_ulonglong(0)), "cuMemAddressReserve")
+        times: dict[str, list[float]] = {k: [] for k in ("create", "map", "set_access", "unmap", "release")}
+        for _ in range(reps):
+            h = ctypes.c_uint64()
+            t0 = time.perf_counter()
+            ok(cu.cuMemCreate(ctypes.byref(h), ctypes.c_size_t(size), ctypes.byref(prop), ctypes.c_ulonglong(0)), "create")
+            t1 = time.perf_counter()
+            ok(cu.cuMemMap(va, ctypes.c_size_t(size), ctypes.c_size_t(0), h, ctypes.c_ulonglong(0)), "map")
+            t2 = time.perf_counter()
+            ok(cu.cuMemSetAccess(va, ctypes.c_size_t(size), ctypes.byref(access), ctypes.c_size_t(1)), "set_access")
+            t3 = time.perf_counter()
+            ok(cu.cuMemUnmap(va, ctypes.c_size_t(size)), "unmap")
+            t4 = time.perf_counter()
+            ok(cu.cuMemRelease(h), "release")
+            t5 = time.perf_counter()
+            for k, dt in zip(times, (t1 - t0, t2 - t1, t3 - t2, t4 - t3, t5 - t4)):
+                times[k].append(dt)
+        ok(cu.cuMemAddressFree(va, ctypes.c_size_t(size)), "cuMemAddressFree")
+        out[str(size)] = {k: round(statistics.median(v) * 1e6, 1) for k, v in times.items()}
+    cu.cuDevicePrimaryCtxRelease(dev)
+    return {"median_us": out, "reps": reps}
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", required=True)
@@ -130,6 +189,12 @@ def main(argv: list[str] | None = None) -> int:
     for d in ("h2d", "d2h") if record["reference"] else ():
         record["fits"][f"reference_{d}_wall"] = fit([(int(s), v[d]["wall_s"]) for s, v in record["reference"].items()])
         record["fits"][f"reference_{d}_event"] = fit([(int(s), v[d]["event_s"]) for s, v in record["reference"].items()])
+    if a.backend == "cuda":
+        try:
+            record["driver_calls"] = driver_call_costs()
+        except Exception as e:  # noqa: BLE001 - recorded: the rest of the probe stands
+            record["driver_calls"] = {"error": str(e)[:300]}
+        print(json.dumps(record["driver_calls"]))
     print(json.dumps(record["fits"]))
     Path(a.out).parent.mkdir(parents=True, exist_ok=True)
     Path(a.out).write_text(json.dumps(record, indent=1) + "\n")

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 from helpers.shim_crossings import count_shim_calls
+from helpers.subproc import run_python
 
 import vtalloc.allocator.torch as vt
 from vtalloc.allocator import _native
@@ -130,14 +131,37 @@ def test_binding_sources_use_no_stream_formatting():
         "\n".join(offending)
 
 
-def test_a_built_binding_that_formats_numbers_is_refused(build_env, monkeypatch):
-    """build() reads the library it built: one that writes numbers into streams (a newer torch's
-    headers could inline such code) is never loaded; enable() then falls back to pluggable."""
+def test_loading_the_binding_makes_the_processs_cxx_runtime_global():
+    """The mechanism of the crash of 2026-11-28: torch loads libstdc++ into a local scope, and a
+    library loaded with RTLD_LOCAL resolves its own references to libstdc++'s templates to its
+    own weak copies first (on the H200 image the built binding carried num_put's members and the
+    guard of its facet id; with the binding of 63cd8d0 an OOM was a SIGSEGV, and the same library
+    loaded after libstdc++ was made global raised torch.OutOfMemoryError: BENCHMARKS.md). Before
+    the binding is loaded, libstdc++ is made global; in a fresh process it is not before."""
+    out = run_python("""
+        import ctypes, json
+        import torch
+        from vtalloc.allocator.torch import binding_build
+        before = hasattr(ctypes.CDLL(None), "_ZNSt6localeC1Ev")
+        shared = binding_build.share_cxx_runtime()
+        after = hasattr(ctypes.CDLL(None), "_ZNSt6localeC1Ev")
+        print(json.dumps({"before": before, "shared": shared, "after": after}))
+    """)
+    assert out == {"before": False, "shared": "libstdc++.so.6", "after": True}
+
+
+def test_a_binding_with_stream_code_is_not_loaded_without_the_shared_runtime(monkeypatch, tmp_path):
+    """Where the runtime cannot be made global, a library that formats numbers through streams is
+    refused (kind stream-formatting: enable() falls back to pluggable); one that formats none loads."""
+    monkeypatch.setattr(_torch_binding, "share_cxx_runtime", lambda: None)
     monkeypatch.setattr(_torch_binding, "number_formatting_symbols", lambda path: ("_ZNSo9_M_insertIlEERSoT_",))
     with pytest.raises(_torch_binding.BindingBuildError) as info:
-        _torch_binding.build(fake_torch(), build_env)
-    assert info.value.failure.kind == "stream-formatting"
-    assert "_M_insert" in str(info.value) and not list(Path(build_env["VTALLOC_CACHE_DIR"]).glob("*.so"))
+        _torch_binding.load(tmp_path / "torch_binding-x.so")
+    assert info.value.failure.kind == "stream-formatting" and "_M_insert" in str(info.value)
+    monkeypatch.setattr(_torch_binding, "number_formatting_symbols", lambda path: ())
+    with pytest.raises(_torch_binding.BindingBuildError) as info:  # nothing to refuse: the load itself fails
+        _torch_binding.load(tmp_path / "torch_binding-x.so")
+    assert info.value.failure.kind == "load-error"
 
 
 def test_core_library_does_not_compile_the_binding():

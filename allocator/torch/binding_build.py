@@ -303,17 +303,6 @@ def build(torch: Any, environ: Mapping[str, str] | None = None) -> tuple[Path, f
                 "compile-error",
                 f"{cxx} exited {proc.returncode} building against torch {torch.__version__}; its output ends:\n"
                 f"{_tail(proc.stdout + proc.stderr)}")
-        try:
-            offending = number_formatting_symbols(tmp)
-        except ValueError:  # not an ELF library at all: load() says so
-            offending = ()
-        if offending:  # a newer torch's headers may inline such code; never load it
-            tmp.unlink(missing_ok=True)
-            raise BindingBuildError(
-                "stream-formatting",
-                f"built against torch {torch.__version__}, the binding writes numbers into C++ streams "
-                f"({', '.join(offending[:4])}), which crashed processes on GPU machines (docs/design.md, "
-                "\"No iostreams in the core or the binding\"); report it with your torch version")
         os.replace(tmp, target)
     log.info("vtalloc: built the torch-native binding in %.1f s: %s", seconds, target)
     return target, round(seconds, 1)
@@ -332,6 +321,23 @@ def _core_abi() -> int | None:
     return int(fn())
 
 
+def share_cxx_runtime() -> str | None:
+    """Put the C++ runtime torch already loaded (libstdc++) in the process's global symbol scope,
+    before the binding is loaded: a compiler that instantiates libstdc++'s stream templates in
+    the binding (Ubuntu's g++ 13.3 on the GPU image of 2026-11-28) gives it weak copies of their
+    static state (a facet's locale::id among them), and a library loaded with RTLD_LOCAL resolves
+    its own references to its own copies first; with libstdc++ global they resolve to the one
+    runtime, as in any C++ program linked against it. Loads nothing new (RTLD_NOLOAD); the soname
+    made global, or None where none is loaded."""
+    for name in ("libstdc++.so.6",):
+        try:
+            ctypes.CDLL(name, mode=os.RTLD_NOLOAD | os.RTLD_GLOBAL)
+            return name
+        except OSError:
+            continue
+    return None
+
+
 def load(path: Path | str) -> ctypes.CDLL:
     """Load the built binding and check it against the core library (loaded first: the binding
     uses the very same one). Changes nothing of torch's."""
@@ -339,6 +345,20 @@ def load(path: Path | str) -> ctypes.CDLL:
     if core_abi is None:
         raise BindingBuildError("abi-mismatch", f"the core library {_native.library_path()} has no torch-native ABI "
                                                 "(vta_torch_native_abi): reinstall vtalloc")
+    if str(path) not in _loaded and share_cxx_runtime() is None:
+        # The binding's own code formats nothing through streams (csrc/torch_binding/raise.hpp);
+        # a toolchain may still put stream code in it (docs/design.md): without the one shared
+        # runtime, such a library is never loaded.
+        try:
+            offending = number_formatting_symbols(path)
+        except (OSError, ValueError):
+            offending = ()  # not a library: the load below says so
+        if offending:
+            raise BindingBuildError(
+                "stream-formatting",
+                f"{path} writes numbers into C++ streams ({', '.join(offending[:4])}) and the process's C++ runtime "
+                "(libstdc++.so.6) could not be made global before loading it, which crashed processes at their "
+                "first out-of-memory on GPU machines (docs/design.md, \"No iostreams in the core or the binding\")")
     try:
         lib = _loaded.get(str(path)) or ctypes.CDLL(str(path))
     except OSError as e:
