@@ -67,6 +67,7 @@ AllocPolicy::Request AllocPolicy::request(uint64_t nbytes) {
 AllocPolicy::Step AllocPolicy::begin_allocate(Placement& p) {
   const Request& r = p.request_;
   if (!uses_.empty()) poll_uses(false);
+  if (pages_.pages_held() > pages_.capacity_pages()) shed_over_limit();
   retried_ = false;
   // Neither needs an event nor a driver call: a block this stream freed, or free memory that is
   // mapped already.
@@ -233,6 +234,16 @@ bool AllocPolicy::reclaim_one_handle() {
   return true;
 }
 
+// A limit lowered below the pages held (torch's set_per_process_memory_fraction) leaves cached
+// pages over it, and a cached page is reused without a capacity check (it is held already): an
+// allocation could then end above the limit, as one did on the H200 (2026-11-28). The cached
+// pages go first, as PyTorch frees its cached blocks before it lets an allocation pass its cap.
+void AllocPolicy::shed_over_limit() {
+  settle();  // frees whose streams are done become cached; one still running stays (its stream may reuse it)
+  unmap_cached();
+  pages_.release_free_pages();
+}
+
 void AllocPolicy::unmap_cached() {
   int32_t id = -1;
   while (cached_.take_oldest(0, [&](int32_t h) { return is_cached(h); }, &id))
@@ -363,8 +374,11 @@ void AllocPolicy::release_block(uintptr_t address, uint64_t size) {
   uint64_t touched = touched_pages() * page_bytes_;
   uint64_t idle = mapped > cached + touched ? mapped - cached - touched : 0;
   std::string msg = "vtalloc out of memory: " + std::string(why ? why : "tried to allocate") + " " + mib(requested) +
-                    " (" + std::to_string(requested) + " bytes); capacity " + mib(capacity_) + ", " +
-                    mib(live_.active_bytes()) + " held by live allocations (" + mib(live_.evictable_bytes()) +
+                    " (" + std::to_string(requested) + " bytes); capacity " + mib(capacity_) +
+                    (limit_bytes_ && limit_bytes_ < capacity_
+                         ? " (limited to " + mib(limit_bytes_) + " by a memory fraction or limit)"
+                         : std::string()) +
+                    ", " + mib(live_.active_bytes()) + " held by live allocations (" + mib(live_.evictable_bytes()) +
                     " evictable), " + mib(mapped) + " mapped (" + mib(cached) + " of it cached, " + mib(touched) +
                     " on pages blocks touch";
   if (idle)

@@ -212,6 +212,8 @@ class AllocPolicy final : public PageUsers {
   bool reclaim_one_handle();
   // Unmap every cached handle (trim).
   void unmap_cached();
+  // Pages held above the capacity (a limit lowered under them): cached ones unmapped and released.
+  void shed_over_limit();
   // At the edge of an OOM: split the extents blocks use only in part (alloc_policy_split.cpp)
   // until `npages` pages fit under capacity (a restore's handle, for `stream`, its consumer).
   // Whether any was split; none while `stream` captures a graph (a split waits for the device).
