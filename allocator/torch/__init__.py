@@ -20,7 +20,7 @@ Invariants: importing this package never imports torch (only ``activation_record
 
 from __future__ import annotations
 
-from .activation_paging import PagedActivations, PagedStats, paged_activations
+from .activation_paging import PagedActivations, PagedStats, PagerWarning, paged_activations
 from .binding_choice import Binding, BindingFallbackWarning
 from .enabling import binding, enable, is_enabled, mempool, mode, resolve_config
 from .failure_reports import OomBinding, failures, oom_binding, oom_exception
@@ -50,5 +50,5 @@ __all__ = [
     "reset_accumulated_memory_stats", "mem_get_info", "memory_summary", "empty_cache", "failures", "oom_exception",
     "oom_binding", "OomBinding",
     "AllocatorConflictError", "UnsupportedError",
-    "paged_activations", "PagedActivations", "PagedStats", "offload", "prefetch", "publish_stats",
+    "paged_activations", "PagedActivations", "PagedStats", "PagerWarning", "offload", "prefetch", "publish_stats",
 ]
