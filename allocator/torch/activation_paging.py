@@ -22,9 +22,9 @@ recompute: ``activation_records``).
   itself), page (the path above) or recompute (hold only the recipe, bound and verified at
   pack in later iterations, run at unpack). A tensor saved twice (same tensor, same
   ``_version``) is packed once and its record shared. ``recompute="off"``: keep and page only.
-- Pages are shared between neighbouring allocations and move whole, so an offload can leave
-  the pages a saved tensor shares with a tensor that may not move resident: its bytes stay
-  counted as resident, and later evict-behind passes offload it again until they move.
+- Pages are shared between neighbouring allocations (the pager packs small tensors densely) and
+  a page moves once every tensor on it has left: until then its bytes stay counted as resident.
+  What crossed the link is the space's count (``bytes_paged``); ``activation_room`` makes room.
 
 Layer: torch glue, below ``vtalloc.allocator.torch`` (which re-exports it).
 Invariants: a value unpacked is bit-identical to the value packed; a tensor is never
@@ -374,7 +374,7 @@ class PagedActivations:
         # What could not move (yet) goes back to the front, in pack order, for the next pass.
         queue.extendleft(reversed(stuck))
         if self._held_bytes > self._release_at:
-            self._release_held()
+            self._room.release_held()
 
     def _offload_record(self, s: _Saved) -> int:
         """Offload one paged record (lock held) and keep its bookkeeping; -> bytes of it newly away.
@@ -395,29 +395,6 @@ class PagedActivations:
         self._resident_bytes -= away - was_away
         self._held_bytes += away - was_away
         return max(away - was_away, 0)
-
-    def _release_held(self) -> None:
-        # An offload leaves its device page held (a restore before memory runs short then costs
-        # no copy); the oldest tensors are the last backward needs, so holding them only keeps
-        # the space's mapped bytes at everything saved rather than at the budget. Once the
-        # offloaded bytes since the last release pass the slack, one call unmaps them all: one
-        # wait for the streams that may touch them per slack's worth of offloads, not one per
-        # tensor.
-        # Copies still in flight keep their pages: if they alone hold more than the slack, the
-        # forward pass is running ahead of the copy link, and the release waits for them (the
-        # back-pressure that keeps mapped bytes bounded; `release_waits` counts it). What still
-        # cannot be released stays counted; the next release comes a slack's worth later.
-        release = getattr(self.pager, "release_offloaded", None)
-        if release is None:
-            self._held_bytes = 0
-            return
-        slack = self._release_slack
-        self._held_bytes = max(self._held_bytes - release(), 0)
-        self._counts["releases"] += 1
-        if self._held_bytes > slack:
-            self._held_bytes = max(self._held_bytes - release(wait=True), 0)
-            self._counts["release_waits"] += 1
-        self._release_at = self._held_bytes + slack
 
     def _unpack(self, saved: Any) -> Any:
         if not isinstance(saved, _Saved):

@@ -1,6 +1,7 @@
 """Room for ``paged_activations`` in its space: what moves when a pack or a restore finds none, and what a step needs.
 
-Owns: for one :class:`~.activation_paging.PagedActivations`, making room when the space has no
+Owns: for one :class:`~.activation_paging.PagedActivations`, the release of the device pages
+offloaded tensors still hold (each quarter budget of offloads), making room when the space has no
 pages left for a copy (pack) or a restore (unpack, a recipe's borrow): it offloads saved tensors
 that nothing but the pager holds, first those backward has finished with (unpacked, their node
 done, kept alive only by a retained graph), then those needed last (the oldest packed); the set
@@ -129,6 +130,31 @@ class Room:
             f"{_mib(held + nbytes + 2 * room['page_bytes'])} for its saved tensors at this point (docs/eviction.md, "
             f"'Sizing a space for the pager'); the space said: {cause}",
             requested_bytes=nbytes, capacity_bytes=room["capacity_bytes"])
+
+    # -- held pages ------------------------------------------------------------------------
+    def release_held(self) -> None:
+        """Unmap the device pages offloaded tensors still hold (lock held). An offload leaves its
+        device page held (a restore before memory runs short then costs no copy); the oldest
+        tensors are the last backward needs, so holding them only keeps the space's mapped bytes
+        at everything saved rather than at the budget. Once the offloaded bytes since the last
+        release pass the slack, one call unmaps them all: one wait for the streams that may touch
+        them per slack's worth of offloads, not one per tensor. Copies still in flight keep their
+        pages: if they alone hold more than the slack, the forward pass is running ahead of the
+        copy link, and the release waits for them (the back-pressure that keeps mapped bytes
+        bounded; ``release_waits`` counts it). What still cannot be released stays counted; the
+        next release comes a slack's worth later."""
+        sched = self.sched
+        release = getattr(sched.pager, "release_offloaded", None)
+        if release is None:
+            sched._held_bytes = 0
+            return
+        slack = sched._release_slack
+        sched._held_bytes = max(sched._held_bytes - release(), 0)
+        sched._counts["releases"] += 1
+        if sched._held_bytes > slack:
+            sched._held_bytes = max(sched._held_bytes - release(wait=True), 0)
+            sched._counts["release_waits"] += 1
+        sched._release_at = sched._held_bytes + slack
 
     # -- the budget not kept ----------------------------------------------------------------
     def host_pool_full(self) -> None:
