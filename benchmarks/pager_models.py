@@ -1,4 +1,4 @@
-"""pager_models: paged_activations on small real models, checked the way issue 37 checked them.
+"""pager_models: paged_activations on small real models, checked as a user sizing a pager would.
 
 Owns: building small models from their configs with random weights (GPT-2, Llama, BERT, T5, ViT
 from ``transformers``, when it imports; a ResNet-like CNN with batch norm always), training each

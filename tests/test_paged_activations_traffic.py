@@ -1,4 +1,4 @@
-"""paged_activations on what users run (issue 37): torch.compile, small saved tensors sharing
+"""paged_activations on what users run : torch.compile, small saved tensors sharing
 pages, a backward in a tight space or over a retained graph, a full host pool, a budget above
 the capacity, and the census that sizes a space.
 

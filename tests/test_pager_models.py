@@ -1,4 +1,4 @@
-"""benchmarks/pager_models.py's checks on a few small real models (issue 37): bit-identical
+"""benchmarks/pager_models.py's checks on a few small real models: bit-identical
 gradients, the space's count equal to the pager's, planned steps within 1.1x of the plan. The
 CNN with batch norm always runs; the ``transformers`` models only where it imports (it is not a
 test dependency: ``pip install -e '.[bench]'``)."""
