@@ -22,9 +22,9 @@ recompute: ``activation_records``).
   itself), page (the path above) or recompute (hold only the recipe, bound and verified at
   pack in later iterations, run at unpack). A tensor saved twice (same tensor, same
   ``_version``) is packed once and its record shared. ``recompute="off"``: keep and page only.
-- Pages are shared between neighbouring allocations and move whole, so an offload can leave
-  the pages a saved tensor shares with a tensor that may not move resident: its bytes stay
-  counted as resident, and later evict-behind passes offload it again until they move.
+- Pages are shared between neighbouring allocations (the pager packs small tensors densely) and
+  a page moves once every tensor on it has left: until then its bytes stay counted as resident.
+  What crossed the link is the space's count (``bytes_paged``); ``activation_room`` makes room.
 
 Layer: torch glue, below ``vtalloc.allocator.torch`` (which re-exports it).
 Invariants: a value unpacked is bit-identical to the value packed; a tensor is never
@@ -46,11 +46,13 @@ from . import shim as _torch_shim
 from .activation_pagers import DEFAULT_MIN_BYTES, DevicePager, HostPager, Pager
 from .activation_records import GONE as _GONE, PagedStats, Saved as _Saved
 from .activation_replay import Replay
+from .activation_hooks import eager_only
+from .activation_room import PagerWarning, Room, RoomMaking
 from ..config import parse_size
 from ..activation_plan import KEEP, PAGE, RECOMPUTE, H100, Candidate, CostModel, Plan, plan_activations
 from ..errors import InvalidArgumentError, OutOfMemoryError, SourceChangedError
 
-__all__ = ["PagedActivations", "PagedStats", "HostPager", "DevicePager", "paged_activations"]
+__all__ = ["PagedActivations", "PagedStats", "HostPager", "DevicePager", "PagerWarning", "paged_activations"]
 
 ATTR_SAVED = "_vta_saved"  # on a packed tensor: weak reference to its record (a second pack shares it)
 DEFAULT_MAX_RECOMPUTE_FRACTION = 0.05  # recompute at most this share of the recorded forward's FLOPs
@@ -77,7 +79,13 @@ class PagedActivations:
                 raise InvalidArgumentError("give a budget (bytes of saved activations kept resident)")
             budget = max(capacity_hint // 2, 1)
         self.budget = parse_size(budget, name="budget")
-        self.pager = pager
+        if capacity_hint is not None and self.budget > capacity_hint:
+            raise InvalidArgumentError(
+                f"budget {self.budget:,} bytes is above the capacity of {capacity_hint:,} bytes that holds the saved "
+                "tensors: they could never all stay resident, and nothing would be left for the step's other "
+                "memory; give a budget below the capacity (the default is half of it)")
+        self._room = Room(self)
+        self.pager: Any = RoomMaking(pager, self._room)  # its restores make room when the space has none
         self._lock = threading.RLock()
         self._hooks: Any = None
         self._iteration = -1
@@ -91,19 +99,24 @@ class PagedActivations:
         self._unpack_pos = 0
         self._resident_bytes = 0                          # packed, not consumed, resident or prefetched
         self._held_bytes = 0                              # offloaded since the last release: device pages may still hold them
-        self._release_at = max(self.budget // RELEASE_SLACK_DIVISOR, 1)  # release when _held_bytes passes this
+        self._release_slack = max(self.budget // RELEASE_SLACK_DIVISOR, 1)
+        self._release_at = self._release_slack  # release when _held_bytes passes this
         self._counts = dict(iterations=0, scheduled_iterations=0, fallback_iterations=0, packed=0, packed_bytes=0,
                             passed_through=0, passed_through_no_room=0, offloads=0, releases=0, release_waits=0,
                             prefetches=0, on_demand=0, shared=0, kept_bytes=0, bytes_paged=0, bytes_recomputed=0,
-                            recompute_flops=0, recompute_fallbacks=0, verify_flops=0, recompute_diverged=0)
+                            recompute_flops=0, recompute_fallbacks=0, verify_flops=0, recompute_diverged=0,
+                            host_pool_full=0, room_offloads=0)
         self._step = dict.fromkeys(("kept_bytes", "bytes_paged", "bytes_recomputed", "recompute_flops",
                                     "verify_flops"), 0)
         self._wait_s = 0.0
+        # What crossed the link, read from the space's counters: at the start, at this step's start, last read.
+        self._moved = [self.pager.moved_bytes()] * 3
         self.recompute = recompute
         self.cost_model = cost_model
         self._replay = Replay(self)                       # the recompute side: recorder, templates, verification
         self._rec_cands: list[Candidate] = []             # the recording iteration's packs, for the planner
         self._plan: Plan | None = None
+        self._read_until: dict[int, int] = {}             # pack index -> the last planned recompute reading it
         self._measuring = False
         self.max_recompute_fraction = max_recompute_fraction
 
@@ -126,7 +139,8 @@ class PagedActivations:
             self._rec_cands = []
             self._measuring = self._plan is None  # no plan to follow: note what the planner needs
             self._step = dict.fromkeys(self._step, 0)
-        self._hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack)
+            self._moved[1] = self._read_moved()
+        self._hooks = torch.autograd.graph.saved_tensors_hooks(eager_only(self._pack), eager_only(self._unpack))
         self._hooks.__enter__()
         # The recorder (a Python call per operation) runs only where a plan is made.
         self._replay.start(record=self._measuring and self.recompute == "auto")
@@ -139,11 +153,24 @@ class PagedActivations:
         with self._lock:
             if self._following and self._schedule_packs is not None and len(self._rec_packs) != len(self._schedule_packs):
                 self._fall_back()
+        if exc[0] is None:
+            self._room.check_forward()  # a backward that cannot fit fails here, not halfway through
+
+    def _read_moved(self) -> int | None:
+        moved = self.pager.moved_bytes()
+        if moved is not None:
+            self._moved[2] = moved
+        return self._moved[2]
 
     def stats(self) -> PagedStats:
         with self._lock:
-            return PagedStats(**self._counts, unpack_wait_s=self._wait_s, budget_bytes=self.budget,
-                              **{f"step_{k}": v for k, v in self._step.items()})
+            counts, step = dict(self._counts), dict(self._step)
+            now, start, step_start = self._read_moved(), self._moved[0], self._moved[1]
+            if now is not None and start is not None and step_start is not None:
+                # What really crossed the link (the space's counters), not the saved tensors' sizes.
+                counts["bytes_paged"], step["bytes_paged"] = now - start, now - step_start
+            return PagedStats(**counts, unpack_wait_s=self._wait_s, budget_bytes=self.budget,
+                              backward_held_bytes=self._room.need, **{f"step_{k}": v for k, v in step.items()})
 
     def plan(self) -> Plan | None:
         """The plan the iterations after the recorded one follow (None until one was recorded):
@@ -175,6 +202,13 @@ class PagedActivations:
         if self._measuring and len(self._rec_cands) == len(self._rec_packs):
             self._plan = self._make_plan()
             self._replay.adopt(r.index for r in self._plan.rows if r.decision == RECOMPUTE)
+            # A source of a planned recompute stays until that recompute's pack has verified it:
+            # offloaded before, the verification would bring it back over the link at once.
+            sources = {c.index: c.sources for c in self._rec_cands}
+            self._read_until = {}
+            for r in self._plan.rows:
+                for src in sources.get(r.index, ()) if r.decision == RECOMPUTE else ():
+                    self._read_until[src] = max(self._read_until.get(src, -1), r.index)
 
     def _fall_back(self) -> None:
         if self._following:
@@ -229,11 +263,13 @@ class PagedActivations:
             nbytes = 0  # holds no bytes
         else:
             try:
-                handle, nbytes = self.pager.pack(tensor)
+                handle, nbytes = self._pack_copy(tensor, nbytes)
             except OutOfMemoryError:
-                # No room in the space for it (larger than the space, or everything else resident and
-                # pinned): autograd keeps it as it would without the pager. Training goes on; the
-                # order of packs (the schedule) is the same whether it was paged or not.
+                # No room in the space for it even after moving out everything that may move (larger
+                # than the space, or the rest in use): autograd keeps it as it would without the
+                # pager, beyond the budget (counted, warned once). Training goes on; the order of
+                # packs (the schedule) is the same whether it was paged or not.
+                self._room.no_room_at_pack(nbytes)
                 with self._lock:
                     self._counts["passed_through"] += 1
                     self._counts["passed_through_no_room"] += 1
@@ -268,6 +304,15 @@ class PagedActivations:
             with self._lock:
                 self._evict_behind(spare_newest=decision == PAGE)
         return saved
+
+    def _pack_copy(self, tensor: Any, nbytes: int) -> tuple[Any, int]:
+        """The pager's pack; when the space has no room, make some and try again while something moves."""
+        while True:
+            try:
+                return self.pager.pack(tensor)
+            except OutOfMemoryError:
+                if not self._room.make_room(nbytes):
+                    raise
 
     # -- records ----------------------------------------------------------------------------
     def _record_at(self, index: int) -> Any:
@@ -313,52 +358,43 @@ class PagedActivations:
             if s is None or not (s.state == "resident" or (s.state == "offloaded" and s.kept)):
                 queue.popleft()
                 continue
-            try:
-                moved = self.pager.offload(s.handle)
-            except MemoryError:
-                break  # host pool full: keep it resident, pressure eviction remains as a backstop
-            except InvalidArgumentError:
-                stuck.append(queue.popleft())  # every page of it is shared with something that cannot move
+            if self._following and self._read_until.get(s.index, -1) >= len(self._saved):
+                stuck.append(queue.popleft())  # a planned recompute still to be packed reads it
                 continue
-            away = s.nbytes if moved is None else min(moved, s.nbytes)
-            was_away = s.nbytes - s.kept if s.state == "offloaded" else 0
-            self._count("bytes_paged", max(away - was_away, 0))
-            if s.state == "resident":
-                self._counts["offloads"] += 1
-            s.state = "offloaded"
-            s.kept = s.nbytes - away
-            self._resident_bytes -= away - was_away
-            self._held_bytes += away - was_away
+            try:
+                self._offload_record(s)
+            except MemoryError:
+                self._room.host_pool_full()  # counted and warned: it stays resident, beyond the budget
+                break
             queue.popleft()
-            if s.kept:
+            if s.state != "offloaded":
+                stuck.append(ref)  # every page of it is shared with something that cannot move (yet)
+            elif s.kept:
                 stuck.append(ref)
         # What could not move (yet) goes back to the front, in pack order, for the next pass.
         queue.extendleft(reversed(stuck))
         if self._held_bytes > self._release_at:
-            self._release_held()
+            self._room.release_held()
 
-    def _release_held(self) -> None:
-        # An offload leaves its device page held (a restore before memory runs short then costs
-        # no copy); the oldest tensors are the last backward needs, so holding them only keeps
-        # the space's mapped bytes at everything saved rather than at the budget. Once the
-        # offloaded bytes since the last release pass the slack, one call unmaps them all: one
-        # wait for the streams that may touch them per slack's worth of offloads, not one per
-        # tensor.
-        # Copies still in flight keep their pages: if they alone hold more than the slack, the
-        # forward pass is running ahead of the copy link, and the release waits for them (the
-        # back-pressure that keeps mapped bytes bounded; `release_waits` counts it). What still
-        # cannot be released stays counted; the next release comes a slack's worth later.
-        release = getattr(self.pager, "release_offloaded", None)
-        if release is None:
-            self._held_bytes = 0
-            return
-        slack = max(self.budget // RELEASE_SLACK_DIVISOR, 1)
-        self._held_bytes = max(self._held_bytes - release(), 0)
-        self._counts["releases"] += 1
-        if self._held_bytes > slack:
-            self._held_bytes = max(self._held_bytes - release(wait=True), 0)
-            self._counts["release_waits"] += 1
-        self._release_at = self._held_bytes + slack
+    def _offload_record(self, s: _Saved) -> int:
+        """Offload one paged record (lock held) and keep its bookkeeping; -> bytes of it newly away.
+        A record whose every page is shared with something that may not move stays as it was (0).
+        MemoryError (the host pool is full) goes to the caller."""
+        try:
+            moved = self.pager.offload(s.handle)
+        except InvalidArgumentError:
+            return 0
+        away = s.nbytes if moved is None else min(moved, s.nbytes)
+        if s.state == "consumed":  # finished with (a retained graph): not counted as resident any more
+            return away
+        was_away = s.nbytes - s.kept if s.state == "offloaded" else 0
+        if s.state in ("resident", "prefetched"):
+            self._counts["offloads"] += 1
+        s.state = "offloaded"
+        s.kept = s.nbytes - away
+        self._resident_bytes -= away - was_away
+        self._held_bytes += away - was_away
+        return max(away - was_away, 0)
 
     def _unpack(self, saved: Any) -> Any:
         if not isinstance(saved, _Saved):
@@ -379,9 +415,10 @@ class PagedActivations:
             with self._lock:
                 on_demand = saved.state == "offloaded" and not self.pager.is_resident(saved.handle)
                 back = saved.nbytes - saved.kept if saved.state == "offloaded" else 0
-            tensor = self.pager.unpack(saved.handle)  # an error (no room to restore) leaves no trace here
+            tensor = self.pager.unpack(saved.handle)  # makes room if it must; an error leaves no trace here
             with self._lock:
                 self._count("bytes_paged", back)
+                self._room.lent_out(saved)
         waited = time.perf_counter() - t0
         with self._lock:
             if on_demand:

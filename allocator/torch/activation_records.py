@@ -34,12 +34,15 @@ class PagedStats:
     budget_bytes: int
     shared: int = 0            # packs of a tensor already packed (same tensor, same version): one record, no copy
     kept_bytes: int = 0        # bytes the plan kept resident as they are (no copy), all iterations
-    bytes_paged: int = 0       # bytes moved over the copy link, out and back, all iterations
+    bytes_paged: int = 0       # bytes the space moved over the copy link, out and back, all iterations (its counters)
     bytes_recomputed: int = 0  # bytes recomputed at unpack instead of held, all iterations
     recompute_flops: int = 0   # FLOPs those recomputes ran (their recipes' FLOPs, as recorded)
     recompute_fallbacks: int = 0  # planned recomputes paged instead (the recipe could not be bound or verified)
     verify_flops: int = 0      # FLOPs run at pack to verify a planned recipe reproduces its tensor
     recompute_diverged: int = 0  # of the fallbacks, recipes bound but not reproducing their tensor (another path)
+    host_pool_full: int = 0    # offloads refused by a full host pool: saved tensors stayed resident beyond the budget
+    room_offloads: int = 0     # offloads made because the space had no room for a pack or a restore
+    backward_held_bytes: int = 0  # most bytes of saved tensors a backward held at once, the one restored included
     step_kept_bytes: int = 0   # the same five for the latest iteration (its forward and backward so far)
     step_bytes_paged: int = 0
     step_bytes_recomputed: int = 0

@@ -297,6 +297,21 @@ bool AllocPolicy::evictable(uintptr_t va, uint64_t bytes, uintptr_t except) cons
   return any && all;
 }
 
+void AllocPolicy::live_ranges(uintptr_t va, uint64_t bytes, std::vector<ByteRange>* out) const {
+  out->clear();
+  live_.for_each_in(va, bytes, [&](uintptr_t address, const Allocation& a) {
+    uint64_t lo = std::max<uint64_t>(address, va);
+    uint64_t hi = std::min<uint64_t>(address + (a.kept ? a.size : std::max<uint64_t>(a.requested, 1)), va + bytes);
+    if (hi <= lo) return;
+    if (!out->empty() && out->back().offset + out->back().bytes >= lo - va) {
+      ByteRange& last = out->back();
+      last.bytes = std::max(last.offset + last.bytes, hi - va) - last.offset;
+    } else {
+      out->push_back({lo - va, hi - lo});
+    }
+  });
+}
+
 void AllocPolicy::keep(uintptr_t address) {
   auto it = live_.find_live(address);
   const Allocation a = it->second;

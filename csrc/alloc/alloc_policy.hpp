@@ -226,6 +226,7 @@ class AllocPolicy final : public PageUsers {
   void add_live_streams(uintptr_t va, uint64_t bytes, std::vector<StreamHandle>* streams) const override;
   void add_freed_streams(const std::vector<uintptr_t>& vas, std::vector<StreamHandle>* streams) const override;
   bool evictable(uintptr_t va, uint64_t bytes, uintptr_t except = 0) const override;
+  void live_ranges(uintptr_t va, uint64_t bytes, std::vector<ByteRange>* out) const override;
 
   LiveAllocations& live() { return live_; }
   const LiveAllocations& live() const { return live_; }

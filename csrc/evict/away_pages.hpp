@@ -16,6 +16,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "alloc/page_users.hpp"
 #include "backend/backend.hpp"
 #include "evict/host_pool.hpp"
 
@@ -29,6 +30,7 @@ struct AwayPage {
   State state;
   uint32_t npages = 1;
   HostPool::Slots slots;       // where the bytes are, or are going (npages pages; mapped mode: one)
+  std::vector<ByteRange> live;  // the bytes copied out and back (live data at the eviction); empty: all
   int32_t device_page = -1;    // restoring/restored: the page being filled
   bool device_held = false;    // evicted: the device page is still mapped at the address
   bool host_mapped = false;    // mapped mode: slots[0].page is mapped at the virtual pages
@@ -60,6 +62,13 @@ class AwayPages {
   void clear();
   bool empty() const { return map_.empty(); }
   uint64_t bytes_of(const AwayPage& p) const { return uint64_t{p.npages} * page_bytes_; }
+  // The bytes its copies move each way: its live ranges, or the whole handle.
+  uint64_t copied_bytes_of(const AwayPage& p) const {
+    if (p.live.empty()) return bytes_of(p);
+    uint64_t n = 0;
+    for (const ByteRange& r : p.live) n += r.bytes;
+    return n;
+  }
   // The first pages of the away pages that `pred` picks (a copy: callers change the pages).
   template <typename F>
   std::vector<uintptr_t> where(F&& pred) const;

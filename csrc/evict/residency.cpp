@@ -60,9 +60,13 @@ bool Residency::evict_page(uintptr_t page, bool wait) {
   uint64_t bytes = pages_.bytes_of(id);
   HostPool::Slots slots;
   if (!host_pool_.acquire(npages, &slots)) return false;
+  // Only the bytes live allocations hold cross the link, there and back: a page shared by small
+  // saved tensors moves their bytes, not the whole page.
+  std::vector<ByteRange> live;
   EventHandle done = 0;
   try {
-    done = order_.copy_out(va, bytes, slots);  // after the last use of every allocation on it
+    users_.live_ranges(va, bytes, &live);
+    done = order_.copy_out(va, bytes, slots, live);  // after the last use of every allocation on it
   } catch (...) {
     host_pool_.release(slots);  // the handle stays resident, untouched
     throw;
@@ -71,6 +75,7 @@ bool Residency::evict_page(uintptr_t page, bool wait) {
   p.state = State::evicting;
   p.npages = npages;
   p.slots = std::move(slots);
+  p.live = std::move(live);
   p.event = done;
   p.issued = Clock::now();
   away_.add(va, p);
@@ -87,7 +92,7 @@ void Residency::complete_evict(uintptr_t va, AwayPage& p) {
   p.state = State::evicted;
   p.device_held = true;
   in_flight_ -= p.npages;
-  counters_.evicted(p.npages, bytes_of(p), p.issued);
+  counters_.evicted(p.npages, away_.copied_bytes_of(p), p.issued);
   order_.give(p.event);
   p.event = 0;
   if (order_.broken(VTA_DEBUG_BREAK_QUIESCE)) release_held_page(va, p);  // eager, as if nothing could touch it
@@ -168,7 +173,7 @@ void Residency::restore_page(uintptr_t va, int32_t id, StreamHandle consumer) {
       pages_.map_pages(va, {id});
       mapped_at_va = true;
     }
-    r.event = order_.copy_in(dst, r.slots);
+    r.event = order_.copy_in(dst, r.slots, r.live);
   } catch (...) {
     // Undo: the bytes are still in the host slot; the handle goes back to the free handles.
     if (mapped_at_va) {
@@ -193,7 +198,7 @@ void Residency::restore_page(uintptr_t va, int32_t id, StreamHandle consumer) {
 
 void Residency::complete_restore(uintptr_t va, AwayPage& p) {
   in_flight_ -= p.npages;
-  counters_.restored(p.npages, bytes_of(p), p.issued);
+  counters_.restored(p.npages, away_.copied_bytes_of(p), p.issued);
   order_.give(p.event);
   p.event = 0;
   if (p.window_mapped) {

@@ -33,12 +33,12 @@ class StreamOrder {
 
   // The copy stream, created on the first call (throws when it cannot be).
   StreamHandle stream();
-  // An eviction's copy of [va, va + bytes) into `slots` (one copy per slot), queued after the
-  // last use of those pages: an event recorded now on every stream of their allocations. The
-  // event that completes it.
-  EventHandle copy_out(uintptr_t va, uint64_t bytes, const HostPool::Slots& slots);
-  // A restore's copy from `slots` into [dst, ...), one per slot; the event that completes it.
-  EventHandle copy_in(uintptr_t dst, const HostPool::Slots& slots);
+  // An eviction's copy of [va, va + bytes) into `slots`, queued after the last use of those
+  // pages: an event recorded now on every stream of their allocations. Only the `live` ranges
+  // are copied (empty: all), one copy per range and slot they meet. The event that completes it.
+  EventHandle copy_out(uintptr_t va, uint64_t bytes, const HostPool::Slots& slots, const std::vector<ByteRange>& live);
+  // A restore's copy of the same ranges from `slots` into [dst, ...); the event that completes it.
+  EventHandle copy_in(uintptr_t dst, const HostPool::Slots& slots, const std::vector<ByteRange>& live);
   // `consumer` waits (on the device) for the copy `copy` completes; nothing when it is the copy
   // stream itself.
   Status consumer_after(StreamHandle consumer, EventHandle copy);
@@ -72,7 +72,8 @@ class StreamOrder {
 
  private:
   // Queue copies between the pages at `va` and `slots`, one per slot.
-  void copy_slots(uintptr_t va, const HostPool::Slots& slots, bool to_host, StreamHandle stream);
+  void copy_slots(uintptr_t va, const HostPool::Slots& slots, const std::vector<ByteRange>& live, bool to_host,
+                  StreamHandle stream);
 
   Backend& backend_;
   EventPool& events_;
