@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-PACKAGES = {"allocator": "vtalloc.allocator", "server": "vtalloc.server", "client": "vtalloc.client"}
+PACKAGES = {"allocator": "vtalloc.allocator", "server": "vtalloc.server", "client": "vtalloc.client", "vtalloc": "vtalloc"}
 
 # Python layers, lowest first. A module's layer is that of the longest prefix listed.
 # The torch glue (the vtalloc.allocator.torch package, all of it) sits above the allocator core; the wire (protocol and generated stubs) is
@@ -30,7 +30,7 @@ PY_LAYERS: tuple[tuple[str, ...], ...] = (
     ("vtalloc.client.cli", "vtalloc.client.commands_service", "vtalloc.client.commands_common",
      "vtalloc.client.commands_serve", "vtalloc.client.commands_stats", "vtalloc.client.commands_pages",
      "vtalloc.client.commands_quota", "vtalloc.client.commands_evict", "vtalloc.client.commands_health",
-     "vtalloc.client.__main__"),
+     "vtalloc.client.__main__", "vtalloc.__main__"),
 )
 # Modules of a layer that may import only these prefixes of a lower layer's package.
 PY_ONLY_THROUGH: dict[str, tuple[str, ...]] = {
