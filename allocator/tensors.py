@@ -108,6 +108,8 @@ def _release(space: Any, address: int) -> None:
         status = lib.vta_free(handle, address)
         try:
             _native.check(status)
+            if space._history is not None:  # AddressSpace.record_history: the tensor's storage freed
+                space._history.free(address)
         except ClosedError:
             pass  # closed natively meanwhile: its pages, this allocation's included, are released
         except VtallocError as e:
