@@ -12,6 +12,7 @@ the manifest covering it fails here.
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -142,3 +143,37 @@ def test_version_and_python_m_vtalloc():
     from importlib.metadata import version
 
     assert version("vtalloc") == vtalloc.__version__  # pyproject.toml reads it from vtalloc/__init__.py
+
+
+# manylinux_2_28's limits for x86_64 (PEP 600; auditwheel's policy file): glibc 2.28 and GCC 8's
+# libstdc++ (GLIBCXX_3.4.25, CXXABI_1.3.11).
+MANYLINUX_2_28 = {"GLIBC": (2, 28), "GLIBCXX": (3, 4, 25), "CXXABI": (1, 3, 11)}
+
+
+def _needed_versions(library: str) -> dict[str, list[tuple[int, ...]]]:
+    out = subprocess.run(["objdump", "-T", library], capture_output=True, text=True, check=True).stdout
+    found: dict[str, list[tuple[int, ...]]] = {}
+    for kind, version in re.findall(r"\*UND\*\s+\S+\s+\(?(GLIBC|GLIBCXX|CXXABI)_([0-9.]+)\)?\s", out):
+        found.setdefault(kind, []).append(tuple(int(x) for x in version.split(".")))
+    return found
+
+
+@pytest.mark.skipif(sys.platform != "linux" or os.uname().machine != "x86_64", reason="x86_64 Linux wheels only")
+def test_the_core_library_needs_nothing_newer_than_manylinux_2_28():
+    """The wheel was manylinux_2_35 (dlopen@GLIBC_2.34, condition_variable::wait@GLIBCXX_3.4.30,
+    ...): RHEL 8/9-family hosts could not install it. The core now takes those symbols in the
+    versions glibc 2.28 / GCC 8 export (csrc/compat/glibc_symbols.cpp); this reads the versions the
+    built library needs, as auditwheel does (scripts/build_wheels.sh then refuses a newer tag)."""
+    import shutil
+
+    from vtalloc.allocator import _native
+
+    if shutil.which("objdump") is None:
+        pytest.skip("no objdump (binutils)")
+    needed = _needed_versions(_native.library_path())
+    assert needed.get("GLIBC"), "no versioned glibc symbol read: the check would be vacuous"
+    too_new = {kind: sorted({v for v in versions if v > MANYLINUX_2_28[kind]})
+               for kind, versions in needed.items() if any(v > MANYLINUX_2_28[kind] for v in versions)}
+    assert not too_new, f"symbol versions newer than manylinux_2_28: {too_new}"
+    out = subprocess.run(["objdump", "-T", _native.library_path()], capture_output=True, text=True).stdout
+    assert "__wrap_" not in out   # the wrappers are the library's own, never exported
