@@ -301,11 +301,15 @@ def test_auto_uses_a_native_build_that_loads(monkeypatch):
 # -- enable() and binding() ----------------------------------------------------------------------
 
 @pytest.fixture
-def enable_without_gpu(monkeypatch, fresh_warning):
-    """enable() with the CUDA checks and torch's allocator switch faked; state restored after."""
+def enable_without_gpu(monkeypatch, fresh_warning, tmp_path):
+    """enable() with the CUDA checks and torch's allocator switch faked, as on a CPU-only torch
+    (torch.version.cuda None, so the native binding is "unsupported-torch" whichever torch build
+    runs the tests: CI's is a CUDA build); state restored after."""
     saved = (state.mode, state.config, state.allocator, state.binding, state.original_record_stream)
     original = torch.Tensor.record_stream
     monkeypatch.setattr(enabling, "_require_cuda", lambda t: None)
+    monkeypatch.setattr(torch.version, "cuda", None)
+    monkeypatch.setenv("VTALLOC_CACHE_DIR", str(tmp_path / "binding-cache"))
     installed = []
     monkeypatch.setattr(_torch_install, "install", lambda t, b, lib, plug: installed.append(b) or None)
     monkeypatch.delenv("VTALLOC_TORCH_BINDING", raising=False)
@@ -313,6 +317,22 @@ def enable_without_gpu(monkeypatch, fresh_warning):
     torch.Tensor.record_stream = original
     state.mode, state.config, state.allocator, state.binding, state.original_record_stream = saved
     _torch_shim.release()
+
+
+@pytest.mark.skipif(torch.version.cuda is None, reason="a CPU-only torch has no libc10_cuda to build against")
+def test_the_native_binding_builds_and_loads_against_the_installed_cuda_torch(tmp_path):
+    """On a CUDA build of torch (CI installs the newest from PyPI) the binding is compiled and
+    linked as enable() does, then loaded into this process beside torch's own libraries: every
+    symbol it imports resolves, and its ABI matches the core's. Installing it needs a GPU."""
+    env = {**os.environ, "VTALLOC_CACHE_DIR": str(tmp_path)}
+    if not _torch_binding.cuda_include_dirs(env, torch.version.cuda):
+        pytest.skip("no CUDA headers found")
+    path, seconds = _torch_binding.build(torch, env)
+    assert seconds != "cached" and path.exists()
+    lib = _torch_binding.load(path)
+    assert lib.vta_torch_binding_torch_version() == 100 * int(torch.__version__.split(".")[0]) + int(
+        torch.__version__.split(".")[1])
+    assert _torch_binding.number_formatting_symbols(path) == ()
 
 
 def test_binding_before_enable_is_none():
