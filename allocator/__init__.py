@@ -26,6 +26,7 @@ from .errors import (
     HostPoolExhaustedError,
     InternalError,
     InvalidArgumentError,
+    MissingDependencyError,
     NotCopyableError,
     OutOfMemoryError,
     SourceChangedError,
@@ -37,6 +38,6 @@ from .stats import AllocationRecord, PageRecord, Stats
 __all__ = [
     "AddressSpace", "PagePool", "PagePoolInfo", "PoolInfo", "Config", "Stats", "PageRecord", "AllocationRecord",
     "VtallocError", "OutOfMemoryError", "HostPoolExhaustedError", "InvalidArgumentError", "ClosedError",
-    "NotCopyableError", "BackendUnavailableError", "DriverError", "InternalError", "SourceChangedError",
+    "NotCopyableError", "BackendUnavailableError", "MissingDependencyError", "DriverError", "InternalError", "SourceChangedError",
     "global_counters", "backend_available", "cuda_available", "parse_size", "format_size",
 ]

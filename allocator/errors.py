@@ -18,6 +18,7 @@ __all__ = [
     "ClosedError",
     "NotCopyableError",
     "BackendUnavailableError",
+    "MissingDependencyError",
     "DriverError",
     "InternalError",
 ]
@@ -65,6 +66,11 @@ class NotCopyableError(VtallocError, TypeError):
 
 class BackendUnavailableError(VtallocError, RuntimeError):
     """The requested backend cannot run here (no CUDA driver, no such device, ...)."""
+
+
+class MissingDependencyError(VtallocError, ImportError):
+    """An optional dependency (torch, cuda-python) is not installed; the message names the extra
+    or the command that installs it (``pip install 'vtalloc[torch]'``)."""
 
 
 class DriverError(VtallocError, RuntimeError):

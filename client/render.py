@@ -161,8 +161,20 @@ def _pct(x: float) -> str:
 
 
 def _grid(title: str, spec: list[tuple[str, bool]], rows: list[list[str]], width: int | None,
-          short_title: str | None = None, *, record: bool = False) -> list[Table]:
-    return fit(title, [Column(h, key) for h, key in spec], rows, width, short_title=short_title, record=record)
+          short_title: str | None = None, *, record: bool = False, caption: str | None = None,
+          empty: str = "(none)") -> list[Table]:
+    return fit(title, [Column(h, key) for h, key in spec], rows, width, short_title=short_title, record=record,
+               caption=caption, empty=empty)
+
+
+# Under a table that shows "?" for what a session has not reported yet.
+NOT_REPORTED = ("?: not reported yet. A client reports its own page counts (resident, cached, evicted, "
+                "fragmentation) every report_interval_s (1 s by default); until its first report the daemon "
+                "knows only what it leased")
+
+
+def _not_reported_note(sessions: list[dict[str, Any]]) -> str | None:
+    return NOT_REPORTED if any(not s["reported"] for s in sessions) else None
 
 
 def stats_tables(doc: dict[str, Any], width: int | None = None) -> list[Table]:
@@ -188,7 +200,8 @@ def stats_tables(doc: dict[str, Any], width: int | None = None) -> list[Table]:
     out += _grid(f"sessions{hidden} (pages; quota min/max; evictions and restores per second)",
                  [("session", True), ("pid", False), ("principal", False), ("leased", False), ("resident", False),
                   ("cached", False), ("evicted", False), ("quota", False), ("frag", False), ("ev/s", False),
-                  ("rs/s", False), ("misses", False)], rows, width, "sessions")
+                  ("rs/s", False), ("misses", False)], rows, width, "sessions",
+                 caption=_not_reported_note(doc["sessions"]), empty="(no sessions)")
     c = doc["counters"]
     keys = ("leases_total", "pages_leased_total", "pages_returned_total", "quota_rejections_total",
             "evict_requests_total", "deadline_misses_total", "kills_total", "reclaims_total", "reclaimed_pages_total")
@@ -229,7 +242,8 @@ def pages_tables(doc: dict[str, Any], width: int | None = None) -> list[Table]:
                  + (f", {doc['hidden_pages']} of other users hidden" if doc["hidden_pages"] else ""),
                  [("session", True), ("principal", False), ("pid", False), ("pages", False), ("delivering", False),
                   ("resident", False), ("cached", False), ("unmapped", False), ("evicted", False),
-                  ("page ids", False)], rows, width, "page map")
+                  ("page ids", False)], rows, width, "page map", caption=_not_reported_note(doc["sessions"]),
+                 empty="(no session holds a page)")
 
 
 def quota_tables(doc: dict[str, Any], width: int | None = None) -> list[Table]:

@@ -51,6 +51,7 @@ from .activation_room import PagerWarning, Room, RoomMaking
 from ..config import parse_size
 from ..activation_plan import KEEP, PAGE, RECOMPUTE, H100, Candidate, CostModel, Plan, plan_activations
 from ..errors import InvalidArgumentError, OutOfMemoryError, SourceChangedError
+from ..extras import import_torch
 
 __all__ = ["PagedActivations", "PagedStats", "HostPager", "DevicePager", "PagerWarning", "paged_activations"]
 
@@ -122,7 +123,7 @@ class PagedActivations:
 
     # -- context ---------------------------------------------------------------------------
     def __enter__(self) -> "PagedActivations":
-        import torch
+        torch = import_torch()
 
         with self._lock:
             self._finish_recording()
