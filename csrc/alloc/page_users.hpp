@@ -25,6 +25,9 @@ class PageUsers {
   // Some live allocation lies on [va, va + bytes), and every live allocation there other than
   // the one at `except` (0: none) may be evicted: marked evictable and not kept by a graph pool.
   virtual bool evictable(uintptr_t va, uint64_t bytes, uintptr_t except = 0) const = 0;
+  // Some live allocation lies on [va, va + bytes), and every one there (graph pools' kept blocks
+  // included) carries region tag `region`: pausing the region may take these pages.
+  virtual bool pausable(uintptr_t va, uint64_t bytes, uint32_t region) const = 0;
 
  protected:
   ~PageUsers() = default;
