@@ -9,7 +9,8 @@ tensor), ``activation_paging`` (saved activations kept, paged to host or recompu
 schedule), with ``activation_pagers`` (where paged ones live), ``activation_records`` (what
 autograd holds per saved tensor, the counters), ``activation_recorder`` (what made each saved
 tensor, in the recorded iteration), ``activation_recompute`` (recipes, run again bit-exact) and
-``activation_replay`` (recipes bound and verified in later iterations), ``process_mode``
+``activation_replay`` (recipes bound and verified in later iterations), ``regions`` (tensors
+made under a tag, paused and resumed together at the same addresses), ``process_mode``
 (the process's mode and the glue's errors), ``shim`` and ``native_abi`` (ctypes faces of the
 core's torch shim and torch-native C ABI), ``binding_choice`` and ``binding_build`` (which
 binding enable() installs, and building the torch-native one), ``stat_keys`` (the memory_stats
@@ -42,6 +43,7 @@ from .memory import (
 )
 from .offloading import offload, prefetch
 from .process_mode import AllocatorConflictError, UnsupportedError
+from .regions import pause, region, regions, resume
 
 __all__ = [
     "enable", "is_enabled", "mode", "binding", "Binding", "BindingFallbackWarning", "mempool", "resolve_config",
@@ -51,4 +53,5 @@ __all__ = [
     "oom_binding", "OomBinding",
     "AllocatorConflictError", "UnsupportedError",
     "paged_activations", "PagedActivations", "PagedStats", "offload", "prefetch", "publish_stats",
+    "region", "pause", "resume", "regions",
 ]
