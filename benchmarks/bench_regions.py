@@ -1,8 +1,9 @@
 """bench_regions: pause and resume of a tagged region (docs/regions.md): rates and driver calls per GiB.
 
 Each row allocates a region under a tag, fills it, then times ``pause(tag)`` and ``resume(tag)``
-(the median of --repeats cycles) and counts the driver calls each made, per GiB moved (the space's
-call counters). Two layouts: ``one`` (one allocation of --size bytes) and ``model`` (a model's
+over --repeats cycles and counts the driver calls each made, per GiB moved (the space's call
+counters): the first cycle (on the handles the allocations got) apart from the median of the later
+ones (a resume maps the region's stretches of pages on extents). Two layouts: ``one`` (one allocation of --size bytes) and ``model`` (a model's
 weights of about --size bytes, allocated back to back as a model loads: per layer four d x d and
 two d x 4d bf16 matrices and two norm vectors of d, d = 4096). A ``discard`` row pauses the one
 allocation with discard=True (no copy).
@@ -32,6 +33,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from bench_evict import reference_copy
 from path_check import PathNotTaken, check, failed, summary
 from provenance import git_info, machine_info
 from vtalloc.allocator import AddressSpace, backend_available
@@ -123,42 +125,31 @@ def region_row(backend: str, layout: str, size: int, repeats: int, cost_model: s
         for a in addrs:
             space.free(a)
     page_bytes = checks_in["paused_page_bytes"]
-    med_p, med_r = statistics.median(pause_s), statistics.median(resume_s)
+    # The first cycle pauses the handles the allocations got; its resume maps the region's stretches on
+    # extents, so the later cycles (the steady state of a loop that pauses every step) move those.
+    later = slice(1, None) if repeats > 1 else slice(0, None)
+    med_p, med_r = statistics.median(pause_s[later]), statistics.median(resume_s[later])
+
+    def rate(seconds: float) -> float | None:
+        return round(page_bytes / seconds / 1e9, 3) if seconds else None
+
     out = {
         "layout": layout, "discard": discard, "allocations": len(sizes), "region_bytes": total,
         "page_bytes_moved": page_bytes, "pause_s": pause_s, "resume_s": resume_s,
-        "pause_GBps": round(page_bytes / med_p / 1e9, 3) if med_p else None,
-        "resume_GBps": round(page_bytes / med_r / 1e9, 3) if med_r else None,
-        "pause_calls_per_GiB": pause_calls[0], "resume_calls_per_GiB": resume_calls[0],
+        "first_pause_GBps": rate(pause_s[0]), "first_resume_GBps": rate(resume_s[0]),
+        "first_pause_calls_per_GiB": pause_calls[0], "first_resume_calls_per_GiB": resume_calls[0],
+        "pause_GBps": rate(med_p), "resume_GBps": rate(med_r),  # the cycles after the first
+        "pause_calls_per_GiB": pause_calls[-1], "resume_calls_per_GiB": resume_calls[-1],
         "path_check": region_check(layout, discard, total, checks_in),
     }
     if cost_model:
         pinned = MODEL_PINNED_GBPS[cost_model]
         out["predicted"] = True
         if not discard:
-            out["pause_share_of_model_pinned"] = round(out["pause_GBps"] / pinned["d2h"], 3)
-            out["resume_share_of_model_pinned"] = round(out["resume_GBps"] / pinned["h2d"], 3)
+            for when in ("first_", ""):
+                out[f"{when}pause_share_of_model_pinned"] = round(out[f"{when}pause_GBps"] / pinned["d2h"], 3)
+                out[f"{when}resume_share_of_model_pinned"] = round(out[f"{when}resume_GBps"] / pinned["h2d"], 3)
     return out
-
-
-def pinned_reference(size: int, repeats: int) -> dict[str, Any]:
-    """Pinned cudaMemcpy of ``size`` bytes each way through torch (cuda only)."""
-    import torch
-
-    host = torch.empty(size, dtype=torch.uint8, pin_memory=True)
-    dev = torch.empty(size, dtype=torch.uint8, device="cuda")
-    result: dict[str, Any] = {"what": "pinned cudaMemcpy through torch"}
-    for name, (dst, src) in {"h2d": (dev, host), "d2h": (host, dev)}.items():
-        dst.copy_(src, non_blocking=True)
-        torch.cuda.synchronize()
-        times = []
-        for _ in range(repeats):
-            t0 = time.perf_counter()
-            dst.copy_(src, non_blocking=True)
-            torch.cuda.synchronize()
-            times.append(time.perf_counter() - t0)
-        result[name] = {"s": times, "GBps": round(size / statistics.median(times) / 1e9, 3)}
-    return result
 
 
 def main() -> None:
@@ -169,7 +160,7 @@ def main() -> None:
     ap.add_argument("--size", action="append", type=int, default=None,
                     help="region bytes (repeat for several; default 512 MiB and 1 GiB, cuda: 16 GiB)")
     ap.add_argument("--repeats", default=3, type=int)
-    ap.add_argument("--quick", action="store_true", help="one 64 MiB size, one repeat")
+    ap.add_argument("--quick", action="store_true", help="one 64 MiB size, two cycles")
     ap.add_argument("--out", default="benchmarks/results/regions-{backend}-{date}.json")
     ap.add_argument("--note", action="append", default=[])
     args = ap.parse_args()
@@ -181,7 +172,7 @@ def main() -> None:
             print(f"cuda: not available here: {why}")
             sys.exit(0)
     sizes = [64 * MiB] if args.quick else args.size or ([16 * GiB] if args.backend == "cuda" else [512 * MiB, GiB])
-    repeats = 1 if args.quick else args.repeats
+    repeats = 2 if args.quick else args.repeats
     rows = []
     for size in sizes:
         for layout in ("one", "model"):
@@ -193,7 +184,7 @@ def main() -> None:
     if args.cost_model:
         record["model_pinned_GBps"] = MODEL_PINNED_GBPS[args.cost_model]
     if args.backend == "cuda":
-        record["reference"] = pinned_reference(min(max(sizes), 2 * GiB), repeats)
+        record["reference"] = reference_copy("cuda", min(max(sizes), 2 * GiB), repeats)  # pinned cudaMemcpy
     checks = [r["path_check"] for r in rows]
     record["path_checked"] = summary(checks)
     name = f"{args.backend}-{args.cost_model}-model" if args.cost_model else args.backend
@@ -201,16 +192,19 @@ def main() -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(record, indent=2) + "\n")
     label = "predicted on an H100 (cost model)" if args.cost_model else f"measured ({args.backend})"
-    print(f"regions: pause / resume, {label}, median of {repeats}")
+    print(f"regions: pause / resume, {label}; the first cycle, then the median of the {max(repeats - 1, 1)} after it")
     for r in rows:
-        share = (f"  ({100 * r['pause_share_of_model_pinned']:.1f}% / {100 * r['resume_share_of_model_pinned']:.1f}% "
-                 "of the model's pinned)") if "pause_share_of_model_pinned" in r else ""
-        pc, rc = r["pause_calls_per_GiB"], r["resume_calls_per_GiB"]
-        print(f"  {r['layout']:5s}{' discard' if r['discard'] else '':8s} {r['region_bytes'] / MiB:8.0f} MiB "
-              f"({r['allocations']:3d} allocs): pause {r['pause_GBps']:8.2f} GB/s, resume {r['resume_GBps']:8.2f} GB/s"
-              f"{share}; per GiB: pause copy {pc['num_copy_calls']:g} unmap {pc['num_unmap_calls']:g} "
-              f"release {pc['num_release_page_calls']:g}, resume copy {rc['num_copy_calls']:g} map "
-              f"{rc['num_map_calls']:g} access {rc['num_set_access_calls']:g} create {rc['num_create_page_calls']:g}")
+        for when, name in (("first_", "first"), ("", "later")):
+            share = (f" ({100 * r[when + 'pause_share_of_model_pinned']:.1f}% / "
+                     f"{100 * r[when + 'resume_share_of_model_pinned']:.1f}% of the model's pinned)"
+                     if when + "pause_share_of_model_pinned" in r else "")
+            pc, rc = r[when + "pause_calls_per_GiB"], r[when + "resume_calls_per_GiB"]
+            print(f"  {r['layout']:5s}{' discard' if r['discard'] else '':8s} {r['region_bytes'] / MiB:6.0f} MiB "
+                  f"({r['allocations']:3d} allocs) {name:5s}: pause {r[when + 'pause_GBps']:8.2f} GB/s, resume "
+                  f"{r[when + 'resume_GBps']:8.2f} GB/s{share}; per GiB: pause copy {pc['num_copy_calls']:g} "
+                  f"unmap {pc['num_unmap_calls']:g} release {pc['num_release_page_calls']:g}, resume copy "
+                  f"{rc['num_copy_calls']:g} map {rc['num_map_calls']:g} access {rc['num_set_access_calls']:g} "
+                  f"create {rc['num_create_page_calls']:g}")
     if "reference" in record:
         ref = record["reference"]
         print(f"  reference ({ref['what']}): h2d {ref['h2d']['GBps']:.2f} GB/s, d2h {ref['d2h']['GBps']:.2f} GB/s")

@@ -334,6 +334,31 @@ def test_pause_and_resume_move_many_allocations_with_a_few_driver_calls():
         space.free(a)
 
 
+def test_a_resume_brings_a_region_allocated_on_one_page_handles_back_on_extents():
+    """Tensors after a small one start inside a page, so a 32 MiB tensor's 15 whole pages get one-page
+    handles (a run under the 32 MiB extent minimum): the first pause unmaps one handle per page. The
+    resume maps the region's stretch of pages on extents instead, so the next cycle moves a few."""
+    with host_space(512 * MiB, host_capacity=512 * MiB) as space:
+        contents = fill_region(space, "w", [8192] + [32 * MiB] * 8)
+        calls = lambda a, b: {k: getattr(b, k) - getattr(a, k)  # noqa: E731
+                              for k in ("num_unmap_calls", "num_map_calls", "num_copy_calls")}
+        s0 = space.stats()
+        space.pause("w")
+        s1 = space.stats()
+        space.resume("w")
+        s2 = space.stats()
+        space.pause("w")
+        s3 = space.stats()
+        assert calls(s0, s1)["num_unmap_calls"] >= 8 * 15  # as allocated: a handle per page
+        assert calls(s1, s2)["num_map_calls"] <= 4  # one stretch: a 256 MiB extent and what is left
+        assert calls(s2, s3)["num_unmap_calls"] == calls(s1, s2)["num_map_calls"]
+        assert calls(s0, s1)["num_copy_calls"] == calls(s2, s3)["num_copy_calls"] == 1
+        space.resume("w")
+        assert_bytes(space, contents)
+        for a in contents:
+            space.free(a)
+
+
 def test_the_tag_is_per_thread_and_nested_blocks_restore_the_one_before():
     with host_space(64 * MiB) as space:
         seen = {}

@@ -215,6 +215,10 @@ class AllocPolicy final : public PageUsers {
   // asks here, asks the engine itself when spent, and hands the handle to the engine, so
   // neither an allocation nor a restore goes through the policy into the engine.
   Take take_handle(uint32_t npages, int32_t* id);
+  // The handle sizes (in pages) a run of `npages` pages under one region gets when it is resumed:
+  // extents of the size classes, largest first, as for a new block that covers them whole (one-page
+  // handles without extents, or for a run shorter than the smallest extent run).
+  std::vector<uint32_t> plan_handles(size_t npages) const { return handle_plan(npages, false, false); }
   // No extents from now on (a leased space's pages are the service's one-page pages).
   void disable_extents() { extent_max_pages_ = 0; }
   // Unmap the cached handle that has been cached longest; false when there is none.

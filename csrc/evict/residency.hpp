@@ -156,18 +156,21 @@ class Residency final : public ResidencyPort {
   };
   PauseResult pause(const std::vector<std::pair<uintptr_t, uint64_t>>& spans, uint32_t region, bool discard,
                     std::vector<int32_t>* freed);
-  // Resume, in steps the space drives (the engine obtains no memory itself): next_paused() walks
-  // [*cursor, end) to the next paused away page without a device handle (its first page and
-  // pages; a paused page whose device page was never unmapped is resident again at once);
-  // resume_page() gives it the handle `id` (taken, unmapped); finish_resume() maps the handles,
-  // a stretch of adjacent pages at a time (one set-access each), copies the bytes back (copy
-  // runs; none for a discarded page), waits once and makes the pages resident: the device bytes
-  // it brought back. abandon_resume() gives every handle resume_page() got back to the free
-  // handles: the pages stay paused, nothing else changed.
-  bool next_paused(uintptr_t* cursor, uintptr_t end, uintptr_t* first, uint32_t* npages);
-  void resume_page(uintptr_t first, int32_t id);
-  uint64_t finish_resume();
-  void abandon_resume();
+  // Resume, in two steps (the engine obtains no memory itself): paused_stretches() lists the
+  // paused away pages under `spans` as stretches of adjacent virtual pages (a paused page whose
+  // device page was never unmapped is resident again at once, with no copy); the space takes
+  // handles for each stretch (any sizes that add up to it: extents where it is long enough, so a
+  // region whose small blocks had one-page handles comes back on a few extents); resume() maps
+  // each stretch's handles back to back (one set-access per stretch), copies the bytes back (copy
+  // runs; none for a discarded page), waits once and makes the pages resident: the device page
+  // bytes brought back. The handles are the engine's from the call on: on an error they go back
+  // to the free handles and every page stays paused.
+  struct Stretch {
+    uintptr_t va;
+    uint32_t npages;
+  };
+  std::vector<Stretch> paused_stretches(const std::vector<std::pair<uintptr_t, uint64_t>>& spans);
+  uint64_t resume(const std::vector<Stretch>& stretches, const std::vector<std::vector<int32_t>>& ids);
   // Some page of [start, start + bytes) is paused (touching it before a resume is refused).
   bool paused_over(uintptr_t start, uint64_t bytes) const;
   // The bytes of [start, start + bytes) on paused pages, and of those on discarded ones.

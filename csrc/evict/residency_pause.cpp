@@ -2,8 +2,8 @@
 //
 // Owns: the transitions of paused away pages: resident -> paused (copied out as copy runs, or
 // discarded; the device handle unmapped after one quiesce), an away page offloaded before
-// joining a pause, and paused -> resident at the same address (a handle the space took, mapped a
-// stretch of adjacent pages at a time, filled as copy runs, after one wait).
+// joining a pause, and paused -> resident at the same address (a stretch of adjacent pages at a
+// time, on the handles the space took for it, filled as copy runs, after one wait).
 // Invariants: those of residency.hpp; a paused page has nothing mapped at its address, in either
 // mode, until its resume maps a device handle there, and nothing but a resume restores it; a
 // pause changes nothing before its copies completed (a host pool too small or a refused copy
@@ -160,96 +160,77 @@ void Residency::unpause_held(uintptr_t va) {
   unevict_held(va);
 }
 
-bool Residency::next_paused(uintptr_t* cursor, uintptr_t end, uintptr_t* first, uint32_t* npages) {
-  for (uintptr_t page = page_of(*cursor); page < end;) {
-    uintptr_t va = away_.first_of(page);
-    if (!va) {
-      page += page_bytes_;
-      continue;
-    }
-    AwayPage& q = away_.at(va);
-    uintptr_t next = va + bytes_of(q);
-    if (q.paused && q.device_held) {
-      unpause_held(va);  // q is gone after this
-    } else if (q.paused && q.device_page < 0) {
-      *cursor = next;
-      *first = va;
-      *npages = q.npages;
+std::vector<Residency::Stretch> Residency::paused_stretches(const std::vector<std::pair<uintptr_t, uint64_t>>& spans) {
+  std::vector<uintptr_t> held, paused;  // first pages, address order (spans are)
+  for (auto [start, bytes] : spans)
+    for_each_away(start, bytes, [&](uintptr_t first, const AwayPage& p) {
+      std::vector<uintptr_t>& list = p.device_held ? held : paused;
+      if (p.paused && (list.empty() || list.back() != first)) list.push_back(first);
       return true;
-    }
-    page = next;  // not paused (an offloaded page stays where it is), or it has its handle already
+    });
+  for (uintptr_t va : held) unpause_held(va);  // never left the device (a pause that failed part-way)
+  std::vector<Stretch> out;
+  for (uintptr_t va : paused) {
+    uint32_t n = away_.at(va).npages;
+    if (!out.empty() && out.back().va + uint64_t{out.back().npages} * page_bytes_ == va)
+      out.back().npages += n;
+    else
+      out.push_back(Stretch{va, n});
   }
-  *cursor = end;
-  return false;
+  return out;
 }
 
-void Residency::resume_page(uintptr_t first, int32_t id) {
-  AwayPage* p = away_.find(first);
-  VTA_INVARIANT(p && p->paused && p->state == State::evicted && !p->device_held && p->device_page < 0 &&
-                pages_.pages_of(id) == p->npages);
-  p->device_page = id;
-}
-
-void Residency::abandon_resume() {
-  for (uintptr_t va : away_.where([](const AwayPage& p) { return p.paused && p.device_page >= 0; })) {
-    AwayPage& p = away_.at(va);
-    pages_.return_page(p.device_page);
-    p.device_page = -1;
-  }
-}
-
-uint64_t Residency::finish_resume() {
-  auto vas = away_.where([](const AwayPage& p) { return p.paused && p.device_page >= 0; });
-  if (vas.empty()) return 0;
-  std::sort(vas.begin(), vas.end());
-  std::vector<std::pair<uintptr_t, uint64_t>> mapped;  // stretches mapped so far
-  size_t covered = 0;                                  // vas[0, covered) lie in them
+uint64_t Residency::resume(const std::vector<Stretch>& stretches, const std::vector<std::vector<int32_t>>& ids) {
+  VTA_INVARIANT(ids.size() == stretches.size());
+  size_t mapped = 0;  // stretches[0, mapped) are mapped
   auto issued = Clock::now();
   try {
-    while (covered < vas.size()) {
-      size_t i = covered, j = i + 1;
-      std::vector<int32_t> ids{away_.at(vas[i]).device_page};
-      uint64_t bytes = bytes_of(away_.at(vas[i]));
-      while (j < vas.size() && vas[j - 1] + bytes_of(away_.at(vas[j - 1])) == vas[j]) {
-        ids.push_back(away_.at(vas[j]).device_page);
-        bytes += bytes_of(away_.at(vas[j++]));
-      }
-      pages_.map_pages(vas[i], ids);  // one map per handle, one set-access for the stretch; all or nothing
-      mapped.push_back({vas[i], bytes});
-      covered = j;
+    for (; mapped < stretches.size(); ++mapped) {
+      uint64_t pages = 0;
+      for (int32_t id : ids[mapped]) pages += pages_.pages_of(id);
+      VTA_INVARIANT(pages == stretches[mapped].npages);
+      pages_.map_pages(stretches[mapped].va, ids[mapped]);  // one map per handle, one set-access; all or nothing
     }
     CopyRuns runs(page_bytes_);
-    for (uintptr_t va : vas)
-      if (!away_.at(va).discarded) runs.add(va, away_.at(va).slots);
+    for (const Stretch& st : stretches)
+      for_each_away(st.va, uint64_t{st.npages} * page_bytes_, [&](uintptr_t first, const AwayPage& p) {
+        if (!p.discarded) runs.add(first, p.slots);
+        return true;
+      });
     order_.copy_runs(runs.runs(), false, {});
     check(order_.synchronize());
   } catch (...) {
     // The bytes are still in the host slots, and nothing was mapped at these addresses before, so
     // nothing can be using them: the stretches mapped are unmapped again (their handles free
-    // handles), the handles not mapped yet go back, and every page stays paused.
-    for (auto [va, bytes] : mapped) {
+    // handles), the others' handles given back; every page stays paused.
+    for (size_t k = 0; k < stretches.size(); ++k) {
       try {
-        pages_.unmap_range(va, bytes);
+        if (k < mapped)
+          pages_.unmap_range(stretches[k].va, uint64_t{stretches[k].npages} * page_bytes_);
+        else
+          for (int32_t id : ids[k]) pages_.return_page(id);
       } catch (...) {
       }
-    }
-    for (size_t k = 0; k < vas.size(); ++k) {
-      AwayPage& p = away_.at(vas[k]);
-      if (k >= covered) pages_.return_page(p.device_page);
-      p.device_page = -1;
     }
     throw;
   }
   uint64_t pages = 0, copied = 0;
-  for (uintptr_t va : vas) {
-    AwayPage& p = away_.at(va);
-    pages += p.npages;
-    if (!p.discarded) copied += bytes_of(p);
-    host_pool_.release(p.slots);
-    paused_pages_ -= p.npages;
-    finish_resident(va);
+  for (const Stretch& st : stretches) {
+    std::vector<uintptr_t> firsts;
+    for_each_away(st.va, uint64_t{st.npages} * page_bytes_, [&](uintptr_t first, const AwayPage&) {
+      firsts.push_back(first);
+      return true;
+    });
+    for (uintptr_t va : firsts) {
+      AwayPage& p = away_.at(va);
+      pages += p.npages;
+      if (!p.discarded) copied += bytes_of(p);
+      host_pool_.release(p.slots);
+      paused_pages_ -= p.npages;
+      finish_resident(va);
+    }
   }
-  counters_.restored(static_cast<uint32_t>(pages), copied, issued);
+  if (pages) counters_.restored(static_cast<uint32_t>(pages), copied, issued);
   return pages * page_bytes_;
 }
 

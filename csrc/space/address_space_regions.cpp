@@ -8,8 +8,8 @@
 // unmapped for the page source to give back); the refusal of entry points that would touch a
 // paused allocation.
 // Invariants: those of address_space.hpp; a resume that fails (no device page, a driver error)
-// gives back every handle it took and leaves the region paused (ResumeUndo); a pause's handles
-// are released only after the engine unmapped them.
+// gives back every handle it took and leaves the region paused (ResumeUndo, then the engine); a
+// pause's handles are released only after the engine unmapped them.
 #include <chrono>
 #include <string>
 
@@ -20,24 +20,29 @@
 namespace vta {
 namespace {
 
-// A resume that an error ends gives back the handles it took so far: the region stays paused.
+// A resume that an error ends before the engine owns its handles gives them back: the region
+// stays paused.
 class ResumeUndo {
  public:
-  explicit ResumeUndo(Residency& residency) : residency_(residency) {}
+  ResumeUndo(PageTable& pages, std::vector<std::vector<int32_t>>& ids) : pages_(pages), ids_(ids) {}
   ~ResumeUndo() {
     if (done_) return;
-    try {
-      residency_.abandon_resume();
-    } catch (...) {
-      // The error that ended the resume is the one reported.
-    }
+    for (auto& run : ids_)
+      for (int32_t id : run) {
+        try {
+          pages_.return_page(id);
+        } catch (...) {
+          // The error that ended the resume is the one reported.
+        }
+      }
   }
   ResumeUndo(const ResumeUndo&) = delete;
   ResumeUndo& operator=(const ResumeUndo&) = delete;
   void done() { done_ = true; }
 
  private:
-  Residency& residency_;
+  PageTable& pages_;
+  std::vector<std::vector<int32_t>>& ids_;
   bool done_ = false;
 };
 
@@ -83,30 +88,32 @@ uint64_t AddressSpace::resume_region(uint32_t region, bool count_oom) {
   checked_region(region, "resume");
   auto t0 = Regions::Clock::now();
   std::lock_guard<std::mutex> lk(mu_);
-  auto spans = settled_region_locked(region);
-  uint64_t wanted = 0;  // page bytes still to bring back: for an out-of-memory's numbers
-  for (auto [start, bytes] : spans) {
-    uint64_t paused = 0, discarded = 0;
-    residency_.paused_bytes(start, bytes, &paused, &discarded);
-    wanted += paused;
-  }
-  ResumeUndo undo(residency_);
-  for (auto [start, bytes] : spans) {
-    uintptr_t cursor = start, first = 0;
-    uint32_t npages = 0;
-    while (residency_.next_paused(&cursor, start + bytes, &first, &npages)) {
-      int32_t id = -1;
-      // "Need a page", as for a restore: the policy's sources, the engine's (nothing of this
-      // region is resident-and-away, so there is nothing to keep), then extent splits.
-      for (AllocPolicy::Take t; (t = policy_.take_handle(npages, &id)) != AllocPolicy::Take::taken;)
-        if (t == AllocPolicy::Take::refused ||
-            (!residency_.free_device_page(true, 0, 0) && !policy_.split_extents_for_pages(npages, 0)))
-          policy_.throw_oom(wanted, "resuming a paused region needs", count_oom);
-      residency_.resume_page(first, id);
+  auto stretches = residency_.paused_stretches(settled_region_locked(region));
+  uint64_t wanted = 0;  // page bytes to bring back: an out-of-memory's numbers
+  for (const auto& st : stretches) wanted += uint64_t{st.npages} * page_bytes_;
+  std::vector<std::vector<int32_t>> ids(stretches.size());
+  ResumeUndo undo(pages_, ids);
+  // "Need a page", as for a restore: the policy's sources, the engine's (nothing of this region is
+  // resident and away, so there is nothing to keep), then extent splits. Each stretch gets the
+  // handles a new block covering it would (extents where it is long enough); a size the driver
+  // refuses falls back to one-page handles.
+  auto take = [&](uint32_t npages, std::vector<int32_t>* out) -> bool {
+    int32_t id = -1;
+    for (AllocPolicy::Take t; (t = policy_.take_handle(npages, &id)) != AllocPolicy::Take::taken;) {
+      if (t == AllocPolicy::Take::refused) return false;
+      if (!residency_.free_device_page(true, 0, 0) && !policy_.split_extents_for_pages(npages, 0))
+        policy_.throw_oom(wanted, "resuming a paused region needs", count_oom);
     }
-  }
-  uint64_t back = residency_.finish_resume();
-  undo.done();
+    out->push_back(id);
+    return true;
+  };
+  for (size_t i = 0; i < stretches.size(); ++i)
+    for (uint32_t n : policy_.plan_handles(stretches[i].npages))
+      if (!take(n, &ids[i]))
+        for (uint32_t k = 0; k < n; ++k)
+          if (!take(1, &ids[i])) policy_.throw_oom(wanted, "resuming a paused region needs", count_oom);
+  undo.done();  // the engine's from here: it gives them back itself if it fails
+  uint64_t back = residency_.resume(stretches, ids);
   regions_.resumed(region, back, t0);
   return back;
 }
