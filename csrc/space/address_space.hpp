@@ -145,8 +145,9 @@ class AddressSpace {
   // Refuse (VTA_ERR_PAUSED) an entry point that would touch the allocation [start, + bytes) while
   // a page of it is paused; `what` names the entry point.
   void check_not_paused_locked(uintptr_t start, uint64_t bytes, const char* what) const;
-  // Check open, complete the copies that finished, and list the allocations carrying `region`.
-  std::vector<std::pair<uintptr_t, uint64_t>> settled_region_locked(uint32_t region);
+  // Check open, complete the copies that finished, and list the allocations carrying `region`;
+  // refused while a stream of theirs captures a CUDA graph (`what`: the entry point).
+  std::vector<std::pair<uintptr_t, uint64_t>> settled_region_locked(uint32_t region, const char* what);
 
   mutable std::mutex mu_;
   bool closed_ = false;

@@ -62,17 +62,32 @@ void AddressSpace::check_not_paused_locked(uintptr_t start, uint64_t bytes, cons
                            region_tag_name(region) + "', which is paused: resume the region first");
 }
 
-std::vector<std::pair<uintptr_t, uint64_t>> AddressSpace::settled_region_locked(uint32_t region) {
+std::vector<std::pair<uintptr_t, uint64_t>> AddressSpace::settled_region_locked(uint32_t region, const char* what) {
   check_open_locked();
   residency_.drain_inflight(false);
-  return Regions::spans(policy_.live(), region);
+  auto spans = Regions::spans(policy_.live(), region);
+  // The waits of a pause or a resume (events on the allocations' streams) would join a graph being
+  // captured on one of them, and its mapping changes would land under the capture: refused.
+  if (backend_kind_ == VTA_BACKEND_CUDA) {
+    std::vector<StreamHandle> streams;
+    for (auto [start, bytes] : spans) policy_.add_live_streams(start, bytes, &streams);
+    for (StreamHandle st : streams) {
+      bool capturing = false;
+      (void)Backend::stream_is_capturing(backend_kind_, st, &capturing);  // false when it cannot be asked
+      if (capturing)
+        fail(VTA_ERR_INVALID_ARGUMENT, std::string(what) + " of region '" + region_tag_name(region) +
+                                           "' while a stream of its allocations captures a CUDA graph: "
+                                           "pause and resume outside the capture");
+    }
+  }
+  return spans;
 }
 
 uint64_t AddressSpace::pause_region(uint32_t region, bool discard) {
   checked_region(region, "pause");
   auto t0 = Regions::Clock::now();
   std::lock_guard<std::mutex> lk(mu_);
-  auto spans = settled_region_locked(region);
+  auto spans = settled_region_locked(region, "pause");
   std::vector<int32_t> freed;
   Residency::PauseResult r = residency_.pause(spans, region, discard, &freed);
   // The device memory goes back to the driver (another process, or another allocator, may use
@@ -88,7 +103,7 @@ uint64_t AddressSpace::resume_region(uint32_t region, bool count_oom) {
   checked_region(region, "resume");
   auto t0 = Regions::Clock::now();
   std::lock_guard<std::mutex> lk(mu_);
-  auto stretches = residency_.paused_stretches(settled_region_locked(region));
+  auto stretches = residency_.paused_stretches(settled_region_locked(region, "resume"));
   uint64_t wanted = 0;  // page bytes to bring back: an out-of-memory's numbers
   for (const auto& st : stretches) wanted += uint64_t{st.npages} * page_bytes_;
   std::vector<std::vector<int32_t>> ids(stretches.size());
