@@ -42,7 +42,9 @@ Residency::PauseResult Residency::pause(const std::vector<std::pair<uintptr_t, u
     for_each_handle_to_move(
         start, bytes,
         [&](uintptr_t first) {
-          if (joined.empty() || joined.back() != first) joined.push_back(first);
+          // Offloaded before: it joins the pause when only the region's blocks lie on it too.
+          if ((joined.empty() || joined.back() != first) && users_.pausable(first, bytes_of(away_.at(first)), region))
+            joined.push_back(first);
         },
         [&](int32_t id, uintptr_t h, uint64_t hb) {
           if (!leaving.empty() && leaving.back().va == h) return;  // the handle the previous allocation ended on
