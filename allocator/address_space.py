@@ -34,6 +34,7 @@ from .errors import ClosedError, InvalidArgumentError, OutOfMemoryError
 from .history import DEFAULT_MAX_ENTRIES, History
 from .page_source import PageSource, malloc_from_source, restore_from_source
 from .publish import publish_from_env
+from .regions import RegionCalls, current_tag_id
 from .stats import PAGE_STATES, AllocationRecord, PageRecord, Stats
 
 __all__ = ["AddressSpace"]
@@ -41,7 +42,7 @@ __all__ = ["AddressSpace"]
 _UNNAMED = itertools.count(1)  # numbers the unnamed spaces of this process, for their default names
 
 
-class AddressSpace(TestHooks, NativeHandle):
+class AddressSpace(RegionCalls, TestHooks, NativeHandle):
     """A paged virtual address space over fixed-size physical pages.
 
     >>> with AddressSpace(backend="host", capacity="64MiB") as space:
@@ -199,7 +200,10 @@ class AddressSpace(TestHooks, NativeHandle):
         """One malloc in the core; not ``counted``: a try, whose shortage is not an OOM (VTA_MALLOC_TRY)."""
         out = ctypes.c_uint64()
         flags = (0 if evict else _native.MALLOC_NO_EVICT) | (0 if counted else _native.MALLOC_TRY)
-        if flags:
+        region = current_tag_id(self)  # inside `with space.region(tag):` (allocator/regions.py)
+        if region:
+            status = self._lib.vta_malloc_region(self._h(), n, s, flags, region, ctypes.byref(out))
+        elif flags:
             status = self._lib.vta_malloc_ex(self._h(), n, s, flags, ctypes.byref(out))
         else:
             status = self._lib.vta_malloc(self._h(), n, s, ctypes.byref(out))

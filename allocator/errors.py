@@ -16,6 +16,7 @@ __all__ = [
     "InvalidArgumentError",
     "SourceChangedError",
     "ClosedError",
+    "PausedError",
     "NotCopyableError",
     "BackendUnavailableError",
     "MissingDependencyError",
@@ -58,6 +59,12 @@ class ClosedError(VtallocError, RuntimeError):
     """The address space (or client) was closed."""
 
 
+class PausedError(VtallocError, RuntimeError):
+    """The allocation belongs to a paused region (docs/regions.md): its pages are off the device and
+    its address unmapped, so it may not be read, written, restored or offloaded until the region is
+    resumed. Nothing was changed."""
+
+
 class NotCopyableError(VtallocError, TypeError):
     """The object owns a native handle (an address space, a page pool, a service session), so it
     cannot be copied, deep-copied or pickled: two Python owners of one handle would both close it.
@@ -93,6 +100,7 @@ class Status(enum.IntEnum):
     CLOSED = 5
     HOST_POOL_EXHAUSTED = 6
     INTERNAL = 7
+    PAUSED = 8
 
 
 _BY_STATUS: dict[int, type[VtallocError]] = {
@@ -103,6 +111,7 @@ _BY_STATUS: dict[int, type[VtallocError]] = {
     Status.CLOSED: ClosedError,
     Status.HOST_POOL_EXHAUSTED: HostPoolExhaustedError,
     Status.INTERNAL: InternalError,
+    Status.PAUSED: PausedError,
 }
 
 

@@ -11,7 +11,7 @@ import dataclasses
 
 from .config import format_size
 
-__all__ = ["Stats", "PageRecord", "AllocationRecord", "KernelCounters", "PAGE_STATES", "DRIVER_CALL_FIELDS",
+__all__ = ["Stats", "PageRecord", "AllocationRecord", "KernelCounters", "RegionStats", "PAGE_STATES", "DRIVER_CALL_FIELDS",
            "LATER_DRIVER_CALL_FIELDS", "fragmentation", "stats_text"]
 
 PAGE_STATES = ("free", "cached", "allocated", "evicted", "in_flight")
@@ -218,3 +218,29 @@ def stats_text(s: Stats) -> str:
                                  f"host pool {b(s.host_pool_used_bytes)} used"])
     lines += _lines("driver", calls)
     return "\n".join(lines)
+
+
+@dataclasses.dataclass(frozen=True)
+class RegionStats:
+    """One region of an address space (docs/regions.md): the allocations made under one tag, what
+    of them is paused, and what its pauses and resumes did. Bytes are rounded allocation bytes
+    unless they say pages."""
+
+    tag: str
+    allocations: int           # live allocations carrying the tag (graph pools' kept blocks included)
+    bytes: int                 # their bytes
+    paused_bytes: int          # of those, bytes on paused pages: off the device
+    discarded_bytes: int       # of the paused bytes, those paused with discard=True (no copy kept)
+    paused_page_bytes: int     # device page bytes the paused pages no longer hold
+    host_bytes: int            # host pool bytes holding the paused pages' copies
+    pauses: int                # pauses that took pages off the device
+    resumes: int               # resumes that brought pages back
+    bytes_paused_total: int    # device page bytes all pauses took off the device
+    bytes_resumed_total: int   # device page bytes all resumes brought back
+    pause_ns_total: int        # time spent in pauses (copies and waits included)
+    resume_ns_total: int       # time spent in resumes
+
+    @property
+    def paused(self) -> bool:
+        """Some of the region's bytes are paused."""
+        return self.paused_bytes > 0

@@ -74,6 +74,7 @@ TRACES = "Memory on real models' allocation traces"
 HELDOUT = "The same bounds on models that are not in the repo"
 SIM = "Beside PyTorch's allocator, simulated"
 SAVED = "Saved activations offloaded from shared pages"
+REGIONS = "Regions: pause and resume (host backend; predicted on an H100)"
 
 _SMOKE_RECOMPUTE = ("python benchmarks/bench_offload_training.py --cpu-smoke --models cnn "
                     "--configs native,vtalloc_off,vtalloc --budget-fraction 0.25 --steps 2 --warmup 1 --multiples 1")
@@ -185,6 +186,13 @@ COMMANDS: tuple[Command, ...] = (
             "--out benchmarks/results/saved_offload-host-heldout-{date}.json",
             "python benchmarks/bench_saved_offload.py --trace {heldout} "
             "--out benchmarks/results/saved_offload-host-heldout-{date}.json"),
+    Command("regions", REGIONS,
+            "python benchmarks/bench_regions.py --out benchmarks/results/regions-host-{date}.json",
+            "python benchmarks/bench_regions.py --quick --out benchmarks/results/regions-host-{date}.json"),
+    Command("regions_model", REGIONS,
+            "python benchmarks/bench_regions.py --cost-model h100 --out benchmarks/results/regions-host-h100-model-{date}.json",
+            "python benchmarks/bench_regions.py --cost-model h100 --quick "
+            "--out benchmarks/results/regions-host-h100-model-{date}.json"),
 )
 BY_NAME = {c.name: c for c in COMMANDS}
 

@@ -16,27 +16,47 @@ from __future__ import annotations
 import dataclasses
 from typing import Iterable
 
+from vtalloc.allocator.checks import space_name
 from vtalloc.allocator.errors import InvalidArgumentError
 
 from .protocol.errors import echo
-from .protocol.rpc import MAX_REPORT_VALUE
+from .protocol.rpc import MAX_REPORT_REGIONS, MAX_REPORT_VALUE
 from .records import NodeCounters, Session
-from .views import PAGE_USES, ClientReport
+from .views import PAGE_USES, ClientReport, RegionReport
 
 __all__ = ["UINT64_MAX", "check_report", "saturating_sum", "take_report"]
 
 UINT64_MAX = (1 << 64) - 1
-_VALUES = tuple(f.name for f in dataclasses.fields(ClientReport) if f.name != "page_uses")
+_LISTS = ("page_uses", "regions")
+_VALUES = tuple(f.name for f in dataclasses.fields(ClientReport) if f.name not in _LISTS)
+_REGION_VALUES = tuple(f.name for f in dataclasses.fields(RegionReport) if f.name != "tag")
+
+
+def _check_value(what: str, value: object) -> None:
+    if type(value) is not int or not 0 <= value <= MAX_REPORT_VALUE:
+        raise InvalidArgumentError(
+            f"report field {what} is {echo(value)}; a report value must be an integer from 0 to {MAX_REPORT_VALUE}")
 
 
 def check_report(report: ClientReport) -> None:
-    """InvalidArgumentError naming the first value out of 0..MAX_REPORT_VALUE (the report is refused whole)."""
+    """InvalidArgumentError naming the first value out of 0..MAX_REPORT_VALUE, or a region list
+    that is too long, names a tag twice or a tag off the rule (the report is refused whole)."""
     for name in _VALUES:
-        value = getattr(report, name)
-        if type(value) is not int or not 0 <= value <= MAX_REPORT_VALUE:
-            raise InvalidArgumentError(
-                f"report field {name} is {echo(value)}; a report value must be an integer from 0 to "
-                f"{MAX_REPORT_VALUE}")
+        _check_value(name, getattr(report, name))
+    if len(report.regions) > MAX_REPORT_REGIONS:
+        raise InvalidArgumentError(f"a report lists {len(report.regions)} regions; at most {MAX_REPORT_REGIONS}")
+    tags: set[str] = set()
+    for r in report.regions:
+        try:
+            space_name(r.tag, "region tag")  # the allocator's rule for tags: a bounded label, safe to print
+        except InvalidArgumentError:
+            raise InvalidArgumentError(f"report region tag {echo(r.tag)}: a tag is 1 to 64 letters, digits and "
+                                       ". _ - : / @ +, a letter or digit first") from None
+        if r.tag in tags:
+            raise InvalidArgumentError(f"a report lists region {r.tag!r} twice")
+        tags.add(r.tag)
+        for name in _REGION_VALUES:
+            _check_value(f"regions.{name}", getattr(r, name))
 
 
 def saturating_sum(values: Iterable[int]) -> int:

@@ -19,7 +19,7 @@ from .proto.vtalloc.v1 import admin_pb2, admin_pb2_grpc, pages_pb2, pages_pb2_gr
 from .protocol.rpc import session_token
 from .quota import Quota
 from .records import Session
-from .views import PAGE_STATES, PAGE_USES, ClientReport, PageUseReport
+from .views import PAGE_STATES, PAGE_USES, ClientReport, PageUseReport, RegionReport
 
 __all__ = ["PagesService", "AdminService", "to_message"]
 
@@ -84,9 +84,11 @@ class PagesService(pages_pb2_grpc.PagesServicer):
     async def Report(self, request: pages_pb2.ReportRequest, context) -> pages_pb2.ReportReply:
         s = _session(self.ledger, context)
         r = request.report
-        counts = {f.name: getattr(r, f.name) for f in dataclasses.fields(ClientReport) if f.name != "page_uses"}
+        counts = {f.name: getattr(r, f.name) for f in dataclasses.fields(ClientReport)
+                  if f.name not in ("page_uses", "regions")}
         uses = tuple(PageUseReport(u.page_id, _USE_NAMES.get(u.use, "unknown")) for u in r.page_uses)
-        report = ClientReport(**counts, page_uses=uses)
+        regions = tuple(RegionReport(x.tag, x.bytes, x.paused_bytes, x.host_bytes) for x in r.regions)
+        report = ClientReport(**counts, page_uses=uses, regions=regions)
         self.ledger.record_report(s, report)
         return pages_pb2.ReportReply()
 

@@ -11,7 +11,8 @@ the space when it has none, what a step needs), ``activation_hooks`` (the hooks 
 must see them), ``activation_census`` (what one forward saves), ``activation_records`` (what
 autograd holds per saved tensor, the counters), ``activation_recorder`` (what made each saved
 tensor, in the recorded iteration), ``activation_recompute`` (recipes, run again bit-exact) and
-``activation_replay`` (recipes bound and verified in later iterations), ``process_mode``
+``activation_replay`` (recipes bound and verified in later iterations), ``regions`` (tensors
+made under a tag, paused and resumed together at the same addresses), ``process_mode``
 (the process's mode and the glue's errors), ``shim`` and ``native_abi`` (ctypes faces of the
 core's torch shim and torch-native C ABI), ``binding_choice`` and ``binding_build`` (which
 binding enable() installs, and building the torch-native one), ``stat_keys`` (the memory_stats
@@ -45,6 +46,7 @@ from .memory import (
 )
 from .offloading import offload, prefetch
 from .process_mode import AllocatorConflictError, UnsupportedError
+from .regions import pause, region, regions, resume
 
 __all__ = [
     "enable", "is_enabled", "mode", "binding", "Binding", "BindingFallbackWarning", "mempool", "resolve_config",
@@ -54,4 +56,5 @@ __all__ = [
     "oom_binding", "OomBinding",
     "AllocatorConflictError", "UnsupportedError",
     "paged_activations", "PagedActivations", "PagedStats", "PagerWarning", "saved_census", "SavedCensus", "offload", "prefetch", "publish_stats",
+    "region", "pause", "resume", "regions",
 ]

@@ -66,6 +66,7 @@ AllocPolicy::Request AllocPolicy::request(uint64_t nbytes) {
 
 AllocPolicy::Step AllocPolicy::begin_allocate(Placement& p) {
   const Request& r = p.request_;
+  region_ = r.region;
   if (!uses_.empty()) poll_uses(false);
   if (pages_.pages_held() > pages_.capacity_pages()) shed_over_limit();
   retried_ = false;
@@ -85,6 +86,7 @@ AllocPolicy::Step AllocPolicy::begin_allocate(Placement& p) {
 
 AllocPolicy::Step AllocPolicy::resume(Placement& p, bool freed) {
   VTA_INVARIANT(p.at_ != 0 && p.run_ < p.runs_.size());
+  region_ = p.request_.region;
   // Not freed: as if take_handle had nothing for good. The run's handles go back, and the fit
   // with them (a refusal alone falls back to one-page handles, and this was none).
   if (!freed && !run_failed(p, false)) drop_fit(p);
@@ -159,7 +161,9 @@ AllocPolicy::Step AllocPolicy::make_live(Placement& p) {
   p.run_ = 0;
   p.address_ = address;
   if (retried_) num_alloc_retries_++;
-  live_.add(address, Allocation{r.rounded, r.requested, p.stream_, r.small});
+  Allocation a{r.rounded, r.requested, p.stream_, r.small};
+  a.region = r.region;
+  live_.add(address, a);
   // Only its first and last pages can hold other allocations, whose pages the victim policy may list.
   if (live_.evictable_bytes()) {
     port_->note_use(address, 1);
@@ -312,6 +316,15 @@ void AllocPolicy::live_ranges(uintptr_t va, uint64_t bytes, std::vector<ByteRang
   });
 }
 
+bool AllocPolicy::pausable(uintptr_t va, uint64_t bytes, uint32_t region) const {
+  bool any = false, all = true;
+  live_.for_each_in(va, bytes, [&](uintptr_t, const Allocation& a) {
+    any = true;
+    all = all && a.region == region;
+  });
+  return any && all;
+}
+
 void AllocPolicy::keep(uintptr_t address) {
   auto it = live_.find_live(address);
   const Allocation a = it->second;
@@ -323,6 +336,9 @@ void AllocPolicy::keep(uintptr_t address) {
 bool AllocPolicy::unkeep(uintptr_t address, uint64_t requested) {
   auto it = live_.find_kept(address);
   if (uses_.waiting(address)) return false;
+  if (port_->any_away())  // a kept block is never evicted: away means its region is paused
+    for (uintptr_t va = page_of(address); va < address + it->second.size; va += page_bytes_)
+      if (port_->is_away(va)) return false;
   live_.unkeep(it, requested);
   return true;
 }

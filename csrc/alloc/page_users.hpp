@@ -35,6 +35,9 @@ class PageUsers {
   // block's whole size) clipped to the range, in address order, adjacent ones merged. What an
   // eviction copies: the rest of the handle holds nothing anyone may read.
   virtual void live_ranges(uintptr_t va, uint64_t bytes, std::vector<ByteRange>* out) const = 0;
+  // Some live allocation lies on [va, va + bytes), and every one there (graph pools' kept blocks
+  // included) carries region tag `region`: pausing the region may take these pages.
+  virtual bool pausable(uintptr_t va, uint64_t bytes, uint32_t region) const = 0;
 
  protected:
   ~PageUsers() = default;

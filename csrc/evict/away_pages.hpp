@@ -35,6 +35,11 @@ struct AwayPage {
   bool device_held = false;    // evicted: the device page is still mapped at the address
   bool host_mapped = false;    // mapped mode: slots[0].page is mapped at the virtual pages
   bool window_mapped = false;  // mapped mode restore: device_page mapped at `window`
+  // A region's page paused (residency_pause.cpp): evicted, its address unmapped (no host copy
+  // mapped there in either mode) until the region is resumed, and restored by nothing else.
+  // While a resume is under way, device_page is the handle it took for the page (not mapped yet).
+  bool paused = false;
+  bool discarded = false;      // paused with no copy: no slots, the bytes are gone (pause's discard)
   uintptr_t window = 0;
   EventHandle event = 0;                // completes the in-flight copy
   std::vector<StreamHandle> consumers;  // restoring/restored: streams ordered after the copy
@@ -72,7 +77,7 @@ class AwayPages {
   // The first pages of the away pages that `pred` picks (a copy: callers change the pages).
   template <typename F>
   std::vector<uintptr_t> where(F&& pred) const;
-  // Pages (not handles) evicted, of them with the device page still held, and restored.
+  // Pages (not handles) evicted (paused ones too), of them with the device page still held, and restored.
   void count(uint64_t* evicted, uint64_t* held, uint64_t* restored) const;
   // By first page, in no particular order (the stats' page listing).
   Map::const_iterator begin() const { return map_.begin(); }

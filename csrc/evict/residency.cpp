@@ -121,7 +121,7 @@ void Residency::map_host_copy(uintptr_t va, AwayPage& p) {
 void Residency::release_held_page(uintptr_t va, AwayPage& p) {
   pages_.unmap_range(va, bytes_of(p));  // the whole handle: one call
   p.device_held = false;
-  if (mapped_mode_) map_host_copy(va, p);  // keep the address valid
+  if (mapped_mode_ && !p.paused) map_host_copy(va, p);  // keep the address valid (a paused one stays unmapped)
 }
 
 size_t Residency::release_evicted() {
@@ -289,6 +289,7 @@ void Residency::drop_away_page(uintptr_t page) {
   }
   if (p.host_mapped) check(backend_.unmap(va, bytes_of(p)));
   host_pool_.release(p.slots);
+  if (p.paused) paused_pages_ -= p.npages;
   away_.erase(va);
 }
 
@@ -305,7 +306,7 @@ void Residency::close() {
     if (p.device_page >= 0 && p.window_mapped) pages_.return_page(p.device_page);
   }
   away_.clear();
-  in_flight_ = 0;
+  in_flight_ = paused_pages_ = 0;
   victims_->clear();
   keep(window_.close());
   try {

@@ -58,6 +58,23 @@ EventHandle StreamOrder::copy_in(uintptr_t dst, const HostPool::Slots& slots, co
   return events_.record_after_copy(cs);
 }
 
+void StreamOrder::copy_runs(const std::vector<CopyRuns::Run>& runs, bool to_host,
+                            const std::vector<std::pair<uintptr_t, uint64_t>>& after) {
+  StreamHandle cs = stream();
+  if (to_host && !broken(VTA_DEBUG_BREAK_COPY_ORDER)) {
+    std::vector<StreamHandle> streams;
+    for (auto [va, bytes] : after) users_.add_live_streams(va, bytes, &streams);
+    for (StreamHandle s : streams) events_.record_then_wait(s, cs);
+  }
+  for (const CopyRuns::Run& r : runs) {
+    Status s = to_host ? backend_.copy(r.host, r.va, r.bytes, cs) : backend_.copy(r.va, r.host, r.bytes, cs);
+    if (!s.is_ok()) {
+      (void)backend_.stream_synchronize(cs);  // the copies queued before it end before their memory is reused
+      check(s);
+    }
+  }
+}
+
 Status StreamOrder::consumer_after(StreamHandle consumer, EventHandle copy) {
   if (consumer == stream_) return Status::ok();  // the copy stream runs in order
   return backend_.stream_wait_event(consumer, copy);

@@ -18,6 +18,7 @@
 
 #include "alloc/page_users.hpp"
 #include "backend/backend.hpp"
+#include "evict/copy_runs.hpp"
 #include "evict/host_pool.hpp"
 #include "vmm/event_pool.hpp"
 #include "vtalloc/vtalloc.h"
@@ -39,6 +40,12 @@ class StreamOrder {
   EventHandle copy_out(uintptr_t va, uint64_t bytes, const HostPool::Slots& slots, const std::vector<ByteRange>& live);
   // A restore's copy of the same ranges from `slots` into [dst, ...); the event that completes it.
   EventHandle copy_in(uintptr_t dst, const HostPool::Slots& slots, const std::vector<ByteRange>& live);
+  // A batch's copies (copy runs, copy_runs.hpp), one per run, queued on the copy stream: to the
+  // host after the last use of the pages `after` names (an event recorded now on every stream of
+  // their allocations, each stream once), or back from it (`to_host` false; `after` unused). The
+  // caller waits for them (synchronize); on a refused copy, those queued are waited for first.
+  void copy_runs(const std::vector<CopyRuns::Run>& runs, bool to_host,
+                 const std::vector<std::pair<uintptr_t, uint64_t>>& after);
   // `consumer` waits (on the device) for the copy `copy` completes; nothing when it is the copy
   // stream itself.
   Status consumer_after(StreamHandle consumer, EventHandle copy);
