@@ -83,7 +83,7 @@ def test_a_session_name_with_markup_is_printed_as_it_is():
     doc = {"devices": [{"backend": "host", "device": 0, "capacity_pages": 4, "capacity_bytes": 4 * PAGE,
                         "page_bytes": PAGE, "free_pages": 4}],
            "sessions": [{"session_id": "[bold]s1[/]", "principal": "pod:[red]x", "pid": 7, "reported": True,
-                         "resident_pages": 0, "cached_pages": 0, "unmapped_pages": 0, "evicted_pages": 0}],
+                         "resident_pages": 0, "cached_pages": 0, "unmapped_pages": 0, "evicted_pages": 0, "paused_bytes": 0}],
            "pages": [], "hidden_pages": 0}
     from rich.console import Console
 
