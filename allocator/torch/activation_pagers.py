@@ -37,6 +37,8 @@ class Pager(Protocol):
     def value_changed(self, handle: Any, version: int) -> bool: ...  # written in place since it was packed
     # Optional: unmap the device pages offloaded tensors still hold; -> bytes released.
     def release_offloaded(self, wait: bool = False) -> int: ...
+    # Optional: (capacity, bytes its memory holds now), for the default budget (activation_budget).
+    def footprint(self) -> tuple[int, int] | None: ...
 
 
 def _storage_span(tensor: Any) -> int:
@@ -91,6 +93,10 @@ class HostPager:
 
     def release_offloaded(self, wait: bool = False) -> int:
         return self.space.release_offloaded(wait)
+
+    def footprint(self) -> tuple[int, int]:
+        st = self.space.stats()
+        return st.capacity_bytes, st.active_bytes - st.evicted_bytes
 
     def unpack(self, handle: Any) -> Any:
         # Resident, and not evictable any more: autograd holds the value now, and neither pressure
@@ -163,6 +169,13 @@ class DevicePager:
 
     def release_offloaded(self, wait: bool = False) -> int:
         return self._shim.release_offloaded(wait=wait)
+
+    def footprint(self) -> tuple[int, int] | None:
+        devices = self._shim.devices()
+        if not devices:
+            return None
+        st = self._shim.device_stats(min(self._checked, default=devices[0]))
+        return st.capacity_bytes, st.active_bytes - st.evicted_bytes
 
     def unpack(self, handle: Any) -> Any:
         self._shim.residency_op(handle[2], self._shim.OP_ENSURE_RESIDENT, handle[1], self._stream(handle[2]))

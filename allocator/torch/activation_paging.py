@@ -19,9 +19,13 @@ recompute: ``activation_records``).
 - Plan (``recompute="auto"``, the default): the recorded iteration notes what made each
   saved tensor and verifies its recipe bit-exact (``activation_replay``,
   ``activation_recorder``); ``activation_plan`` decides per pack index: keep (the tensor
-  itself), page (the path above) or recompute (hold only the recipe, bound and verified at
-  pack in later iterations, run at unpack). A tensor saved twice (same tensor, same
-  ``_version``) is packed once and its record shared. ``recompute="off"``: keep and page only.
+  itself), page (the path above) or recompute (hold only the recipe, bound at pack in later
+  iterations once their trace check proved it, ``activation_check``; rebuilt with its segment
+  at its first unpack). A tensor saved twice (same tensor, same ``_version``) is packed once
+  and its record shared. ``recompute="off"``: keep and page only.
+- Budget: an explicit one, or by default what the capacity leaves once the model's own memory,
+  measured in the recorded iteration, is counted (``activation_budget``; the recorded
+  iteration itself runs with half the capacity).
 - Pages are shared between neighbouring allocations and move whole, so an offload can leave
   the pages a saved tensor shares with a tensor that may not move resident: its bytes stay
   counted as resident, and later evict-behind passes offload it again until they move.
@@ -44,6 +48,7 @@ from typing import Any, Callable
 
 from . import shim as _torch_shim
 from .activation_pagers import DEFAULT_MIN_BYTES, DevicePager, HostPager, Pager
+from .activation_budget import BudgetMeter
 from .activation_records import GONE as _GONE, PagedStats, Saved as _Saved
 from .activation_replay import Replay
 from ..config import parse_size
@@ -53,7 +58,7 @@ from ..errors import InvalidArgumentError, OutOfMemoryError, SourceChangedError
 __all__ = ["PagedActivations", "PagedStats", "HostPager", "DevicePager", "paged_activations"]
 
 ATTR_SAVED = "_vta_saved"  # on a packed tensor: weak reference to its record (a second pack shares it)
-DEFAULT_MAX_RECOMPUTE_FRACTION = 0.05  # recompute at most this share of the recorded forward's FLOPs
+DEFAULT_MAX_RECOMPUTE_FRACTION = None  # no cap on recomputed FLOPs: the cost model decides
 # Device pages offloaded tensors still hold are unmapped once they pass budget / this: the
 # space's mapped bytes stay within the budget plus a quarter, at one release per quarter budget
 # of offloads (each release waits once for the streams that may touch those pages).
@@ -65,17 +70,20 @@ class PagedActivations:
 
     def __init__(self, pager: Pager, budget: int | str | None = None, *, capacity_hint: int | None = None,
                  recompute: str = "auto", cost_model: CostModel = H100,
-                 max_recompute_fraction: float = DEFAULT_MAX_RECOMPUTE_FRACTION) -> None:
+                 max_recompute_fraction: float | None = DEFAULT_MAX_RECOMPUTE_FRACTION) -> None:
         if recompute not in ("auto", "off"):
             raise InvalidArgumentError(f"recompute must be 'auto' or 'off', not {recompute!r}")
-        if (isinstance(max_recompute_fraction, bool) or not isinstance(max_recompute_fraction, (int, float))
+        if max_recompute_fraction is not None and (
+                isinstance(max_recompute_fraction, bool) or not isinstance(max_recompute_fraction, (int, float))
                 or not math.isfinite(max_recompute_fraction) or max_recompute_fraction < 0):
-            raise InvalidArgumentError("max_recompute_fraction must be a finite number >= 0 (a share of the "
-                                       f"forward's FLOPs), not {max_recompute_fraction!r}")
+            raise InvalidArgumentError("max_recompute_fraction must be None or a finite number >= 0 (a share of "
+                                       f"the forward's FLOPs), not {max_recompute_fraction!r}")
+        self._meter: BudgetMeter | None = None  # the default budget: measured in the recorded iteration
         if budget is None:
             if capacity_hint is None:
                 raise InvalidArgumentError("give a budget (bytes of saved activations kept resident)")
-            budget = max(capacity_hint // 2, 1)
+            budget = max(capacity_hint // 2, 1)  # for the recorded iteration
+            self._meter = BudgetMeter(pager, capacity_hint)
         self.budget = parse_size(budget, name="budget")
         self.pager = pager
         self._lock = threading.RLock()
@@ -95,9 +103,10 @@ class PagedActivations:
         self._counts = dict(iterations=0, scheduled_iterations=0, fallback_iterations=0, packed=0, packed_bytes=0,
                             passed_through=0, passed_through_no_room=0, offloads=0, releases=0, release_waits=0,
                             prefetches=0, on_demand=0, shared=0, kept_bytes=0, bytes_paged=0, bytes_recomputed=0,
-                            recompute_flops=0, recompute_fallbacks=0, verify_flops=0, recompute_diverged=0)
+                            recompute_flops=0, recompute_fallbacks=0, recompute_diverged=0, checked_ops=0)
         self._step = dict.fromkeys(("kept_bytes", "bytes_paged", "bytes_recomputed", "recompute_flops",
-                                    "verify_flops"), 0)
+                                    "checked_ops"), 0)
+        self._peak = 0                                    # most resident saved bytes this iteration
         self._wait_s = 0.0
         self.recompute = recompute
         self.cost_model = cost_model
@@ -122,7 +131,7 @@ class PagedActivations:
             if self._following:
                 self._counts["scheduled_iterations"] += 1
             self._unpack_pos = 0
-            self._resident_bytes = 0
+            self._resident_bytes = self._peak = 0
             self._rec_cands = []
             self._measuring = self._plan is None  # no plan to follow: note what the planner needs
             self._step = dict.fromkeys(self._step, 0)
@@ -130,6 +139,8 @@ class PagedActivations:
         self._hooks.__enter__()
         # The recorder (a Python call per operation) runs only where a plan is made.
         self._replay.start(record=self._measuring and self.recompute == "auto")
+        if self._measuring and self._meter is not None:
+            self._meter.begin()
         return self
 
     def __exit__(self, *exc: Any) -> None:
@@ -143,7 +154,7 @@ class PagedActivations:
     def stats(self) -> PagedStats:
         with self._lock:
             return PagedStats(**self._counts, unpack_wait_s=self._wait_s, budget_bytes=self.budget,
-                              **{f"step_{k}": v for k, v in self._step.items()})
+                              step_peak_resident_bytes=self._peak, **{f"step_{k}": v for k, v in self._step.items()})
 
     def plan(self) -> Plan | None:
         """The plan the iterations after the recorded one follow (None until one was recorded):
@@ -154,11 +165,16 @@ class PagedActivations:
             return self._plan
 
     def _make_plan(self) -> Plan:
-        forward = self._replay.forward_flops
+        frac, r = self.max_recompute_fraction, self._replay
         return plan_activations(self._rec_cands, self.budget, self.cost_model,
                                 allow_recompute=self.recompute == "auto",
-                                max_recompute_flops=int(forward * self.max_recompute_fraction),
-                                verify_at_pack=True)
+                                max_recompute_flops=None if frac is None else int(r.forward_flops * frac),
+                                unpack_order=self._rec_unpacks, forward=r.forward)
+
+    def _hold(self, n: int) -> None:
+        """Resident saved bytes change by ``n`` (under the lock)."""
+        self._resident_bytes += n
+        self._peak = max(self._peak, self._resident_bytes)
 
     def _count(self, key: str, n: int) -> None:
         self._counts[key] += n
@@ -173,8 +189,15 @@ class PagedActivations:
             self._schedule_packs = list(self._rec_packs)
             self._schedule_unpacks = list(self._rec_unpacks)
         if self._measuring and len(self._rec_cands) == len(self._rec_packs):
+            meter = self._meter
+            measured = meter.budget() if meter is not None else None
+            self.budget = measured or self.budget
             self._plan = self._make_plan()
-            self._replay.adopt(r.index for r in self._plan.rows if r.decision == RECOMPUTE)
+            if meter is not None and measured and self._plan.summary.paged_bytes:  # room for offloaded pages
+                self.budget = meter.budget(self._plan.summary.paged_bytes) or self.budget
+                self._plan = self._make_plan()
+            self._release_at = max(self.budget // RELEASE_SLACK_DIVISOR, 1)
+            self._replay.adopt([r.index for r in self._plan.rows if r.decision == RECOMPUTE], self._rec_unpacks)
 
     def _fall_back(self) -> None:
         if self._following:
@@ -189,7 +212,7 @@ class PagedActivations:
         return base.is_leaf and base.requires_grad  # a parameter, or a view of one (Linear saves weight.t())
 
     def _pack(self, tensor: Any) -> Any:
-        with self._replay.packing():  # every call is an RNG capture point, passed through or not
+        with self._replay.packing():  # the pager's own work out of the dispatch modes' sight
             return self._pack_one(tensor)
 
     def _pack_one(self, tensor: Any) -> Any:
@@ -221,11 +244,12 @@ class PagedActivations:
                 decision = PAGE
                 with self._lock:
                     self._counts["recompute_fallbacks"] += 1
-                    self._counts["recompute_diverged"] += why == "diverged"
+                    self._counts["recompute_diverged"] += why.startswith("diverged")
         if decision == KEEP:
             saved = _Saved(tensor, nbytes, index, self._iteration, kind=KEEP, version=tensor._version)
         elif decision == RECOMPUTE:
             saved = _Saved(recipe, nbytes, index, self._iteration, kind=RECOMPUTE, version=tensor._version)
+            self._replay.recomputed(saved)
             nbytes = 0  # holds no bytes
         else:
             try:
@@ -254,10 +278,13 @@ class PagedActivations:
             self._counts["packed_bytes"] += nbytes
             if decision == KEEP:
                 self._count("kept_bytes", nbytes)
-            self._resident_bytes += nbytes
+            self._hold(nbytes)
             if decision == PAGE:
                 self._candidates.append(self._saved[-1])
+        self._replay.packed(index, tensor)
         if self._measuring:
+            if self._meter is not None:
+                self._meter.sample(self._resident_bytes, nbytes)
             # Before evict-behind: its sources are likely still resident.
             cand = self._replay.note(tensor, saved)
             with self._lock:
@@ -280,7 +307,7 @@ class PagedActivations:
         """Bookkeeping of a paged record made resident now; -> bytes that crossed the link back."""
         if s.state == "offloaded":
             back = s.nbytes - s.kept
-            self._resident_bytes += back
+            self._hold(back)
             s.state, s.kept = "resident", 0
             if self._hooks is not None:  # in forward: evict-behind may move it again
                 self._candidates.appendleft(self._saved[s.index])
@@ -364,6 +391,9 @@ class PagedActivations:
         if not isinstance(saved, _Saved):
             return saved  # passed through at pack time
         on_demand = False
+        if self._measuring and self._meter is not None:
+            with self._lock:
+                self._meter.sample(self._resident_bytes)
         t0 = time.perf_counter()
         if saved.kind == KEEP:
             if saved.handle._version != saved.version:
@@ -371,10 +401,7 @@ class PagedActivations:
                     "a saved tensor kept as it was was changed in place after it was saved (autograd refuses that too)")
             tensor = saved.handle
         elif saved.kind == RECOMPUTE:
-            tensor = saved.value() if saved.value is not None else None
-            if tensor is None:  # a second unpack (a shared record) takes the value autograd still holds
-                tensor = self._replay.run(saved.handle)  # counts the FLOPs it ran, sources' included
-                saved.value = weakref.ref(tensor)
+            tensor = self._replay.unpack(saved)  # rebuilt with its segment, or held since its segment ran
         else:
             with self._lock:
                 on_demand = saved.state == "offloaded" and not self.pager.is_resident(saved.handle)
@@ -420,7 +447,7 @@ class PagedActivations:
                 except OutOfMemoryError:
                     break  # no room now; its unpack will restore on demand
                 s.state = "prefetched"
-                self._resident_bytes += back
+                self._hold(back)
                 self._count("bytes_paged", back)
                 self._counts["prefetches"] += 1
 
@@ -428,15 +455,16 @@ class PagedActivations:
 def paged_activations(
     space: Any = None, budget: int | str | None = None, *, min_bytes: int = DEFAULT_MIN_BYTES,
     recompute: str = "auto", cost_model: CostModel = H100,
-    max_recompute_fraction: float = DEFAULT_MAX_RECOMPUTE_FRACTION,
+    max_recompute_fraction: float | None = DEFAULT_MAX_RECOMPUTE_FRACTION,
 ) -> PagedActivations:
     """Page the activations autograd saves within ``budget`` resident bytes.
 
     ``space=None`` pages torch's own CUDA tensors in place (vtalloc must be torch's allocator
     through ``enable(evict_mode="mapped")``); on CPU, pass a host-backend
     :class:`AddressSpace`: saved CPU tensors are copied into it on pack and paged there.
-    ``budget`` defaults to half the capacity. Use one object for every iteration (it learns
-    the order in the first)::
+    ``budget`` defaults to what the capacity leaves once the model's own memory (parameters,
+    gradients, optimizer state, workspace), measured in the first iteration, is counted; an
+    explicit budget wins. Use one object for every iteration (it learns the order in the first)::
 
         pager = paged_activations(space, budget="64MiB")
         for x, y in data:
@@ -445,11 +473,10 @@ def paged_activations(
             loss.backward()
 
     ``recompute="auto"`` (the default) plans, from the first iteration, which saved tensors to
-    keep as they are, page out or recompute at unpack (bit-exact, verified; see
-    docs/activation-plan.md and :meth:`PagedActivations.plan`); ``"off"`` only keeps and pages.
-    ``max_recompute_fraction`` caps what recomputation may cost, as a share of the recorded
-    forward's FLOPs (default 0.05: cheap operations only); raised, the plan may recompute
-    matmuls and convolutions wherever the cost model finds them cheaper than the copy.
+    keep as they are, page out or recompute at unpack, whole segments at once (bit-exact, proven;
+    see docs/activation-plan.md and :meth:`PagedActivations.plan`); ``"off"`` only keeps and
+    pages. ``max_recompute_fraction`` caps the FLOPs recomputed per step, as a share of the
+    recorded forward's (default None: the cost model decides).
     """
     if space is None:
         pager = DevicePager(min_bytes=min_bytes)
