@@ -208,6 +208,40 @@ def test_a_diverging_iteration_pages_what_its_recipes_do_not_reproduce():
         del pager
 
 
+class WarmUp(nn.Module):
+    """Builds a table on its first call only (as models that cache rotary tables do): the
+    recorded iteration runs operations no later one runs, so every position after them shifts."""
+
+    def __init__(self, d=256):
+        super().__init__()
+        self.fc1, self.fc2, self.table = nn.Linear(d, d), nn.Linear(d, d), None
+
+    def forward(self, x):
+        if self.table is None:
+            self.table = torch.linspace(0.5, 1.5, x.shape[-1]).exp()
+        return self.fc2(F.layer_norm(F.gelu(self.fc1(x)) * self.table, x.shape[-1:]))
+
+
+def test_a_recorded_warm_up_iteration_is_recorded_again_once_the_next_one_runs_otherwise():
+    torch.manual_seed(0)
+    model, x = WarmUp(), torch.randn(128, 256)
+    reference = run(model, x, contextlib.nullcontext(), steps=5)
+    model.table = None
+    with space() as sp, every_recipe_planned():
+        pager = paged_activations(sp, budget=64 * 1024, cost_model=SLOW_LINK)
+        diverged = []
+        for i in range(5):
+            before = pager.stats().recompute_diverged
+            got = run(model, x, pager, steps=1)
+            diverged.append(pager.stats().recompute_diverged - before)
+            assert same(got, reference[i:i + 1]), i
+        st = pager.stats()
+        # 0 records (with the table), 1 runs otherwise: 2 records again, 3 and 4 follow its plan
+        assert st.replans == 1 and diverged[1] > 0 and diverged[3] == diverged[4] == 0, (diverged, st)
+        assert st.step_bytes_recomputed > 0
+        del pager
+
+
 def test_a_saved_input_is_a_source_and_a_permuted_tensor_keeps_its_strides():
     # Autograd packs an operation's inputs before the operation runs: the batch a convolution
     # saves is packed before the recorder sees it, and is still the source of the ReLU after it.

@@ -103,10 +103,11 @@ class PagedActivations:
         self._counts = dict(iterations=0, scheduled_iterations=0, fallback_iterations=0, packed=0, packed_bytes=0,
                             passed_through=0, passed_through_no_room=0, offloads=0, releases=0, release_waits=0,
                             prefetches=0, on_demand=0, shared=0, kept_bytes=0, bytes_paged=0, bytes_recomputed=0,
-                            recompute_flops=0, recompute_fallbacks=0, recompute_diverged=0, checked_ops=0)
+                            recompute_flops=0, recompute_fallbacks=0, recompute_diverged=0, checked_ops=0, replans=0)
         self._step = dict.fromkeys(("kept_bytes", "bytes_paged", "bytes_recomputed", "recompute_flops",
                                     "checked_ops"), 0)
         self._peak = 0                                    # most resident saved bytes this iteration
+        self._since_plan = 0                              # iterations run under the current plan
         self._wait_s = 0.0
         self.recompute = recompute
         self.cost_model = cost_model
@@ -131,6 +132,7 @@ class PagedActivations:
             if self._following:
                 self._counts["scheduled_iterations"] += 1
             self._unpack_pos = 0
+            self._since_plan = self._since_plan + 1 if self._plan is not None else 0
             self._resident_bytes = self._peak = 0
             self._rec_cands = []
             self._measuring = self._plan is None  # no plan to follow: note what the planner needs
@@ -150,6 +152,11 @@ class PagedActivations:
         with self._lock:
             if self._following and self._schedule_packs is not None and len(self._rec_packs) != len(self._schedule_packs):
                 self._fall_back()
+            if self._since_plan == 1 and self._replay.diverged:
+                # The first iteration after the plan ran otherwise than the recorded one (which may
+                # have been a warm-up): record the next one and plan again, once.
+                self._plan = None
+                self._counts["replans"] += 1
 
     def stats(self) -> PagedStats:
         with self._lock:

@@ -10,8 +10,10 @@ A tensor's record is a :class:`Node` set as the attribute ``_vta_node`` of the t
 keeps one Python object per tensor, so the attribute lives as long as the tensor); a node holds
 the nodes of its arguments, never their tensors (a weak reference for tensors made outside the
 context), so recording keeps no activation alive. A node is valid while the tensor's
-``_version`` is the one it recorded: an in-place change of the tensor, or of the base of a view,
-makes it stale, and a stale tensor is never recomputed.
+``_version`` is the one it recorded (an in-place change of the tensor, or of the base of a view,
+makes it stale, and a stale tensor is never recomputed) and, if an operation made it, only in
+the recording that saw the operation (a tensor a forward cached from an earlier recorded
+iteration is, to a later recording, made outside it).
 
 Positions: every aten operation the forward runs has a position (its index in the order the
 mode saw them); :attr:`Recorder.calls` holds, per position, the function, the flattened
@@ -47,13 +49,14 @@ __all__ = ["Recorder", "Node", "node_of", "external_node", "rng_key", "rng_state
            "batch_norm_stand_in", "writes_running_stats", "produced"]
 
 ATTR_NODE = "_vta_node"
+_RECORDING: list[Any] = [None]  # the recording under way (nodes an operation made belong to one)
 
 
 class Node:
     """What made one tensor (see the module docstring)."""
 
     __slots__ = ("func", "args", "kwargs", "out", "version", "rng", "inplace", "view", "ext", "saved",
-                 "index", "pos", "flops", "touched", "__weakref__")
+                 "index", "pos", "flops", "touched", "recording", "__weakref__")
 
     def __init__(self, func: Any, args: Any, kwargs: Any, out: int | None, version: int, *, rng: Any = None,
                  inplace: bool = False, view: bool = False, ext: Any = None, pos: int = -1) -> None:
@@ -62,11 +65,14 @@ class Node:
         self.saved: Any = None  # weakref to the pager's record of this value, once saved
         self.index: int | None = None  # the pack index it was first saved at
         self.flops = self.touched = 0
+        self.recording = _RECORDING[0]
 
 
 def node_of(t: torch.Tensor) -> Node | None:
     n = getattr(t, ATTR_NODE, None)
-    return n if n is not None and n.version == t._version else None
+    if n is None or n.version != t._version or (n.func is not None and n.recording is not _RECORDING[0]):
+        return None
+    return n
 
 
 def external_node(t: torch.Tensor) -> Node:
@@ -241,6 +247,14 @@ class Recorder(TorchDispatchMode):
         self.calls: list[tuple[Any, tuple, Any]] = []  # per position: (func, flattened arguments, their structure)
         self.cost_model = cost_model
         self.clock_s = self.device_s = 0.0  # modelled forward so far (with a cost model)
+
+    def __enter__(self) -> "Recorder":
+        _RECORDING[0] = self
+        return super().__enter__()
+
+    def __exit__(self, *exc: Any) -> None:
+        super().__exit__(*exc)
+        _RECORDING[0] = None
 
     def _cost(self, func: Any, args: Any, kwargs: Any, out: Any, view: bool = False) -> tuple[int, int]:
         flops, touched, formula = op_cost(func, args, kwargs, out, view)

@@ -41,6 +41,7 @@ class PagedStats:
     recompute_fallbacks: int = 0  # planned recomputes paged instead (the recipe could not be bound or proven)
     recompute_diverged: int = 0  # of the fallbacks, recipes the trace check refused (the iteration ran otherwise)
     checked_ops: int = 0       # forward operations the trace check compared with the recorded ones
+    replans: int = 0           # plans dropped because the first iteration after them ran otherwise
     step_kept_bytes: int = 0   # the same five for the latest iteration (its forward and backward so far)
     step_bytes_paged: int = 0
     step_bytes_recomputed: int = 0

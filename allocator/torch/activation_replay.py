@@ -49,6 +49,8 @@ class Replay:
         self.rec_templates: dict[int, Any] = {}      # recorded iteration: pack index -> verified template
         self.templates: dict[int, Any] = {}          # the plan's: pack index -> template
         self._leaves: set[int] = set()               # pack indices the plan's templates read
+        self.diverged = False                        # the latest checked iteration ran otherwise than recorded
+        self._refused = 0
         self._uses: collections.Counter = collections.Counter()     # recorded unpacks per pack index
         self._readers: collections.Counter = collections.Counter()  # the plan's recomputed readers per pack index
         self._siblings: dict[int, tuple] = {}        # pack index -> others the same operation made (its other outputs)
@@ -57,6 +59,7 @@ class Replay:
     def start(self, record: bool) -> None:
         """At the context's entry: the recorder if this iteration is recorded, else the trace
         check if the plan recomputes anything."""
+        self.diverged = False
         if record:
             from .activation_recorder import Recorder
 
@@ -66,6 +69,7 @@ class Replay:
         elif self.spec is not None:
             from .activation_check import TraceCheck
 
+            self._refused = 0
             self.check = TraceCheck(self.spec)
             self.check.__enter__()
 
@@ -80,6 +84,7 @@ class Replay:
             self.recorder = None
         if self.check is not None:
             self.check.__exit__(*exc)
+            self.diverged = self._refused > 0 or self.check.aligned < self.check.pos
             with self.sched._lock:
                 self.sched._count("checked_ops", self.check.pos)
             self.check = None
@@ -177,6 +182,7 @@ class Replay:
             return None, why
         why = self.check.proves(template, tensor)
         if why:
+            self._refused += 1
             self.readers_gone(recipe)  # paged instead: it will read none of its sources
             return None, f"diverged: {why}"
         return recipe, ""
