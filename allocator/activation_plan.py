@@ -339,17 +339,11 @@ class _Planner:
         before they would be rebuilt leaves room for them."""
         first = self.firsts(dec)
         occ = self.occupancy(dec, first)
-        pmax = list(occ)
-        for t in range(1, len(pmax)):
-            pmax[t] = max(pmax[t - 1], pmax[t])
         for i in sorted((i for i in self.prim if dec[i] == RECOMPUTE), key=lambda i: -self.r[i] / self.b[i]):
-            f = first[i]
-            if f > 0 and pmax[f - 1] + self.b[i] <= self.budget:
+            f, b = first[i], self.b[i]
+            if f > 0 and max(occ[:f]) + b <= self.budget:
                 dec[i] = KEEP
-                for t in range(f):
-                    occ[t] += self.b[i]
-                for t in range(len(pmax)):
-                    pmax[t] = max(pmax[t - 1], occ[t]) if t else occ[t]
+                occ[:f] = [o + b for o in occ[:f]]
 
     def page_hidden(self, dec: dict[int, str]) -> None:
         """Page recomputed tensors the link hides (dearest to recompute first) while the step gets

@@ -32,9 +32,7 @@ from typing import Any
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_flatten
-
-from .activation_recorder import Node, produced, rng_state
+from .activation_recorder import Node, flatten, produced, rng_state
 
 __all__ = ["TraceSpec", "TraceCheck"]
 
@@ -43,9 +41,9 @@ ATTR_TOKEN = "_vta_check"
 
 @dataclasses.dataclass(frozen=True)
 class _Position:
-    consts: tuple          # (flat index, value) of every argument that is not a tensor
+    consts: tuple          # (flat index, value) of every argument that is not a tensor (structure included)
     tensors: tuple         # flat indices of the tensor arguments
-    spec: Any              # the arguments' structure (pytree)
+    n: int                 # flattened arguments (activation_recorder.flatten)
     generator: Any         # (kind, index) of a random operation a recipe replays, else None
     layout: tuple | None   # an empty_like's output (shape, stride, dtype): its input is not compared
 
@@ -67,12 +65,13 @@ class TraceSpec:
                     need[p] = gens.get(p, need.get(p))
         positions = {}
         for p, gen in need.items():
-            func, flat, spec = calls[p]
+            func, flat = calls[p]
             layout = None
             if func is torch.ops.aten.empty_like.default:
                 layout = next((_layout_of(e) for t in templates for e in t.prog if e[0] == "op" and e[6] == p), None)
             positions[p] = _Position(tuple((k, x) for k, x in enumerate(flat) if not isinstance(x, Node)),
-                                     tuple(k for k, x in enumerate(flat) if isinstance(x, Node)), spec, gen, layout)
+                                     tuple(k for k, x in enumerate(flat) if isinstance(x, Node)), len(flat), gen,
+                                     layout)
         return cls(tuple(c[0] for c in calls), positions)
 
 
@@ -118,9 +117,8 @@ class TraceCheck(TorchDispatchMode):
         return func(*args, **kwargs)
 
     def _observe(self, p: int, want: _Position, func: Any, args: Any, kwargs: Any) -> Any:
-        flat, spec = tree_flatten((args, kwargs))
-        same = spec == want.spec and all(not isinstance(flat[k], torch.Tensor) and _equal(flat[k], v)
-                                         for k, v in want.consts)
+        flat = flatten(args, kwargs)
+        same = len(flat) == want.n and all(type(flat[k]) is type(v) and _equal(flat[k], v) for k, v in want.consts)
         got: list[tuple[Any, int]] = []
         for k in want.tensors:
             t = flat[k]
@@ -184,6 +182,6 @@ class TraceCheck(TorchDispatchMode):
 
 def _equal(a: Any, b: Any) -> bool:
     try:
-        return bool(a == b) and type(a) is type(b)
+        return bool(a == b)
     except Exception:  # noqa: BLE001 - values that do not compare are not the same
         return False

@@ -160,7 +160,7 @@ class Recipe:
 
 def _sources_of(call: tuple, leaves: dict[int, int]) -> tuple:
     """Where each tensor argument of a recorded call comes from, for the trace check."""
-    func, flat, _spec = call
+    func, flat = call
     refs: list[tuple] = []
     for x in flat:
         if not isinstance(x, Node):

@@ -46,7 +46,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten, tree_map_only
 
 __all__ = ["Recorder", "Node", "node_of", "external_node", "rng_key", "rng_state", "rng_as",
-           "batch_norm_stand_in", "writes_running_stats", "produced"]
+           "batch_norm_stand_in", "writes_running_stats", "produced", "flatten"]
 
 ATTR_NODE = "_vta_node"
 _RECORDING: list[Any] = [None]  # the recording under way (nodes an operation made belong to one)
@@ -204,6 +204,45 @@ def batch_norm_stand_in(func: Any, args: Any, kwargs: Any) -> tuple[Any, tuple, 
     return func, (b["input"], b["weight"], b["bias"], None, None, True, momentum, eps), {}
 
 
+_SEQ = ("seq",)  # marks a list or tuple in a flattened call: (_SEQ, its length), then its items
+
+
+def flatten(args: Any, kwargs: Any) -> list:
+    """A call's arguments as one list: its structure (lists, tuples, keyword names) spelled out
+    among the values, so that two calls flatten alike exactly when they have one structure.
+    Faster than a pytree's flatten on the hot path of the trace check."""
+    out: list = []
+
+    def put(a: Any) -> None:
+        if type(a) is list or type(a) is tuple:
+            out.append((_SEQ, len(a)))
+            for e in a:
+                put(e)
+        else:
+            out.append(a)
+
+    for a in args:
+        put(a)
+    for k, v in kwargs.items():
+        out.append(k)
+        put(v)
+    return out
+
+
+_SCHEMAS: dict[Any, tuple[bool, tuple[bool, ...]]] = {}
+
+
+def _schema_of(func: Any) -> tuple[bool, tuple[bool, ...]]:
+    """(whether it writes its first argument in place, which returns are views), per function."""
+    got = _SCHEMAS.get(func)
+    if got is None:
+        w = written(func)
+        got = (w == [0] and func._schema.name.endswith("_"),
+               tuple(r.alias_info is not None for r in func._schema.returns))
+        _SCHEMAS[func] = got
+    return got
+
+
 def _storages(ts: list) -> set[int]:
     return {t.untyped_storage().data_ptr() for t in ts if isinstance(t, torch.Tensor) and t.numel()}
 
@@ -218,18 +257,17 @@ def produced(func: Any, args: Any, out: Any) -> list[tuple[int | None, Any, int]
     the written argument of an in-place call (its version one up, bumped above this level), or
     each tensor output (batch norm's too, which also writes its running statistics) (a schema view shares its base's version counter, which it reads only
     once this level returned)."""
-    w = written(func)
-    if w == [0] and func._schema.name.endswith("_"):
+    inplace, views = _schema_of(func)
+    if inplace:
         t = args[0] if args else None
         return [(None, t, t._version + 1)] if isinstance(t, torch.Tensor) else []
-    outs = out if isinstance(out, (tuple, list)) else (out,)
     multi = isinstance(out, (tuple, list))
+    outs = out if multi else (out,)
     base = args[0] if args and isinstance(args[0], torch.Tensor) else None
-    rets = func._schema.returns
     got = []
     for i, o in enumerate(outs):
         if isinstance(o, torch.Tensor):
-            view = i < len(rets) and rets[i].alias_info is not None
+            view = i < len(views) and views[i]
             got.append((i if multi else None, o, base._version if view and base is not None else o._version))
     return got
 
@@ -244,7 +282,7 @@ class Recorder(TorchDispatchMode):
         # of the operations torch has a FLOP formula for (matmuls, convolutions, CUDA attention):
         # the forward's FLOPs as FlopCounterMode counts them, what a FLOPs cap is a share of
         self.formula_flops = 0
-        self.calls: list[tuple[Any, tuple, Any]] = []  # per position: (func, flattened arguments, their structure)
+        self.calls: list[tuple[Any, tuple]] = []  # per position: (func, its arguments flattened)
         self.cost_model = cost_model
         self.clock_s = self.device_s = 0.0  # modelled forward so far (with a cost model)
 
@@ -294,8 +332,7 @@ class Recorder(TorchDispatchMode):
         if torch.Tag.nondeterministic_seeded in func.tags:
             rng = rng_state(rng_key(_device_of(args, kwargs)))
         a_nodes, k_nodes = tree_map_only(torch.Tensor, lambda t: node_of(t) or external_node(t), (args, kwargs))
-        leaves, spec = tree_flatten((a_nodes, k_nodes))
-        self.calls.append((func, tuple(leaves), spec))
+        self.calls.append((func, tuple(flatten(a_nodes, k_nodes))))
         out = func(*args, **kwargs)
         stand_in = batch_norm_stand_in(func, a_nodes, k_nodes)
         if stand_in is not None:
