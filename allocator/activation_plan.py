@@ -63,6 +63,7 @@ class Candidate:
     shared_with: int | None = None  # an earlier pack index of the same tensor (deduplicated)
     why: str = ""                 # not recomputable: why not (no recipe, not bit-exact, ...)
     at_s: float = 0.0             # modelled time into the forward when it was packed
+    at_op: int = 0                # operations of the forward run when it was packed
     group: int = -1               # the operation its recipe ends in (its position): recomputed tensors of
     #                               one group are rebuilt in one run of it (other outputs of one call)
 
@@ -227,7 +228,7 @@ class _Planner:
         pages = [(self.by_index[i].at_s, self.b[i], self.tau[first[i]]) for i in self.prim if dec[i] == PAGE]
         stall = paging_stall_s(self.model, self.fwd, pages, max(self.budget // 4, 1))
         launch = self.model.launch_s * len(pages)
-        check = self.fwd.ops * self.model.check_op_s if rec else 0.0
+        check = self.model.check_s(self.fwd.ops) if rec else 0.0
         return rec, stall, host_added_s(self.fwd, self.model, check + launch, launch)
 
     def total(self, dec: dict[int, str]) -> float:
@@ -359,7 +360,7 @@ class _Planner:
             bisect.insort(trial, (self.by_index[i].at_s, self.b[i], self.tau[first[i]]))
             more = paging_stall_s(self.model, self.fwd, trial, slack)
             n = len(pages)
-            check = self.fwd.ops * self.model.check_op_s
+            check = self.model.check_s(self.fwd.ops)
             host_before = host_added_s(self.fwd, self.model, check + launch * n, launch * n)
             host_after = host_added_s(self.fwd, self.model, (check if recomputes > 1 else 0.0) + launch * (n + 1),
                                       launch * (n + 1))

@@ -3,12 +3,14 @@
 Owns: three measurements, written to one JSON with provenance:
 
 * **check**: the host time the trace check (``activation_check.TraceCheck``) adds to each aten
-  operation of a forward: the forward of each model timed plain and under the check built from
-  its own plan (the link priced out, so the plan recomputes and the check observes the recipes'
-  positions), interleaved over ``--repeats``; per operation = (checked - plain) / operations,
-  of the fastest forward of each kind (the least disturbed by other work on the machine), with
-  an empty dispatch mode's cost beside it (what any mode costs). The recorder's per-operation
-  cost alone (the recorded iteration's dispatch mode) the same way;
+  operation of a forward: the forward of each model at batch 1 (``--forward-batch``: its
+  operations cost their host time, hardly any compute) timed plain and under the check built
+  from its own plan (the link priced out, so the plan recomputes and the check observes the
+  recipes' positions), interleaved over ``--repeats``; per operation = (checked - plain) /
+  operations, of the fastest forward of each kind (the least disturbed by other work on the
+  machine), and as a multiple of the plain forward's time per operation (what transfers to
+  another host: ``CHECK_RATIO`` in activation_costs), with an empty dispatch mode's cost beside
+  it (what any mode costs). The recorder's per-operation cost alone the same way;
 * **recorded iteration**: whole training steps under ``paged_activations`` (the first records:
   the recorder, each recipe compiled, run and compared, the plan made at the next entry) against
   the later ones and against steps with no pager;
@@ -67,7 +69,7 @@ def _steps(torch: Any, net: Any, x: Any, y: Any, loss_fn: Any, ctx: Any, n: int)
     return times
 
 
-def model_costs(name: str, batch: int, repeats: int, steps: int) -> dict[str, Any]:
+def model_costs(name: str, batch: int, repeats: int, steps: int, forward_batch: int, time_forward: bool) -> dict[str, Any]:
     import contextlib
 
     import torch
@@ -90,9 +92,20 @@ def model_costs(name: str, batch: int, repeats: int, steps: int) -> dict[str, An
                         "plan": {"recomputed_bytes": summary.recomputed_bytes, "paged_bytes": summary.paged_bytes,
                                  "segments": summary.segments, "plan_s": summary.plan_s}}
         del pager
-    if spec is None:
-        out["check"] = "the plan recomputes nothing: no check to time"
+    if spec is None or not time_forward:
+        out["check"] = "not timed" if spec is not None else "the plan recomputes nothing: no check to time"
         return out
+    if forward_batch != batch:  # the same model at the forward's batch: its own plan and check
+        net, x, y, loss_fn = bench.build(torch, name, forward_batch, "cpu")
+        fwd = bench.measure_forward(torch, net, x)
+        with _space(fwd["saved_bytes"]) as space:
+            pager = paged_activations(space, budget=max(fwd["saved_bytes"] // 4, 1), cost_model=_no_link())
+            _steps(torch, net, x, y, loss_fn, lambda: pager, 2)
+            spec = pager._replay.spec
+            del pager
+        if spec is None:
+            out["check"] = f"the plan at batch {forward_batch} recomputes nothing: no check to time"
+            return out
     ops = len(spec.funcs)
 
     def forward(mode: Any) -> float:
@@ -115,7 +128,9 @@ def model_costs(name: str, batch: int, repeats: int, steps: int) -> dict[str, An
         rows["check"].append(forward(TraceCheck(spec)))
         rows["recorder"].append(forward(Recorder()))
     best = {k: min(v) for k, v in rows.items()}
-    out["forward"] = {"operations": ops, "observed_positions": len(spec.positions),
+    out["forward"] = {"batch": forward_batch, "operations": ops, "observed_positions": len(spec.positions),
+                      "plain_per_op_s": best["plain"] / ops,
+                      "check_vs_plain_op": (best["check"] - best["plain"]) / best["plain"],
                       **{f"{k}_min_s": v for k, v in best.items()},
                       **{f"{k}_median_s": statistics.median(v) for k, v in rows.items()},
                       **{f"{k}_per_op_s": (best[k] - best["plain"]) / ops for k in ("empty_mode", "check", "recorder")}}
@@ -163,22 +178,27 @@ def planning(repeats: int) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--models", default="tiny_transformer,gpt2")
-    ap.add_argument("--batch", type=int, default=8)
-    ap.add_argument("--repeats", type=int, default=30)
+    ap.add_argument("--batch", type=int, default=8, help="the training steps' batch")
+    ap.add_argument("--forward-batch", type=int, default=1, help="the timed forwards' batch")
+    ap.add_argument("--repeats", type=int, default=200, help="forwards of each kind timed, interleaved")
+    ap.add_argument("--forward-models", default="tiny_transformer",
+                    help="models whose forward is timed with and without the check (small: host-bound)")
     ap.add_argument("--steps", type=int, default=6, help="training steps per pager run (the first records)")
     ap.add_argument("--out", default="benchmarks/results/check_overhead-cpu-{date}.json")
     a = ap.parse_args(argv)
     date = _dt.date.today().isoformat()
     record: dict[str, Any] = {"benchmark": "check_overhead", "provenance": {
         "date": date, "command": " ".join([Path(sys.argv[0]).as_posix()] + sys.argv[1:]), "machine": machine_info(),
-        "git": git_info()}, "models": [model_costs(m, a.batch, a.repeats, a.steps) for m in a.models.split(",")],
+        "git": git_info()}, "models": [model_costs(m, a.batch, a.repeats, a.steps, a.forward_batch,
+                                              m in a.forward_models.split(",")) for m in a.models.split(",")],
         "planning_24_layers": planning(a.repeats)}
     out = Path(a.out.format(date=date))
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(record, indent=1) + "\n")
     for m in record["models"]:
         f = m.get("forward", {})
-        print(f"{m['model']}: check {f.get('check_per_op_s', 0) * 1e6:.2f} us/op (an empty mode "
+        print(f"{m['model']}: check {f.get('check_per_op_s', 0) * 1e6:.2f} us/op, "
+              f"{f.get('check_vs_plain_op', 0):.2f}x a plain operation's {f.get('plain_per_op_s', 0) * 1e6:.2f} us (an empty mode "
               f"{f.get('empty_mode_per_op_s', 0) * 1e6:.2f}), recorder "
               f"{f.get('recorder_per_op_s', 0) * 1e6:.2f} us/op over {f.get('operations')} ops; steps: recorded "
               f"{m['steps']['recorded_s'] * 1e3:.1f} ms, later {m['steps']['later_median_s'] * 1e3:.1f} ms, "

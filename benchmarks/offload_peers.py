@@ -71,13 +71,14 @@ def compiled(torch: Any, net: Any, budget: float) -> Any:
 class RecomputeCount:
     """A dispatch mode around ``loss.backward()``: the operations run with grad enabled there are
     checkpointing's recompute (the engine runs backward functions with it disabled); ``seconds``
-    is what they cost on ``cost_model`` (each: max(device time, one launch))."""
+    is what they cost on ``cost_model`` (each: max(device time, one launch); a view, whose
+    outputs all alias an input, nothing: as the plan prices its recipes)."""
 
     def __init__(self, cost_model: Any) -> None:
         import torch
         from torch.utils._python_dispatch import TorchDispatchMode
 
-        from vtalloc.allocator.torch.activation_recorder import op_cost
+        from vtalloc.allocator.torch.activation_recorder import aliases, op_cost
 
         count = self
 
@@ -85,14 +86,16 @@ class RecomputeCount:
             def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
                 kwargs = kwargs or {}
                 out = func(*args, **kwargs)
-                if torch.is_grad_enabled():
+                if torch.is_grad_enabled() and not aliases(func, args, kwargs, out):
                     flops, touched, _ = op_cost(func, args, kwargs, out)
+                    count.costs.append((flops, touched))
                     count.ops += 1
                     count.flops += flops
                     count.seconds += cost_model.run_s(flops, touched)
                 return out
 
         self.mode, self.ops, self.flops, self.seconds = Mode(), 0, 0, 0.0
+        self.costs: list[tuple[int, int]] = []  # (FLOPs, bytes touched) of each operation run again
 
 
 def calibrate(torch: Any) -> dict[str, Any]:
@@ -114,18 +117,22 @@ def calibrate(torch: Any) -> dict[str, Any]:
         return (time.perf_counter() - t0) / reps
 
     out: dict[str, Any] = {}
-    n = 256 << 20
-    host = torch.empty(n, dtype=torch.uint8, pin_memory=True)
-    buf = torch.empty(n, dtype=torch.uint8, device=dev)
-    out["d2h_bytes_per_s"] = n / timed(lambda: host.copy_(buf, non_blocking=True), 5)
-    out["h2d_bytes_per_s"] = n / timed(lambda: buf.copy_(host, non_blocking=True), 5)
-    del host, buf
-    a = torch.randn(8192, 8192, device=dev, dtype=torch.bfloat16)
-    out["matmul_flops_per_s"] = 2 * 8192 ** 3 / timed(lambda: a @ a, 10)
-    del a
-    e = torch.zeros(256 << 20, device=dev, dtype=torch.bfloat16)
-    out["elementwise_bytes_per_s"] = 2 * e.numel() * e.element_size() / timed(lambda: e.add_(1), 10)
-    del e
+
+    def link() -> None:
+        n = 256 << 20
+        host = torch.empty(n, dtype=torch.uint8, pin_memory=True)
+        buf = torch.empty(n, dtype=torch.uint8, device=dev)
+        out["d2h_bytes_per_s"] = n / timed(lambda: host.copy_(buf, non_blocking=True), 5)
+        out["h2d_bytes_per_s"] = n / timed(lambda: buf.copy_(host, non_blocking=True), 5)
+
+    def compute() -> None:
+        a = torch.randn(8192, 8192, device=dev, dtype=torch.bfloat16)
+        out["matmul_flops_per_s"] = 2 * 8192 ** 3 / timed(lambda: a @ a, 10)
+        e = torch.zeros(256 << 20, device=dev, dtype=torch.bfloat16)
+        out["elementwise_bytes_per_s"] = 2 * e.numel() * e.element_size() / timed(lambda: e.add_(1), 10)
+
+    link()
+    compute()
     one = torch.zeros(1, device=dev)
     out["launch_s"] = timed(lambda: [one.add_(1) for _ in range(1000)], 3) / 1000
 

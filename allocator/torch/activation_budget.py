@@ -17,7 +17,7 @@ Invariants: the budget is >= 1 byte; a pager that cannot say what its memory hol
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 __all__ = ["BudgetMeter"]
 
@@ -46,6 +46,16 @@ class BudgetMeter:
         if used is not None:
             self.own = max(self.own, used - resident)
             self.samples += 1
+
+    def settle(self, provisional: int, plan: Callable[[int], Any]) -> tuple[int, Any]:
+        """The budget and its plan (``plan(budget)``): measured, and less what offloaded pages may
+        hold where that plan pages; ``provisional`` where nothing was measured."""
+        measured = self.budget()
+        got = plan(measured or provisional)
+        if measured and got.summary.paged_bytes:
+            measured = self.budget(got.summary.paged_bytes) or measured
+            got = plan(measured)
+        return measured or provisional, got
 
     def budget(self, paged: int = 0) -> int | None:
         """The default budget, or None where nothing was measured."""

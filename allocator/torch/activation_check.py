@@ -15,7 +15,7 @@ unchanged since, the recipe's own intermediate values), from the same RNG state:
 kernels then give the same bits. Positions line up only while the whole forward so far ran the
 recorded functions; from the first other function on, nothing is proven. What it costs: one
 Python call per operation of the forward, and at the plan's positions the arguments read and
-the outputs referenced (docs/activation-plan.md; ``CostModel.check_op_s``).
+the outputs referenced (docs/activation-plan.md; ``CostModel.check_s``).
 Identity without holding tensors: each tensor the check meets (read or made at a position it
 observes, or packed where a recipe reads it) carries a token of this iteration (an attribute,
 set the first time it is met); a tensor that dies between two sightings cannot be taken for

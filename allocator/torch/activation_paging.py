@@ -63,6 +63,7 @@ DEFAULT_MAX_RECOMPUTE_FRACTION = None  # no cap on recomputed FLOPs: the cost mo
 # space's mapped bytes stay within the budget plus a quarter, at one release per quarter budget
 # of offloads (each release waits once for the streams that may touch those pages).
 RELEASE_SLACK_DIVISOR = 4
+MAX_REPLANS = 2  # plans dropped because the first iteration after them ran otherwise
 
 
 class PagedActivations:
@@ -152,9 +153,10 @@ class PagedActivations:
         with self._lock:
             if self._following and self._schedule_packs is not None and len(self._rec_packs) != len(self._schedule_packs):
                 self._fall_back()
-            if self._since_plan == 1 and self._replay.diverged:
+            if self._since_plan == 1 and self._replay.diverged and self._counts["replans"] < MAX_REPLANS:
                 # The first iteration after the plan ran otherwise than the recorded one (which may
-                # have been a warm-up): record the next one and plan again, once.
+                # have been a warm-up): record the next one and plan again (a few times at most: a
+                # model that alternates paths keeps its plan, and pages where the check refuses).
                 self._plan = None
                 self._counts["replans"] += 1
 
@@ -171,9 +173,9 @@ class PagedActivations:
                 return self._make_plan()
             return self._plan
 
-    def _make_plan(self) -> Plan:
+    def _make_plan(self, budget: int | None = None) -> Plan:
         frac, r = self.max_recompute_fraction, self._replay
-        return plan_activations(self._rec_cands, self.budget, self.cost_model,
+        return plan_activations(self._rec_cands, self.budget if budget is None else budget, self.cost_model,
                                 allow_recompute=self.recompute == "auto",
                                 max_recompute_flops=None if frac is None else int(r.forward_flops * frac),
                                 unpack_order=self._rec_unpacks, forward=r.forward)
@@ -196,13 +198,8 @@ class PagedActivations:
             self._schedule_packs = list(self._rec_packs)
             self._schedule_unpacks = list(self._rec_unpacks)
         if self._measuring and len(self._rec_cands) == len(self._rec_packs):
-            meter = self._meter
-            measured = meter.budget() if meter is not None else None
-            self.budget = measured or self.budget
-            self._plan = self._make_plan()
-            if meter is not None and measured and self._plan.summary.paged_bytes:  # room for offloaded pages
-                self.budget = meter.budget(self._plan.summary.paged_bytes) or self.budget
-                self._plan = self._make_plan()
+            self.budget, self._plan = (self._meter.settle(self.budget, self._make_plan) if self._meter is not None
+                                       else (self.budget, self._make_plan()))
             self._release_at = max(self.budget // RELEASE_SLACK_DIVISOR, 1)
             self._replay.adopt([r.index for r in self._plan.rows if r.decision == RECOMPUTE], self._rec_unpacks)
 

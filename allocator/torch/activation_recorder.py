@@ -46,7 +46,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten, tree_map_only
 
 __all__ = ["Recorder", "Node", "node_of", "external_node", "rng_key", "rng_state", "rng_as",
-           "batch_norm_stand_in", "writes_running_stats", "produced", "flatten"]
+           "batch_norm_stand_in", "writes_running_stats", "produced", "flatten", "aliases", "op_cost"]
 
 ATTR_NODE = "_vta_node"
 _RECORDING: list[Any] = [None]  # the recording under way (nodes an operation made belong to one)
@@ -247,6 +247,22 @@ def _storages(ts: list) -> set[int]:
     return {t.untyped_storage().data_ptr() for t in ts if isinstance(t, torch.Tensor) and t.numel()}
 
 
+def alias_flags(func: Any, args: Any, kwargs: Any, out: Any) -> list[bool]:
+    """Per output: whether it aliases an input (its schema says so, or it shares an input's
+    storage: ``_unsafe_view`` aliases without saying so)."""
+    outs = out if isinstance(out, (tuple, list)) else (out,)
+    rets = func._schema.returns
+    in_storage = _storages(tree_flatten((args, kwargs))[0])
+    return [isinstance(o, torch.Tensor) and ((i < len(rets) and rets[i].alias_info is not None)
+                                            or bool(o.numel() and o.untyped_storage().data_ptr() in in_storage))
+            for i, o in enumerate(outs)]
+
+
+def aliases(func: Any, args: Any, kwargs: Any, out: Any) -> bool:
+    """Whether every output of a call aliases an input (a view: it costs nothing)."""
+    return all(alias_flags(func, args, kwargs, out))
+
+
 def written(func: Any) -> list[int]:
     """The argument positions a call writes (its schema's write annotations)."""
     return [i for i, a in enumerate(func._schema.arguments) if a.alias_info is not None and a.alias_info.is_write]
@@ -283,6 +299,7 @@ class Recorder(TorchDispatchMode):
         # the forward's FLOPs as FlopCounterMode counts them, what a FLOPs cap is a share of
         self.formula_flops = 0
         self.calls: list[tuple[Any, tuple]] = []  # per position: (func, its arguments flattened)
+        self.costs: list[tuple[int, int]] = []    # per position: (FLOPs, bytes touched)
         self.cost_model = cost_model
         self.clock_s = self.device_s = 0.0  # modelled forward so far (with a cost model)
 
@@ -296,6 +313,7 @@ class Recorder(TorchDispatchMode):
 
     def _cost(self, func: Any, args: Any, kwargs: Any, out: Any, view: bool = False) -> tuple[int, int]:
         flops, touched, formula = op_cost(func, args, kwargs, out, view)
+        self.costs.append((flops, touched))
         self.flops += flops
         self.formula_flops += flops if formula else 0
         if self.cost_model is not None:
@@ -361,15 +379,11 @@ class Recorder(TorchDispatchMode):
                      {"dtype": out.dtype, "device": out.device}, None, out._version, pos=pos)
             setattr(out, ATTR_NODE, n)
             return out
-        outs = out if isinstance(out, (tuple, list)) else (out,)
-        in_storage = _storages(tree_flatten((args, kwargs))[0])
-        aliases = [isinstance(o, torch.Tensor) and (
-            (i < len(schema.returns) and schema.returns[i].alias_info is not None)
-            or bool(o.numel() and o.untyped_storage().data_ptr() in in_storage)) for i, o in enumerate(outs)]
-        flops, touched = self._cost(func, args, kwargs, out, view=all(aliases))
+        views = alias_flags(func, args, kwargs, out)
+        flops, touched = self._cost(func, args, kwargs, out, view=all(views))
         for key, o, version in produced(func, args, out):
             i = key or 0
-            n = Node(func, a_nodes, k_nodes, key, version, rng=rng, view=aliases[i], pos=pos)
+            n = Node(func, a_nodes, k_nodes, key, version, rng=rng, view=views[i], pos=pos)
             n.flops, n.touched = flops, touched
             setattr(o, ATTR_NODE, n)
         return out

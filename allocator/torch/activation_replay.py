@@ -46,6 +46,7 @@ class Replay:
         self.forward = Forward()                     # the recorded forward, priced on the cost model
         self.forward_flops = 0                       # its FLOPs as torch's flop counter counts them
         self.calls: list = []                        # the recorded iteration's calls, until a plan is adopted
+        self.costs: list = []                        # its operations' (FLOPs, bytes touched), by position
         self.rec_templates: dict[int, Any] = {}      # recorded iteration: pack index -> verified template
         self.templates: dict[int, Any] = {}          # the plan's: pack index -> template
         self._leaves: set[int] = set()               # pack indices the plan's templates read
@@ -80,7 +81,7 @@ class Replay:
             ops = len(r.calls)
             self.forward = Forward(ops, r.clock_s, r.device_s, ops * self.sched.cost_model.launch_s, r.flops)
             self.forward_flops = r.formula_flops
-            self.calls = r.calls
+            self.calls, self.costs = r.calls, r.costs
             self.recorder = None
         if self.check is not None:
             self.check.__exit__(*exc)
@@ -160,9 +161,11 @@ class Replay:
         op = recipe.op if recipe is not None else (getattr(getattr(node, "func", None), "__name__", "") if node else "")
         r = recipe if template is not None else None
         at = self.recorder.clock_s if self.recorder is not None else 0.0
+        at_op = len(self.recorder.calls) if self.recorder is not None else 0
         return Candidate(saved.index, saved.nbytes, op, recomputable=r is not None,
                          flops=r.flops if r else 0, touched=r.touched if r else 0, ops=r.ops if r else 1,
                          sources=tuple(s.index for s in r.sources()) if r else (), why="" if r else why[0], at_s=at,
+                         at_op=at_op,
                          group=template.top[0] if template is not None and r is not None and r.shares() else -1)
 
     def _record_of(self, node: Any) -> Any:
