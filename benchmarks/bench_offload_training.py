@@ -357,7 +357,7 @@ def child(cfg: dict[str, Any]) -> dict[str, Any]:
 
         extra = {"max_recompute_fraction": cfg["max_recompute_fraction"]} \
             if cfg.get("max_recompute_fraction") is not None else {}
-        pager = paged_activations(space, budget, recompute=PAGER_CONFIGS[name], **extra)
+        pager = paged_activations(space, budget, recompute=PAGER_CONFIGS[name], cost_model=cost_model(cfg), **extra)
         scope = lambda: pager  # noqa: E731 - one pager for every step: it learns the order
         out["budget_bytes"] = pager.budget
     else:
@@ -441,6 +441,16 @@ def child(cfg: dict[str, Any]) -> dict[str, Any]:
         del pager, net, opt, x, y, scope
         space.close()
     return out
+
+
+def cost_model(cfg: dict[str, Any]) -> Any:
+    """The plan's cost model: the H100's, or with the copy link priced out (every plan recomputes
+    what it can: the exactness of recompute-heavy plans, measured)."""
+    from vtalloc.allocator.activation_costs import H100
+
+    if cfg.get("cost_model") == "h100-link-priced-out":
+        return dataclasses.replace(H100, link_bytes_per_s=1e3, name="h100, link priced out")
+    return H100
 
 
 def count_recompute(torch: Any, net: Any, x: Any, y: Any, loss_fn: Any, cfg: dict[str, Any]) -> dict[str, Any]:
@@ -737,6 +747,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-recompute-fraction", type=float, default=None,
                     help="paged_activations' cap on recompute FLOPs, a share of the forward's (its default: none, "
                          "the cost model decides)")
+    ap.add_argument("--cost-model", default="h100", choices=["h100", "h100-link-priced-out"],
+                    help="the plan's cost model (the second prices paging out: the plan recomputes what it can)")
     ap.add_argument("--compile-memory-budget", type=float, default=0.3,
                     help="compile: torch._functorch.config.activation_memory_budget (the share of activation memory "
                          "the partitioner keeps)")
@@ -781,6 +793,7 @@ def main(argv: list[str] | None = None) -> int:
             "offload_min_bytes": 64 * 1024 if smoke else MiB,  # smoke: its tensors are small
             "budget_fraction": a.budget_fraction if smoke else None,
             "max_recompute_fraction": a.max_recompute_fraction, "compile_budget": a.compile_memory_budget,
+            "cost_model": a.cost_model,
             "time_limit_s": limit}
     rtol = a.loss_rtol if a.loss_rtol is not None else (1e-5 if smoke else 2e-2)
     runs, probes = [], {}

@@ -72,7 +72,8 @@ class RecomputeCount:
     """A dispatch mode around ``loss.backward()``: the operations run with grad enabled there are
     checkpointing's recompute (the engine runs backward functions with it disabled); ``seconds``
     is what they cost on ``cost_model`` (each: max(device time, one launch); a view, whose
-    outputs all alias an input, nothing: as the plan prices its recipes)."""
+    outputs all alias an input, no device time, one launch of host time: as the plan prices its
+    recipes and the recorder the forward)."""
 
     def __init__(self, cost_model: Any) -> None:
         import torch
@@ -86,8 +87,8 @@ class RecomputeCount:
             def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
                 kwargs = kwargs or {}
                 out = func(*args, **kwargs)
-                if torch.is_grad_enabled() and not aliases(func, args, kwargs, out):
-                    flops, touched, _ = op_cost(func, args, kwargs, out)
+                if torch.is_grad_enabled():
+                    flops, touched, _ = op_cost(func, args, kwargs, out, view=aliases(func, args, kwargs, out))
                     count.costs.append((flops, touched))
                     count.ops += 1
                     count.flops += flops

@@ -78,7 +78,7 @@ class Recipe:
     signature: tuple      # operations and leaves
     flops: int
     touched: int
-    ops: int
+    ops: int              # operations it runs, views included (each costs the host one launch)
     flops_at: dict = dataclasses.field(default_factory=dict)  # position -> FLOPs of its operation
 
     @property
@@ -378,7 +378,8 @@ def _compile(t: torch.Tensor, record_of: Callable[[Node], Any], fail: Callable[[
                       and any(isinstance(x, _Slot) and x.i == target.i for x in tree_flatten((r[2], r[3]))[0])]
             if others:
                 return fail(f"{_name(e[1])}'s target is read by another operation of the recipe")
-    return Recipe(prog, (tuple(t.shape), tuple(t.stride()), t.dtype, t.device), tuple(sig), cost[0], cost[1], cost[2],
+    # priced at one launch of host time per operation, views included (as the recorder's forward clock)
+    return Recipe(prog, (tuple(t.shape), tuple(t.stride()), t.dtype, t.device), tuple(sig), cost[0], cost[1], len(ops),
                   flops_at)
 
 
