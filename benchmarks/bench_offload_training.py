@@ -397,6 +397,9 @@ def child(cfg: dict[str, Any]) -> dict[str, Any]:
             opt.step()
             sync()
         except Exception as e:  # noqa: BLE001
+            if name == "compile" and not is_oom(e):  # "where it compiles": a failure to compile is a result
+                out.update(status="compile_error", error=f"{type(e).__name__}: {str(e)[:300]}", losses=losses)
+                break
             if not is_oom(e):
                 raise
             out.update(status="oom", oom_at_step=step, error=str(e).splitlines()[0][:300], losses=losses)
@@ -862,7 +865,8 @@ def main(argv: list[str] | None = None) -> int:
     if grad_checks:
         print(f"vtalloc gradients bit-identical to native: {paging_exact}")
     print(f"losses match (rtol {rtol:g}): {record['losses_match']}; wrote {out}" + (f"; chart: {record['chart']}" if a.chart else ""))
-    crashed = [r for r in runs if r.get("status") not in ("ok", "oom", "skipped") and not r.get("cut_by_time_limit")]
+    crashed = [r for r in runs if r.get("status") not in ("ok", "oom", "skipped", "compile_error")
+               and not r.get("cut_by_time_limit")]
     if failed(path_checks):
         print("PATH CHECK FAILED: runs measured another path than their configuration names:\n  "
               + "\n  ".join(failed(path_checks)), file=sys.stderr)

@@ -64,7 +64,9 @@ def checkpoint_blocks(torch: Any, model: str, net: Any, reentrant: bool = False)
 def compiled(torch: Any, net: Any, budget: float) -> Any:
     """``torch.compile`` whose partitioner keeps at most ``budget`` of the activations' memory
     (``torch._functorch.config.activation_memory_budget``) and recomputes the rest."""
-    torch._functorch.config.activation_memory_budget = budget
+    import torch._functorch.config as functorch_config
+
+    functorch_config.activation_memory_budget = budget
     return torch.compile(net)
 
 

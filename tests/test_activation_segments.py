@@ -203,6 +203,7 @@ def test_a_gpt_style_stack_at_checkpointings_memory_recomputes_exactly_and_pages
     targets = torch.randint(128, (4, 32), generator=g)
     m = check_against_checkpointing(_stack(block), ids, targets, autocast=autocast)
     assert m["budget"] < m["saved"] / 2  # checkpointing's memory is well below what the stack saves
+    print(f"{block.__name__}{' bf16' if autocast else ''}: {m}")  # docs/activation-plan.md quotes these (-s)
 
 
 def test_the_checkpointing_budget_counts_inputs_and_one_block():

@@ -141,6 +141,20 @@ def test_offload_training_recompute_quick_transformers_gpt2_with_dropout(tmp_pat
     assert auto["bytes_recomputed"] > 0 and auto["segments"] > 0 and auto["recompute_fallbacks_total"] == 0, auto
 
 
+def test_offload_training_checkpoint_offload_peer_moves_what_checkpointing_keeps(tmp_path):
+    # The checkpointing peer that fits ResNet-50 at 4x on a GPU: per-block (reentrant)
+    # checkpointing whose kept inputs go to host memory; exact, and it moved bytes.
+    out = tmp_path / "peer.json"
+    run_bench("bench_offload_training.py", "--cpu-smoke", "--models", "tiny_transformer", "--configs",
+              "native,checkpoint_offload", "--steps", "2", "--warmup", "1", "--multiples", "1", "--out", str(out),
+              timeout=300)
+    record = json.loads(out.read_text())
+    peer = next(r for r in record["runs"] if r["config"] == "checkpoint_offload")
+    assert peer["status"] == "ok" and peer["bytes_moved_per_step"] > 0, peer
+    assert record["losses_match"] and peer["grads_vs_native"]["bit_identical"], peer
+    check_paths(record, len(record["runs"]))
+
+
 def test_churn_host_default_sequence_has_no_oom(tmp_path):
     # The script's own invariant (it exits 1 on any vtalloc OOM) at its default sequence, which
     # the smoke run below is too small to reach: it had 8 OOMs from extents that blocks used only
