@@ -26,7 +26,7 @@ __all__ = ["CostModel", "H100", "Forward", "paging_stall_s", "host_added_s", "CH
 
 # What the trace check (activation_check.TraceCheck) adds to one aten operation of a later
 # iteration's forward, as a multiple of the host time the operation itself takes in eager mode:
-# 0.98, measured on this repository's CPU machine (AMD EPYC, 2 cores, torch 2.13, 2026-11-28:
+# 0.98, measured on this repository's CPU machine (Intel Xeon, 2 cores, torch 2.13, 2026-11-28:
 # the small transformer's forward at batch 1, 11.5 us against 11.8 for the operation, the
 # fastest of 200; `python benchmarks/bench_check_overhead.py`,
 # benchmarks/results/check_overhead-cpu-2026-11-28.json, docs/cost-model.md). A multiple,

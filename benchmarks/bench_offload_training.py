@@ -24,7 +24,7 @@ Configurations (GPU), per model, at the native maximum batch B (probed, or ``--b
 * vtalloc      - ``vtalloc.allocator.torch.enable(capacity=cap)`` + ``paged_activations(None)``
                  at default settings (``--vtalloc-option k=v`` / ``--budget`` override them):
                  ``recompute="auto"``, keep, page out or recompute each saved tensor, segments
-                 rebuilt once, the budget measured from the cap (issue 36); on a GPU the run
+                 rebuilt once, the budget measured from the cap; on a GPU the run
                  also measures the cost model's constants (``calibration``: offload_peers.py);
 * vtalloc_off  - the same with ``recompute="off"``: keep or page only (offload-only);
 * checkpoint   - ``torch.utils.checkpoint`` (full, per block, ``use_reentrant=False``): every
