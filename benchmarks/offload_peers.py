@@ -48,8 +48,13 @@ def checkpoint_blocks(torch: Any, model: str, net: Any, reentrant: bool = False)
         def forward(self, *args: Any) -> Any:
             from torch.utils.checkpoint import checkpoint
 
+            if reentrant:  # the reentrant form gives no gradients to a block whose inputs need none (the batch)
+                args = tuple(a.detach().requires_grad_() if isinstance(a, torch.Tensor) and a.is_floating_point()
+                             and not a.requires_grad else a for a in args)
             return checkpoint(self.block, *args, use_reentrant=reentrant)
 
+    if reentrant:  # its forward runs under no_grad, where TransformerEncoderLayer would take its fused
+        torch.backends.mha.set_fastpath_enabled(False)  # path: other values than its recompute, and native's
     if model in HF_MODELS:
         net.lm.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": reentrant})
         return net
