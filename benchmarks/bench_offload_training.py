@@ -318,7 +318,10 @@ def child(cfg: dict[str, Any]) -> dict[str, Any]:
         out["gpu"] = {"name": p.name, "total_memory_bytes": p.total_memory, "cuda": torch.version.cuda,
                       "torch": torch.__version__}
         if name == "vtalloc":  # the cost model's constants on this GPU, before the model takes memory
-            out["calibration"] = calibrate(torch)
+            try:
+                out["calibration"] = calibrate(torch)
+            except Exception as e:  # noqa: BLE001 - a failed probe must not cost the run it precedes
+                out["calibration"] = {"error": f"{type(e).__name__}: {str(e)[:300]}"}
     try:
         net, x, y, loss_fn = build(torch, cfg["model"], cfg["batch"], device)
     except Exception as e:  # noqa: BLE001 - an OOM while building is a result
@@ -635,12 +638,8 @@ def recompute_rows(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
         if r["config"] not in PAGER_CONFIGS or r.get("status") != "ok" or "pager_step" not in r:
             continue
         st, fwd = r["pager_step"], r.get("forward", {})
-
-        def peer(config: str) -> dict[str, Any] | None:
-            return next((q for q in runs if (q["model"], q["batch"], q["config"]) == (r["model"], r["batch"], config)
-                         and q.get("status") == "ok"), None)
-
-        off, ckpt = peer("vtalloc_off"), peer("checkpoint")
+        off, ckpt = (next((q for q in runs if (q["model"], q["batch"], q["config"]) == (r["model"], r["batch"], c)
+                           and q.get("status") == "ok"), None) for c in ("vtalloc_off", "checkpoint"))
         off_paged = off["pager_step"]["bytes_paged"] if off and "pager_step" in off else None
         ratio = st["bytes_paged"] / off_paged if off_paged else None
         flops_frac = st["recompute_flops"] / fwd["forward_flops"] if fwd.get("forward_flops") else None
