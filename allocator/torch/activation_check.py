@@ -101,7 +101,10 @@ class TraceCheck(TorchDispatchMode):
         if tok is None or tok[0] is not self._stamp:
             self._n += 1
             tok = (self._stamp, self._n)
-            setattr(t, ATTR_TOKEN, tok)
+            try:
+                setattr(t, ATTR_TOKEN, tok)
+            except (AttributeError, RuntimeError):
+                pass  # a tensor that takes no attribute matches nothing: its recipes are not proven
         return tok[1]
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
