@@ -67,6 +67,7 @@ FREE_EVICTABLE = "free under an evictable allocation"
 EVICT = "Eviction and paged training"
 OFFLOAD = "Offload training against every peer"
 RECOMPUTE = "Keep, page out or recompute under one byte budget (CPU)"
+SEGMENTS = "Segments against checkpointing (CPU; H100 modelled and predicted)"
 CHURN = "Churn: random-size tensors under a cap"
 EVICT_MODEL = "Predicted (host cost model): eviction on an H100"
 SIZES = "Predicted: in-place paged training at default settings"
@@ -123,6 +124,25 @@ COMMANDS: tuple[Command, ...] = (
             "--max-recompute-fraction 1.0 --out benchmarks/results/offload_training-recompute-cap1-cpu-{date}.json",
             _SMOKE_RECOMPUTE + " --max-recompute-fraction 1.0 "
             "--out benchmarks/results/offload_training-recompute-cap1-cpu-{date}.json", needs=HF),
+    Command("segments", SEGMENTS,
+            "python benchmarks/bench_offload_training.py --cpu-smoke --models tiny_transformer,gpt2,llama,resnet50 "
+            "--configs native,checkpoint,vtalloc_off,vtalloc --budget-fraction 0.25 --steps 4 --warmup 2 --multiples 1 "
+            "--batch resnet50=2 --out benchmarks/results/offload_training-segments-cpu-{date}.json",
+            "python benchmarks/bench_offload_training.py --cpu-smoke --models tiny_transformer "
+            "--configs native,checkpoint,vtalloc --budget-fraction 0.25 --steps 3 --warmup 2 --multiples 1 "
+            "--out benchmarks/results/offload_training-segments-cpu-{date}.json", needs=HF),
+    Command("check_overhead", SEGMENTS,
+            "python benchmarks/bench_check_overhead.py --out benchmarks/results/check_overhead-cpu-{date}.json",
+            "python benchmarks/bench_check_overhead.py --models tiny_transformer --repeats 10 --steps 3 "
+            "--out benchmarks/results/check_overhead-cpu-{date}.json", needs=HF, quick_needs=HF),
+    Command("predict_transformer", SEGMENTS,
+            "python benchmarks/predict_gpu_plan.py --model transformer "
+            "--out benchmarks/results/predicted_transformer_4x-h100-{date}.json",
+            None, skip_quick="records the 2048-wide transformer twice on CPU (minutes, several GiB)"),
+    Command("predict_resnet50", SEGMENTS,
+            "python benchmarks/predict_gpu_plan.py --model resnet50 "
+            "--out benchmarks/results/predicted_resnet50_4x-h100-{date}.json",
+            None, skip_quick="records ResNet-50 twice on CPU (minutes)"),
     Command("churn", CHURN,
             "python benchmarks/bench_churn.py --backend host --out benchmarks/results/churn-host-{date}.json",
             _SMALL_CHURN + " --out benchmarks/results/churn-host-{date}.json"),

@@ -52,6 +52,8 @@ class Pager(Protocol):
     def room(self) -> dict[str, int]: ...                        # capacity, page, host pool: for messages
     # Optional: unmap the device pages offloaded tensors still hold; -> bytes released.
     def release_offloaded(self, wait: bool = False) -> int: ...
+    # Optional: (capacity, bytes its memory holds now), for the default budget (activation_budget).
+    def footprint(self) -> tuple[int, int] | None: ...
 
 
 def _storage_span(tensor: Any) -> int:
@@ -143,6 +145,10 @@ class HostPager:
     def release_offloaded(self, wait: bool = False) -> int:
         return self.space.release_offloaded(wait)
 
+    def footprint(self) -> tuple[int, int]:
+        st = self.space.stats()
+        return st.capacity_bytes, st.active_bytes - st.evicted_bytes
+
     def unpack(self, handle: Any) -> Any:
         # Resident (restored first if it was away), and not evictable: autograd holds the value now.
         self.space.set_evictable(handle.address, False)
@@ -225,6 +231,13 @@ class DevicePager:
 
     def release_offloaded(self, wait: bool = False) -> int:
         return self._shim.release_offloaded(wait=wait)
+
+    def footprint(self) -> tuple[int, int] | None:
+        devices = self._shim.devices()
+        if not devices:
+            return None
+        st = self._shim.device_stats(min(self._checked, default=devices[0]))
+        return st.capacity_bytes, st.active_bytes - st.evicted_bytes
 
     def unpack(self, handle: Any) -> Any:
         self._shim.residency_op(handle.device, self._shim.OP_ENSURE_RESIDENT, handle.address, self._stream(handle.device))

@@ -19,9 +19,13 @@ recompute: ``activation_records``).
 - Plan (``recompute="auto"``, the default): the recorded iteration notes what made each
   saved tensor and verifies its recipe bit-exact (``activation_replay``,
   ``activation_recorder``); ``activation_plan`` decides per pack index: keep (the tensor
-  itself), page (the path above) or recompute (hold only the recipe, bound and verified at
-  pack in later iterations, run at unpack). A tensor saved twice (same tensor, same
-  ``_version``) is packed once and its record shared. ``recompute="off"``: keep and page only.
+  itself), page (the path above) or recompute (hold only the recipe, bound at pack in later
+  iterations once their trace check proved it, ``activation_check``; rebuilt with its segment
+  at its first unpack). A tensor saved twice (same tensor, same ``_version``) is packed once
+  and its record shared. ``recompute="off"``: keep and page only.
+- Budget: an explicit one, or by default what the capacity leaves once the model's own memory,
+  measured in the recorded iteration, is counted (``activation_budget``; the recorded
+  iteration itself runs with half the capacity).
 - Pages are shared between neighbouring allocations (the pager packs small tensors densely) and
   a page moves once every tensor on it has left: until then its bytes stay counted as resident.
   What crossed the link is the space's count (``bytes_paged``); ``activation_room`` makes room.
@@ -36,7 +40,6 @@ Usage: enter the context around the forward pass of each iteration; run backward
 from __future__ import annotations
 
 import collections
-import math
 import threading
 import time
 import weakref
@@ -44,11 +47,12 @@ from typing import Any, Callable
 
 from . import shim as _torch_shim
 from .activation_pagers import DEFAULT_MIN_BYTES, DevicePager, HostPager, Pager
+from .activation_budget import BudgetMeter
 from .activation_records import GONE as _GONE, PagedStats, Saved as _Saved
 from .activation_replay import Replay
 from .activation_hooks import eager_only
+from .activation_options import LinkCount, paging_options
 from .activation_room import PagerWarning, Room, RoomMaking
-from ..config import parse_size
 from ..activation_plan import KEEP, PAGE, RECOMPUTE, H100, Candidate, CostModel, Plan, plan_activations
 from ..errors import InvalidArgumentError, OutOfMemoryError, SourceChangedError
 from ..extras import import_torch
@@ -56,11 +60,12 @@ from ..extras import import_torch
 __all__ = ["PagedActivations", "PagedStats", "HostPager", "DevicePager", "PagerWarning", "paged_activations"]
 
 ATTR_SAVED = "_vta_saved"  # on a packed tensor: weak reference to its record (a second pack shares it)
-DEFAULT_MAX_RECOMPUTE_FRACTION = 0.05  # recompute at most this share of the recorded forward's FLOPs
+DEFAULT_MAX_RECOMPUTE_FRACTION = None  # no cap on recomputed FLOPs: the cost model decides
 # Device pages offloaded tensors still hold are unmapped once they pass budget / this: the
 # space's mapped bytes stay within the budget plus a quarter, at one release per quarter budget
 # of offloads (each release waits once for the streams that may touch those pages).
 RELEASE_SLACK_DIVISOR = 4
+MAX_REPLANS = 2  # plans dropped because the first iteration after them ran otherwise
 
 
 class PagedActivations:
@@ -68,23 +73,11 @@ class PagedActivations:
 
     def __init__(self, pager: Pager, budget: int | str | None = None, *, capacity_hint: int | None = None,
                  recompute: str = "auto", cost_model: CostModel = H100,
-                 max_recompute_fraction: float = DEFAULT_MAX_RECOMPUTE_FRACTION) -> None:
-        if recompute not in ("auto", "off"):
-            raise InvalidArgumentError(f"recompute must be 'auto' or 'off', not {recompute!r}")
-        if (isinstance(max_recompute_fraction, bool) or not isinstance(max_recompute_fraction, (int, float))
-                or not math.isfinite(max_recompute_fraction) or max_recompute_fraction < 0):
-            raise InvalidArgumentError("max_recompute_fraction must be a finite number >= 0 (a share of the "
-                                       f"forward's FLOPs), not {max_recompute_fraction!r}")
-        if budget is None:
-            if capacity_hint is None:
-                raise InvalidArgumentError("give a budget (bytes of saved activations kept resident)")
-            budget = max(capacity_hint // 2, 1)
-        self.budget = parse_size(budget, name="budget")
-        if capacity_hint is not None and self.budget > capacity_hint:
-            raise InvalidArgumentError(
-                f"budget {self.budget:,} bytes is above the capacity of {capacity_hint:,} bytes that holds the saved "
-                "tensors: they could never all stay resident, and nothing would be left for the step's other "
-                "memory; give a budget below the capacity (the default is half of it)")
+                 max_recompute_fraction: float | None = DEFAULT_MAX_RECOMPUTE_FRACTION) -> None:
+        opts = paging_options(budget, capacity_hint, recompute, max_recompute_fraction)
+        # The default budget is measured in the recorded iteration (half the capacity until then).
+        self._meter: BudgetMeter | None = BudgetMeter(pager, capacity_hint) if opts.measured and capacity_hint is not None else None
+        self.budget = opts.budget
         self._room = Room(self)
         self.pager: Any = RoomMaking(pager, self._room)  # its restores make room when the space has none
         self._lock = threading.RLock()
@@ -105,21 +98,21 @@ class PagedActivations:
         self._counts = dict(iterations=0, scheduled_iterations=0, fallback_iterations=0, packed=0, packed_bytes=0,
                             passed_through=0, passed_through_no_room=0, offloads=0, releases=0, release_waits=0,
                             prefetches=0, on_demand=0, shared=0, kept_bytes=0, bytes_paged=0, bytes_recomputed=0,
-                            recompute_flops=0, recompute_fallbacks=0, verify_flops=0, recompute_diverged=0,
+                            recompute_flops=0, recompute_fallbacks=0, recompute_diverged=0, checked_ops=0, replans=0,
                             host_pool_full=0, room_offloads=0)
         self._step = dict.fromkeys(("kept_bytes", "bytes_paged", "bytes_recomputed", "recompute_flops",
-                                    "verify_flops"), 0)
+                                    "checked_ops"), 0)
+        self._peak = 0                                    # most resident saved bytes this iteration
+        self._since_plan = 0                              # iterations run under the current plan
         self._wait_s = 0.0
-        # What crossed the link, read from the space's counters: at the start, at this step's start, last read.
-        self._moved = [self.pager.moved_bytes()] * 3
-        self.recompute = recompute
+        self._link = LinkCount(self.pager.moved_bytes)  # what crossed the link, by the space's counters
+        self.recompute = opts.recompute
         self.cost_model = cost_model
         self._replay = Replay(self)                       # the recompute side: recorder, templates, verification
         self._rec_cands: list[Candidate] = []             # the recording iteration's packs, for the planner
         self._plan: Plan | None = None
-        self._read_until: dict[int, int] = {}             # pack index -> the last planned recompute reading it
         self._measuring = False
-        self.max_recompute_fraction = max_recompute_fraction
+        self.max_recompute_fraction = opts.max_recompute_fraction
 
     # -- context ---------------------------------------------------------------------------
     def __enter__(self) -> "PagedActivations":
@@ -136,15 +129,18 @@ class PagedActivations:
             if self._following:
                 self._counts["scheduled_iterations"] += 1
             self._unpack_pos = 0
-            self._resident_bytes = 0
+            self._since_plan = self._since_plan + 1 if self._plan is not None else 0
+            self._resident_bytes = self._peak = 0
             self._rec_cands = []
             self._measuring = self._plan is None  # no plan to follow: note what the planner needs
             self._step = dict.fromkeys(self._step, 0)
-            self._moved[1] = self._read_moved()
+            self._link.new_step()
         self._hooks = torch.autograd.graph.saved_tensors_hooks(eager_only(self._pack), eager_only(self._unpack))
         self._hooks.__enter__()
         # The recorder (a Python call per operation) runs only where a plan is made.
         self._replay.start(record=self._measuring and self.recompute == "auto")
+        if self._measuring and self._meter is not None:
+            self._meter.begin()
         return self
 
     def __exit__(self, *exc: Any) -> None:
@@ -154,24 +150,24 @@ class PagedActivations:
         with self._lock:
             if self._following and self._schedule_packs is not None and len(self._rec_packs) != len(self._schedule_packs):
                 self._fall_back()
+            if self._since_plan == 1 and self._replay.diverged and self._counts["replans"] < MAX_REPLANS:
+                # The first iteration after the plan ran otherwise than the recorded one (which may
+                # have been a warm-up): record the next one and plan again (a few times at most: a
+                # model that alternates paths keeps its plan, and pages where the check refuses).
+                self._plan = None
+                self._counts["replans"] += 1
         if exc[0] is None:
             self._room.check_forward()  # a backward that cannot fit fails here, not halfway through
-
-    def _read_moved(self) -> int | None:
-        moved = self.pager.moved_bytes()
-        if moved is not None:
-            self._moved[2] = moved
-        return self._moved[2]
 
     def stats(self) -> PagedStats:
         with self._lock:
             counts, step = dict(self._counts), dict(self._step)
-            now, start, step_start = self._read_moved(), self._moved[0], self._moved[1]
-            if now is not None and start is not None and step_start is not None:
-                # What really crossed the link (the space's counters), not the saved tensors' sizes.
-                counts["bytes_paged"], step["bytes_paged"] = now - start, now - step_start
+            moved = self._link.since()  # what really crossed the link, not the saved tensors' sizes
+            if moved is not None:
+                counts["bytes_paged"], step["bytes_paged"] = moved
             return PagedStats(**counts, unpack_wait_s=self._wait_s, budget_bytes=self.budget,
-                              backward_held_bytes=self._room.need, **{f"step_{k}": v for k, v in step.items()})
+                              backward_held_bytes=self._room.need, step_peak_resident_bytes=self._peak,
+                              **{f"step_{k}": v for k, v in step.items()})
 
     def plan(self) -> Plan | None:
         """The plan the iterations after the recorded one follow (None until one was recorded):
@@ -181,12 +177,17 @@ class PagedActivations:
                 return self._make_plan()
             return self._plan
 
-    def _make_plan(self) -> Plan:
-        forward = self._replay.forward_flops
-        return plan_activations(self._rec_cands, self.budget, self.cost_model,
+    def _make_plan(self, budget: int | None = None) -> Plan:
+        frac, r = self.max_recompute_fraction, self._replay
+        return plan_activations(self._rec_cands, self.budget if budget is None else budget, self.cost_model,
                                 allow_recompute=self.recompute == "auto",
-                                max_recompute_flops=int(forward * self.max_recompute_fraction),
-                                verify_at_pack=True)
+                                max_recompute_flops=None if frac is None else int(r.forward_flops * frac),
+                                unpack_order=self._rec_unpacks, forward=r.forward)
+
+    def _hold(self, n: int) -> None:
+        """Resident saved bytes change by ``n`` (under the lock)."""
+        self._resident_bytes += n
+        self._peak = max(self._peak, self._resident_bytes)
 
     def _count(self, key: str, n: int) -> None:
         self._counts[key] += n
@@ -201,15 +202,10 @@ class PagedActivations:
             self._schedule_packs = list(self._rec_packs)
             self._schedule_unpacks = list(self._rec_unpacks)
         if self._measuring and len(self._rec_cands) == len(self._rec_packs):
-            self._plan = self._make_plan()
-            self._replay.adopt(r.index for r in self._plan.rows if r.decision == RECOMPUTE)
-            # A source of a planned recompute stays until that recompute's pack has verified it:
-            # offloaded before, the verification would bring it back over the link at once.
-            sources = {c.index: c.sources for c in self._rec_cands}
-            self._read_until = {}
-            for r in self._plan.rows:
-                for src in sources.get(r.index, ()) if r.decision == RECOMPUTE else ():
-                    self._read_until[src] = max(self._read_until.get(src, -1), r.index)
+            self.budget, self._plan = (self._meter.settle(self.budget, self._make_plan) if self._meter is not None
+                                       else (self.budget, self._make_plan()))
+            self._release_at = max(self.budget // RELEASE_SLACK_DIVISOR, 1)
+            self._replay.adopt([r.index for r in self._plan.rows if r.decision == RECOMPUTE], self._rec_unpacks)
 
     def _fall_back(self) -> None:
         if self._following:
@@ -224,7 +220,7 @@ class PagedActivations:
         return base.is_leaf and base.requires_grad  # a parameter, or a view of one (Linear saves weight.t())
 
     def _pack(self, tensor: Any) -> Any:
-        with self._replay.packing():  # every call is an RNG capture point, passed through or not
+        with self._replay.packing():  # the pager's own work out of the dispatch modes' sight
             return self._pack_one(tensor)
 
     def _pack_one(self, tensor: Any) -> Any:
@@ -256,11 +252,12 @@ class PagedActivations:
                 decision = PAGE
                 with self._lock:
                     self._counts["recompute_fallbacks"] += 1
-                    self._counts["recompute_diverged"] += why == "diverged"
+                    self._counts["recompute_diverged"] += why.startswith("diverged")
         if decision == KEEP:
             saved = _Saved(tensor, nbytes, index, self._iteration, kind=KEEP, version=tensor._version)
         elif decision == RECOMPUTE:
             saved = _Saved(recipe, nbytes, index, self._iteration, kind=RECOMPUTE, version=tensor._version)
+            self._replay.recomputed(saved)
             nbytes = 0  # holds no bytes
         else:
             try:
@@ -291,10 +288,13 @@ class PagedActivations:
             self._counts["packed_bytes"] += nbytes
             if decision == KEEP:
                 self._count("kept_bytes", nbytes)
-            self._resident_bytes += nbytes
+            self._hold(nbytes)
             if decision == PAGE:
                 self._candidates.append(self._saved[-1])
+        self._replay.packed(index, tensor)
         if self._measuring:
+            if self._meter is not None:
+                self._meter.sample(self._resident_bytes, nbytes)
             # Before evict-behind: its sources are likely still resident.
             cand = self._replay.note(tensor, saved)
             with self._lock:
@@ -326,7 +326,7 @@ class PagedActivations:
         """Bookkeeping of a paged record made resident now; -> bytes that crossed the link back."""
         if s.state == "offloaded":
             back = s.nbytes - s.kept
-            self._resident_bytes += back
+            self._hold(back)
             s.state, s.kept = "resident", 0
             if self._hooks is not None:  # in forward: evict-behind may move it again
                 self._candidates.appendleft(self._saved[s.index])
@@ -358,9 +358,6 @@ class PagedActivations:
             s = ref()
             if s is None or not (s.state == "resident" or (s.state == "offloaded" and s.kept)):
                 queue.popleft()
-                continue
-            if self._following and self._read_until.get(s.index, -1) >= len(self._saved):
-                stuck.append(queue.popleft())  # a planned recompute still to be packed reads it
                 continue
             try:
                 self._offload_record(s)
@@ -401,6 +398,9 @@ class PagedActivations:
         if not isinstance(saved, _Saved):
             return saved  # passed through at pack time
         on_demand = False
+        if self._measuring and self._meter is not None:
+            with self._lock:
+                self._meter.sample(self._resident_bytes)
         t0 = time.perf_counter()
         if saved.kind == KEEP:
             if saved.handle._version != saved.version:
@@ -408,10 +408,7 @@ class PagedActivations:
                     "a saved tensor kept as it was was changed in place after it was saved (autograd refuses that too)")
             tensor = saved.handle
         elif saved.kind == RECOMPUTE:
-            tensor = saved.value() if saved.value is not None else None
-            if tensor is None:  # a second unpack (a shared record) takes the value autograd still holds
-                tensor = self._replay.run(saved.handle)  # counts the FLOPs it ran, sources' included
-                saved.value = weakref.ref(tensor)
+            tensor = self._replay.unpack(saved)  # rebuilt with its segment, or held since its segment ran
         else:
             with self._lock:
                 on_demand = saved.state == "offloaded" and not self.pager.is_resident(saved.handle)
@@ -458,7 +455,7 @@ class PagedActivations:
                 except OutOfMemoryError:
                     break  # no room now; its unpack will restore on demand
                 s.state = "prefetched"
-                self._resident_bytes += back
+                self._hold(back)
                 self._count("bytes_paged", back)
                 self._counts["prefetches"] += 1
 
@@ -466,15 +463,16 @@ class PagedActivations:
 def paged_activations(
     space: Any = None, budget: int | str | None = None, *, min_bytes: int = DEFAULT_MIN_BYTES,
     recompute: str = "auto", cost_model: CostModel = H100,
-    max_recompute_fraction: float = DEFAULT_MAX_RECOMPUTE_FRACTION,
+    max_recompute_fraction: float | None = DEFAULT_MAX_RECOMPUTE_FRACTION,
 ) -> PagedActivations:
     """Page the activations autograd saves within ``budget`` resident bytes.
 
     ``space=None`` pages torch's own CUDA tensors in place (vtalloc must be torch's allocator
     through ``enable(evict_mode="mapped")``); on CPU, pass a host-backend
     :class:`AddressSpace`: saved CPU tensors are copied into it on pack and paged there.
-    ``budget`` defaults to half the capacity. Use one object for every iteration (it learns
-    the order in the first)::
+    ``budget`` defaults to what the capacity leaves once the model's own memory (parameters,
+    gradients, optimizer state, workspace), measured in the first iteration, is counted; an
+    explicit budget wins. Use one object for every iteration (it learns the order in the first)::
 
         pager = paged_activations(space, budget="64MiB")
         for x, y in data:
@@ -483,11 +481,10 @@ def paged_activations(
             loss.backward()
 
     ``recompute="auto"`` (the default) plans, from the first iteration, which saved tensors to
-    keep as they are, page out or recompute at unpack (bit-exact, verified; see
-    docs/activation-plan.md and :meth:`PagedActivations.plan`); ``"off"`` only keeps and pages.
-    ``max_recompute_fraction`` caps what recomputation may cost, as a share of the recorded
-    forward's FLOPs (default 0.05: cheap operations only); raised, the plan may recompute
-    matmuls and convolutions wherever the cost model finds them cheaper than the copy.
+    keep as they are, page out or recompute at unpack, whole segments at once (bit-exact, proven;
+    see docs/activation-plan.md and :meth:`PagedActivations.plan`); ``"off"`` only keeps and
+    pages. ``max_recompute_fraction`` caps the FLOPs recomputed per step, as a share of the
+    recorded forward's (default None: the cost model decides).
     """
     if space is None:
         pager = DevicePager(min_bytes=min_bytes)
