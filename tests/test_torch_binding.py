@@ -137,17 +137,27 @@ def test_loading_the_binding_makes_the_processs_cxx_runtime_global():
     own weak copies first (on the H200 image the built binding carried num_put's members and the
     guard of its facet id; with the binding of 63cd8d0 an OOM was a SIGSEGV, and the same library
     loaded after libstdc++ was made global raised torch.OutOfMemoryError: BENCHMARKS.md). Before
-    the binding is loaded, libstdc++ is made global; in a fresh process it is not before."""
+    the binding is loaded, libstdc++ is made global. Shown first with libstdc++ loaded locally, as
+    Python's extension loading does (torch's CPU wheels leave it so; the CUDA wheels of torch 2.15
+    already make it global through their global dependencies), then with torch itself."""
     out = run_python("""
-        import ctypes, json
-        import torch
+        import ctypes, json, os
         from vtalloc.allocator.torch import binding_build
+        ctypes.CDLL("libstdc++.so.6", mode=os.RTLD_LOCAL)
         before = hasattr(ctypes.CDLL(None), "_ZNSt6localeC1Ev")
         shared = binding_build.share_cxx_runtime()
         after = hasattr(ctypes.CDLL(None), "_ZNSt6localeC1Ev")
         print(json.dumps({"before": before, "shared": shared, "after": after}))
     """)
     assert out == {"before": False, "shared": "libstdc++.so.6", "after": True}
+    out = run_python("""
+        import ctypes, json
+        import torch
+        from vtalloc.allocator.torch import binding_build
+        shared = binding_build.share_cxx_runtime()
+        print(json.dumps({"shared": shared, "after": hasattr(ctypes.CDLL(None), "_ZNSt6localeC1Ev")}))
+    """)
+    assert out == {"shared": "libstdc++.so.6", "after": True}
 
 
 def test_a_binding_with_stream_code_is_not_loaded_without_the_shared_runtime(monkeypatch, tmp_path):

@@ -11,9 +11,9 @@ recompute: ``activation_records``).
   that may still hold resident bytes, so a pack costs the same however many came before; in
   backward, each unpack waits for its tensor, then prefetches the next ones of the recorded
   order while they fit in the budget. The copies run on the space's copy stream.
-- If an iteration packs a different sequence of tensors (count, shapes, dtypes) or unpacks in
-  another order, the schedule is dropped for that iteration (every unpack restores on demand,
-  counted in :class:`PagedStats`) and the new order is recorded for the next one.
+- If an iteration packs a different sequence of tensors (count, shapes, dtypes), the schedule
+  is dropped for that iteration (unpacks restore on demand) and the next one is recorded; if
+  only backward unpacked the same tensors in another order, the plan stands, the order is learnt.
 - Parameters (or views of one), tensors under ``min_bytes``, not on the pager's device, or
   that the pager has no room for (OutOfMemoryError at pack) are saved as they are.
 - Plan (``recompute="auto"``, the default): the recorded iteration notes what made each
@@ -61,9 +61,8 @@ __all__ = ["PagedActivations", "PagedStats", "HostPager", "DevicePager", "PagerW
 
 ATTR_SAVED = "_vta_saved"  # on a packed tensor: weak reference to its record (a second pack shares it)
 DEFAULT_MAX_RECOMPUTE_FRACTION = None  # no cap on recomputed FLOPs: the cost model decides
-# Device pages offloaded tensors still hold are unmapped once they pass budget / this: the
-# space's mapped bytes stay within the budget plus a quarter, at one release per quarter budget
-# of offloads (each release waits once for the streams that may touch those pages).
+# Device pages offloaded tensors still hold are unmapped once they pass budget / this (mapped bytes
+# stay within budget * 1.25; each release waits once for the streams that may touch those pages).
 RELEASE_SLACK_DIVISOR = 4
 MAX_REPLANS = 2  # plans dropped because the first iteration after them ran otherwise
 
@@ -90,12 +89,13 @@ class PagedActivations:
         self._saved: list[Callable[[], Any]] = []               # this iteration's packed tensors (autograd owns them)
         self._candidates: collections.deque[Callable[[], Any]] = collections.deque()  # may still hold resident bytes
         self._following = False                           # this iteration follows the schedule
+        self._reordered = False                           # its backward unpacked in another order (so far)
         self._unpack_pos = 0
         self._resident_bytes = 0                          # packed, not consumed, resident or prefetched
         self._held_bytes = 0                              # offloaded since the last release: device pages may still hold them
         self._release_slack = max(self.budget // RELEASE_SLACK_DIVISOR, 1)
         self._release_at = self._release_slack  # release when _held_bytes passes this
-        self._counts = dict(iterations=0, scheduled_iterations=0, fallback_iterations=0, packed=0, packed_bytes=0,
+        self._counts = dict(iterations=0, scheduled_iterations=0, fallback_iterations=0, reordered_iterations=0, packed=0, packed_bytes=0,
                             passed_through=0, passed_through_no_room=0, offloads=0, releases=0, release_waits=0,
                             prefetches=0, on_demand=0, shared=0, kept_bytes=0, bytes_paged=0, bytes_recomputed=0,
                             recompute_flops=0, recompute_fallbacks=0, recompute_diverged=0, checked_ops=0, replans=0,
@@ -129,6 +129,7 @@ class PagedActivations:
             if self._following:
                 self._counts["scheduled_iterations"] += 1
             self._unpack_pos = 0
+            self._reordered = False
             self._since_plan = self._since_plan + 1 if self._plan is not None else 0
             self._resident_bytes = self._peak = 0
             self._rec_cands = []
@@ -198,6 +199,13 @@ class PagedActivations:
         """At the start of an iteration: adopt the previous one's order if it was recorded."""
         if self._iteration < 0:
             return
+        if self._following and self._reordered:  # the same tensors unpacked in another order (a compiled
+            # backward, otherwise than under the recorder's mode): the plan stands, the order is learnt
+            if collections.Counter(self._rec_unpacks) == collections.Counter(self._schedule_unpacks or ()):
+                self._schedule_unpacks = list(self._rec_unpacks)
+                self._counts["reordered_iterations"] += 1
+            else:
+                self._fall_back()
         if not self._following:  # recorded (first iteration, or after a change): becomes the schedule
             self._schedule_packs = list(self._rec_packs)
             self._schedule_unpacks = list(self._rec_unpacks)
@@ -341,13 +349,11 @@ class PagedActivations:
                 self._fall_back()
 
     def _evict_behind(self, spare_newest: bool = True) -> None:
-        # Oldest first: the first tensors saved are the last ones backward needs. The candidates
-        # are the packed tensors that may still hold resident bytes, in pack order; one that is
-        # gone, consumed or wholly away leaves the queue for good, so a pass costs what it
-        # offloads plus the few that cannot move yet, not the number saved so far. One offloaded
-        # only in part (a page it shares with a tensor that may not move stays resident) stays a
-        # candidate: once that neighbour is freed or saved too, the page moves. The newest one is
-        # not offloaded by the pack that saved it.
+        # Oldest first (backward needs them last). The queue holds packed tensors that may still
+        # hold resident bytes, in pack order; one gone, consumed or wholly away leaves it for good
+        # (a pass costs what it offloads, not the number saved). One offloaded in part (a page
+        # shared with a tensor that may not move) stays until that page can move. The newest one
+        # is not offloaded by the pack that saved it.
         queue = self._candidates
         newest = queue[-1] if queue and spare_newest else None
         stuck: list[Callable[[], Any]] = []
@@ -365,10 +371,8 @@ class PagedActivations:
                 self._room.host_pool_full()  # counted and warned: it stays resident, beyond the budget
                 break
             queue.popleft()
-            if s.state != "offloaded":
-                stuck.append(ref)  # every page of it is shared with something that cannot move (yet)
-            elif s.kept:
-                stuck.append(ref)
+            if s.state != "offloaded" or s.kept:
+                stuck.append(ref)  # pages of it are shared with something that cannot move (yet)
         # What could not move (yet) goes back to the front, in pack order, for the next pass.
         queue.extendleft(reversed(stuck))
         if self._held_bytes > self._release_at:
@@ -427,7 +431,7 @@ class PagedActivations:
                     expect = self._schedule_unpacks or []
                     pos = self._unpack_pos
                     if pos >= len(expect) or expect[pos] != saved.index:
-                        self._fall_back()
+                        self._reordered = True  # judged at the next iteration: reordered, or ran otherwise
                     self._unpack_pos += 1
             self._wait_s += waited
             if saved.state in ("resident", "prefetched"):
@@ -435,7 +439,7 @@ class PagedActivations:
             elif saved.state == "offloaded":
                 self._resident_bytes -= saved.kept  # the part that never left
             saved.state = "consumed"
-            if self._following and saved.iteration == self._iteration:
+            if self._following and not self._reordered and saved.iteration == self._iteration:
                 self._prefetch_ahead()
         return tensor
 

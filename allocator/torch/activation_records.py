@@ -21,7 +21,7 @@ __all__ = ["PagedStats", "Saved", "GONE"]
 class PagedStats:
     iterations: int            # forward passes run under the context
     scheduled_iterations: int  # of those, started on a recorded schedule
-    fallback_iterations: int   # of those, left it: the order changed, restored on demand, re-recorded
+    fallback_iterations: int   # of those, left it: the packs (or the tensors unpacked) changed, re-recorded
     packed: int                # saved tensors handed to the pager
     packed_bytes: int
     passed_through: int        # saved tensors left as they are (parameters, tiny, other device, no room)
@@ -33,6 +33,7 @@ class PagedStats:
     on_demand: int             # unpacks that found their tensor not resident and had to restore it
     unpack_wait_s: float       # time unpacks spent waiting for bytes
     budget_bytes: int
+    reordered_iterations: int = 0  # of those, backward unpacked the same tensors in another order: plan kept, order learnt
     shared: int = 0            # packs of a tensor already packed (same tensor, same version): one record, no copy
     kept_bytes: int = 0        # bytes the plan kept resident as they are (no copy), all iterations
     bytes_paged: int = 0       # bytes the space moved over the copy link, out and back, all iterations (its counters)
