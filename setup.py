@@ -91,6 +91,26 @@ class PlatformWheel(bdist_wheel):
         return "py3", "none", platform
 
 
+# Symbols the core takes from glibc and libstdc++ in the versions glibc 2.28 / GCC 8 export, so the
+# wheel is manylinux_2_28 when built on a current Linux (csrc/compat/glibc_symbols.cpp; docs/packaging.md).
+GLIBC_COMPAT_WRAPPED = ("dlopen", "dlsym", "dladdr", "dlclose", "pthread_once", "pthread_sigmask", "log2", "fstat",
+                        "_ZNSt18condition_variable4waitERSt11unique_lockISt5mutexE",
+                        "_ZSt28__throw_bad_array_new_lengthv", "__libc_single_threaded")
+
+
+def glibc_compat() -> tuple[list[str], list[str]]:
+    """(compile args, link args) for the old symbol versions: on x86_64 glibc Linux only, and not
+    when VTALLOC_NO_GLIBC_COMPAT=1 (a build for this machine alone)."""
+    import platform
+
+    if (platform.system() != "Linux" or platform.machine() != "x86_64" or platform.libc_ver()[0] != "glibc"
+            or os.environ.get("VTALLOC_NO_GLIBC_COMPAT") == "1"):
+        return [], []
+    return ["-DVTA_GLIBC_COMPAT"], [f"-Wl,--wrap={name}" for name in GLIBC_COMPAT_WRAPPED]
+
+
+COMPAT_COMPILE, COMPAT_LINK = glibc_compat()
+
 setup(
     cmdclass={"build_py": BuildPyWithBindingSources, "build_ext": ParallelBuildExt, "bdist_wheel": PlatformWheel},
     ext_modules=[
@@ -99,7 +119,8 @@ setup(
             sources=sources,
             include_dirs=["csrc", "csrc/include"],
             language="c++",
-            extra_compile_args=["-std=c++17", "-O2", "-fvisibility=hidden", "-Wall", "-Wextra", "-g0"],
+            extra_compile_args=["-std=c++17", "-O2", "-fvisibility=hidden", "-Wall", "-Wextra", "-g0", *COMPAT_COMPILE],
+            extra_link_args=COMPAT_LINK,
             libraries=["dl", "pthread"],
         )
     ],

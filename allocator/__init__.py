@@ -26,17 +26,19 @@ from .errors import (
     HostPoolExhaustedError,
     InternalError,
     InvalidArgumentError,
+    MissingDependencyError,
     NotCopyableError,
     OutOfMemoryError,
+    PausedError,
     SourceChangedError,
     VtallocError,
 )
 from .probe import backend_available, cuda_available
-from .stats import AllocationRecord, PageRecord, Stats
+from .stats import AllocationRecord, PageRecord, RegionStats, Stats
 
 __all__ = [
     "AddressSpace", "PagePool", "PagePoolInfo", "PoolInfo", "Config", "Stats", "PageRecord", "AllocationRecord",
     "VtallocError", "OutOfMemoryError", "HostPoolExhaustedError", "InvalidArgumentError", "ClosedError",
-    "NotCopyableError", "BackendUnavailableError", "DriverError", "InternalError", "SourceChangedError",
-    "global_counters", "backend_available", "cuda_available", "parse_size", "format_size",
+    "NotCopyableError", "BackendUnavailableError", "MissingDependencyError", "DriverError", "InternalError", "SourceChangedError",
+    "PausedError", "RegionStats", "global_counters", "backend_available", "cuda_available", "parse_size", "format_size",
 ]

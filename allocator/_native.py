@@ -71,6 +71,19 @@ class VtaAllocInfo(ctypes.Structure):
     _fields_ = [("address", u64), ("size_bytes", u64), ("requested_bytes", u64), ("stream", u64)]
 
 
+REGION_TAG_BYTES = 72  # VTA_REGION_TAG_BYTES
+
+
+class VtaRegionInfo(ctypes.Structure):
+    _fields_ = [
+        ("struct_size", u32), ("region", u32), ("tag", ctypes.c_char * REGION_TAG_BYTES),
+        *((name, u64) for name in (
+            "allocations", "bytes", "paused_bytes", "discarded_bytes", "paused_page_bytes", "host_bytes", "pauses",
+            "resumes", "bytes_paused_total", "bytes_resumed_total", "pause_ns_total", "resume_ns_total",
+        )),
+    ]
+
+
 class VtaPoolInfo(ctypes.Structure):
     _fields_ = [
         ("struct_size", u32), ("backend", i32), ("device", i32), ("exportable", u32),
@@ -86,7 +99,8 @@ EVICT_MODES = {"auto": 0, "copy": 1, "mapped": 2}
 EVICT_MODE_NAMES = {v: k for k, v in EVICT_MODES.items()}
 COST_MODEL_CODES = {None: 0, "h100": 1}  # VTA_COST_MODEL_*
 COST_MODEL_NAMES = {v: k for k, v in COST_MODEL_CODES.items()}
-RESIDENCY_NAMES = {0: "resident", 1: "evicted", 2: "in_flight"}
+RESIDENCY_NAMES = {0: "resident", 1: "evicted", 2: "in_flight", 3: "paused"}
+PAUSE_DISCARD = 1  # vta_region_pause: keep no copy
 NO_PAGE = (1 << 64) - 1
 FAULT_OPS = {"copy": 0, "map": 1, "create_page": 2, "set_access": 3}
 # vta_debug_break_ordering bits (tests only)
@@ -161,6 +175,12 @@ _PROTOTYPES: _cabi.Prototypes = {
     "vta_debug_victim_counters": (i32, [ctypes.c_void_p, _P(u64), _P(u64)]),
     "vta_space_import_page": (i32, [ctypes.c_void_p, i32, u64]),
     "vta_space_return_pages": (i32, [ctypes.c_void_p, u64, _P(u64), _P(u64)]),
+    "vta_region_tag": (i32, [ctypes.c_char_p, _P(u32)]),
+    "vta_region_tag_name": (i32, [u32, ctypes.c_char_p, u64]),
+    "vta_malloc_region": (i32, [ctypes.c_void_p, u64, u64, u32, u32, _P(u64)]),
+    "vta_region_pause": (i32, [ctypes.c_void_p, u32, u32, _P(u64)]),
+    "vta_region_resume": (i32, [ctypes.c_void_p, u32, u32, _P(u64)]),
+    "vta_regions": (i32, [ctypes.c_void_p, _P(VtaRegionInfo), u64, _P(u64)]),
     "vta_pool_create": (i32, [_P(VtaConfig), _P(ctypes.c_void_p)]),
     "vta_pool_close": (i32, [ctypes.c_void_p]),
     "vta_pool_destroy": (None, [ctypes.c_void_p]),

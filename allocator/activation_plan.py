@@ -1,65 +1,51 @@
 """The activation planner: keep, page out or recompute each saved tensor under one byte budget.
 
-Owns: the cost model of a saved activation (moving it over the copy link and back, or
-recomputing it from what stays resident), the plan (one decision per pack index) and its
-printable table and summary. Pure Python: no torch, so it is tested on plain numbers.
+Owns: the plan (one decision per pack index of the recorded iteration), how it is chosen, its
+printable table and summary. Pure Python: no torch (the prices are ``activation_costs``).
 
-The plan, for the saved tensors of one recorded iteration (in pack order):
+A recomputed tensor is rebuilt at unpack from its recipe, which reads the nearest saved
+tensors (its *sources*). A source that is recomputed too is rebuilt in the same run: the
+recomputed tensors joined through their sources form a *segment*, run once, at the first
+unpack of any of them in backward, each member held from then until backward consumes it
+(so a block whose saved tensors are all recomputed from its kept input is what per-block
+checkpointing does). Every recomputed tensor's own operations run once per step.
 
-1. if they all fit in the budget, every one is kept (nothing moves, nothing is recomputed);
-2. otherwise the bytes over the budget must leave: recompute the tensors that are cheaper to
-   recompute than to move out and back, every run a step makes counted (with ``verify_at_pack``
-   once at pack to check it reproduces the tensor, once at each unpack, and its recomputed
-   sources again per run; verified bit-exact by the caller), fewest FLOPs per byte first, then
-   cheapest in modelled time per byte, until the rest fits, within a cap on the FLOPs all
-   recomputes run together (counted the same way);
-3. what still does not fit is paged, oldest first (the first saved are the last backward
-   reads): the newest tensors that fit in the budget are kept.
+What the plan holds at each moment (its *occupancy*, in saved bytes, as the pager counts them:
+a tensor unpacked for the last time is autograd's, no longer the pager's): a kept tensor from
+its pack to its last unpack; a paged one from where a recomputed reader brings it back early
+to its last unpack; a recomputed one from the run of its segment that builds it to its last
+unpack. The budget bounds the occupancy at the end of the forward and after every unpack.
 
-Invariants: kept bytes <= budget (what is recomputed holds no bytes; what is paged is resident
-only while the pager's evict-behind lets it be); a tensor not marked recomputable is never
-planned for recompute; a recompute whose sources are themselves recomputed counts their cost
-too, and a chain deeper than ``MAX_CHAIN`` is not planned.
+How it is chosen (docs/activation-plan.md, "How the plan is chosen"): each plan of a small
+family is built in linear time and priced whole; the cheapest one whose occupancy stays
+within the budget wins. The family: paging alone (the newest that fit kept), and, for each
+*run budget* R of a grid, (1) cuts: kept tensors placed by dynamic programming so that the
+recomputed stretches between them hold at most R bytes, the cuts' bytes (with the sources of
+dependencies crossing them, kept too) as small as possible; (2) what the budget then leaves is
+filled by keeping the tensors dearest to recompute per byte, each only if the occupancy stays
+within the budget at every moment; (3) recomputed tensors the copy link can hide are paged
+instead, dearest to recompute first, while that lowers the modelled step time.
+
+Invariants: a tensor not marked recomputable is never recomputed; the chosen plan's occupancy
+is within the budget (or, if no plan is, the page-only plan is chosen); recomputed FLOPs stay
+under ``max_recompute_flops``; shared rows (a tensor packed twice) follow their first pack.
 """
 
 from __future__ import annotations
 
+import bisect
+import collections
 import dataclasses
-import heapq
-from typing import Callable, Sequence
+import time
+from typing import Sequence
 
-__all__ = ["CostModel", "H100", "Candidate", "PlanRow", "PlanSummary", "Plan", "plan_activations", "MAX_CHAIN"]
+from .activation_costs import H100, CostModel, Forward, host_added_s, paging_stall_s
+
+__all__ = ["CostModel", "H100", "Forward", "Candidate", "PlanRow", "PlanSummary", "Plan", "plan_activations",
+           "KEEP", "PAGE", "RECOMPUTE", "SHARED"]
 
 KEEP, PAGE, RECOMPUTE, SHARED = "keep", "page", "recompute", "shared"
-MAX_CHAIN = 4  # recomputes nested at most this deep (a recompute reading a recomputed tensor is one level)
-
-
-@dataclasses.dataclass(frozen=True)
-class CostModel:
-    """Seconds to move or recompute bytes on one device."""
-
-    link_bytes_per_s: float      # copy link, each way
-    peak_flops: float            # compute roofline
-    mem_bytes_per_s: float       # memory roofline
-    launch_s: float              # per operation recomputed
-    name: str = ""
-
-    def move_s(self, nbytes: int) -> float:
-        """Out to host and back (the pager moves a paged tensor both ways): each way the bytes
-        over the link and one operation issued (a copy, charged like a kernel launch)."""
-        return 2 * (nbytes / self.link_bytes_per_s + self.launch_s)
-
-    def recompute_s(self, flops: int, touched: int, ops: int = 1) -> float:
-        return max(flops / self.peak_flops, touched / self.mem_bytes_per_s) + ops * self.launch_s
-
-
-# H100 (80GB HBM3, SXM). Link: pinned cudaMemcpy at 256 MiB, 55.1 GB/s D2H / 54.8 H2D, measured
-# 2026-11-22 (csrc/backend/testing/cost_model.cpp, docs/cost-model.md); the lower figure is used.
-# Compute: 989 TFLOP/s dense bf16 (NVIDIA datasheet; fp32 work runs slower, but what is planned
-# for recompute is memory-bound). Memory: 3.35 TB/s HBM3 (datasheet). Launch: ~5 us per kernel
-# or copy issued from Python eager (an estimate, not measured here; a paged tensor issues one
-# copy each way, as a recompute issues one kernel per operation).
-H100 = CostModel(link_bytes_per_s=54.8e9, peak_flops=989e12, mem_bytes_per_s=3.35e12, launch_s=5e-6, name="h100")
+RUN_BUDGET_STEPS = 12  # run budgets tried, from the budget down by factors of sqrt(2)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -69,13 +55,17 @@ class Candidate:
     index: int                    # pack index
     nbytes: int                   # bytes it holds if kept (0: shared with an earlier pack, counted there)
     op: str                       # the operation that produced it ("" if unknown)
-    recomputable: bool = False    # verified bit-exact from sources that stay available
+    recomputable: bool = False    # a recipe verified bit-exact, from sources that stay available
     flops: int = 0                # of its own operations
     touched: int = 0              # bytes its own operations read and write
-    ops: int = 1                  # operations its recompute runs (its own, not its sources')
-    sources: tuple[int, ...] = ()  # pack indices of the saved tensors its recompute reads
+    ops: int = 1                  # operations its recipe runs (its own, not its sources')
+    sources: tuple[int, ...] = ()  # pack indices of the saved tensors its recipe reads
     shared_with: int | None = None  # an earlier pack index of the same tensor (deduplicated)
     why: str = ""                 # not recomputable: why not (no recipe, not bit-exact, ...)
+    at_s: float = 0.0             # modelled time into the forward when it was packed
+    at_op: int = 0                # operations of the forward run when it was packed
+    group: int = -1               # the operation its recipe ends in (its position): recomputed tensors of
+    #                               one group are rebuilt in one run of it (other outputs of one call)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -84,8 +74,8 @@ class PlanRow:
     nbytes: int
     op: str
     decision: str                 # keep | page | recompute | shared
-    cost_s: float                 # modelled time it adds to a step (0 for keep)
-    flops: int = 0                # recompute FLOPs of one run (with recomputed sources)
+    cost_s: float                 # recompute: its run; page: its move with nothing hidden; keep: 0
+    flops: int = 0                # recompute FLOPs of one run of its own operations
     why: str = ""                 # why it has no recipe ("" if it has one, or is shared)
 
 
@@ -96,16 +86,23 @@ class PlanSummary:
     kept_bytes: int
     paged_bytes: int
     recomputed_bytes: int
-    recompute_flops: int          # at unpack; a tensor saved twice counted twice (each unpack may recompute it)
-    transfer_s: float             # modelled: paged bytes out and back over the link
+    recompute_flops: int          # per step: every recomputed tensor's own operations once (a group's once)
+    transfer_s: float             # modelled: what the copy link stalls the step, after overlap
     recompute_s: float            # modelled: the recomputes
     cost_model: str
-    verify_flops: int = 0         # at pack: each recompute run once more to check it (verify_at_pack)
+    check_s: float = 0.0          # modelled: host time of the copies issued and the trace check, not hidden
+    peak_bytes: int = 0           # the plan's occupancy at its highest (forward end or a segment's run)
+    segments: int = 0             # recomputed segments (tensors joined through their sources)
+    largest_segment_bytes: int = 0
+    run_budget_bytes: int = 0     # the family member chosen: its run budget (0: paging alone or nothing to do)
+    plan_s: float = 0.0           # CPU time the planning took
+    forward_s: float = 0.0        # modelled duration of the recorded forward (0: not recorded)
+    forward_flops: int = 0        # the recorded forward's FLOPs, counted as recompute_flops is
 
     @property
     def modelled_s(self) -> float:
-        """Time the plan adds to a step if no copy hid behind compute (an upper bound)."""
-        return self.transfer_s + self.recompute_s
+        """Time the plan adds to a step on the cost model's device (a prediction)."""
+        return self.transfer_s + self.recompute_s + self.check_s
 
 
 @dataclasses.dataclass(frozen=True)
@@ -125,146 +122,346 @@ class Plan:
                          + (f"  (no recipe: {r.why})" if r.why else ""))
         lines.append(
             f"budget {s.budget_bytes / mib:.2f} MiB of {s.total_bytes / mib:.2f} MiB saved: kept {s.kept_bytes / mib:.2f}, "
-            f"paged {s.paged_bytes / mib:.2f}, recomputed {s.recomputed_bytes / mib:.2f} MiB "
-            f"({s.recompute_flops:,} FLOPs at unpack, {s.verify_flops:,} verifying at pack); "
-            f"modelled on {s.cost_model}: {s.modelled_s * 1e3:.3f} ms "
-            f"(transfer {s.transfer_s * 1e3:.3f}, recompute {s.recompute_s * 1e3:.3f}) per step, a prediction"
-        )
+            f"paged {s.paged_bytes / mib:.2f}, recomputed {s.recomputed_bytes / mib:.2f} MiB in {s.segments} segments "
+            f"(largest {s.largest_segment_bytes / mib:.2f} MiB; {s.recompute_flops:,} FLOPs a step); planned peak "
+            f"{s.peak_bytes / mib:.2f} MiB; modelled on {s.cost_model}: {s.modelled_s * 1e3:.3f} ms a step "
+            f"(link stalls {s.transfer_s * 1e3:.3f}, recompute {s.recompute_s * 1e3:.3f}, host {s.check_s * 1e3:.3f}), "
+            f"a prediction; planned in {s.plan_s * 1e3:.1f} ms")
         return "\n".join(lines)
+
+
+class _Planner:
+    """The family of plans over one recorded iteration (module docstring)."""
+
+    def __init__(self, cands: Sequence[Candidate], budget: int, model: CostModel, fwd: Forward,
+                 unpack_order: Sequence[int] | None, max_flops: int | None) -> None:
+        self.cands, self.budget, self.model, self.fwd, self.max_flops = cands, budget, model, fwd, max_flops
+        self.by_index = {c.index: c for c in cands}
+        self.prim = [c.index for c in cands if c.nbytes > 0 and c.shared_with is None]
+        self.b = {i: self.by_index[i].nbytes for i in self.prim}
+        self.r = {i: model.run_s(c.flops, c.touched, c.ops) for i in self.prim for c in [self.by_index[i]]}
+        self.can = {i for i in self.prim if self.by_index[i].recomputable
+                    and all(s in self.b for s in self.by_index[i].sources)}
+        self.readers: dict[int, list[int]] = collections.defaultdict(list)
+        for i in self.can:
+            for s in set(self.by_index[i].sources):
+                self.readers[s].append(i)
+        order = list(unpack_order) if unpack_order else [c.index for c in reversed(cands)]
+        self.points = len(order) + 2  # 0: the forward's end; u + 1: unpack u; last: never unpacked
+        never = self.points - 1
+        self.first_use = dict.fromkeys(self.prim, never)
+        self.last_use = dict.fromkeys(self.prim, never)
+        for u, i in enumerate(order):
+            j = self.by_index[i].shared_with if i in self.by_index and self.by_index[i].shared_with is not None else i
+            if j in self.first_use:
+                self.first_use[j] = min(self.first_use[j], u + 1) if self.first_use[j] != never else u + 1
+                self.last_use[j] = u + 1
+        # backward time of each point (mirror of the forward), non-decreasing
+        clock, bf = fwd.clock_s, model.backward_factor
+        self.tau = [0.0] * self.points
+        for u, i in enumerate(order):
+            at = self.by_index[i].at_s if i in self.by_index else 0.0
+            self.tau[u + 1] = max(self.tau[u], bf * (clock - at))
+        self.tau[-1] = max(self.tau[-2], bf * clock)
+        self.rank = {i: k for k, i in enumerate(self.prim)}
+        self.group = {i: self.by_index[i].group for i in self.can}
+
+    # -- evaluation --------------------------------------------------------------------------
+    def firsts(self, dec: dict[int, str]) -> dict[int, int]:
+        """Point from which each tensor is held: kept from the forward's end; paged or recomputed
+        from its first use, or from the run of a recomputed reader that needs it earlier, or of
+        a recomputed one of its group (rebuilt together)."""
+        first = self._firsts(dec, {})
+        early: dict[int, int] = {}
+        for i in self.prim:
+            g = self.group.get(i, -1)
+            if g >= 0 and dec[i] == RECOMPUTE:
+                early[g] = min(early.get(g, first[i]), first[i])
+        return self._firsts(dec, early) if early else first
+
+    def _firsts(self, dec: dict[int, str], early: dict[int, int]) -> dict[int, int]:
+        first: dict[int, int] = {}
+        for i in reversed(self.prim):
+            if dec[i] == KEEP:
+                first[i] = 0
+                continue
+            f = self.first_use[i]
+            if dec[i] == RECOMPUTE:
+                f = min(f, early.get(self.group.get(i, -1), f))
+            for r in self.readers.get(i, ()):
+                if dec[r] == RECOMPUTE:
+                    f = min(f, first[r])
+            first[i] = f
+        return first
+
+    def rebuilt(self, dec: dict[int, str], what: dict[int, float]) -> float:
+        """``what`` (seconds or FLOPs per tensor) of the recomputed tensors, once per group."""
+        total, groups = 0.0, {}  # type: float, dict[int, float]
+        for i in self.prim:
+            if dec[i] == RECOMPUTE:
+                g = self.group.get(i, -1)
+                if g < 0:
+                    total += what[i]
+                else:
+                    groups[g] = max(groups.get(g, 0), what[i])
+        return total + sum(groups.values())
+
+    def occupancy(self, dec: dict[int, str], first: dict[int, int]) -> list[int]:
+        diff = [0] * (self.points + 1)
+        for i in self.prim:
+            end = self.last_use[i]
+            if dec[i] == RECOMPUTE:  # held too until its recomputed readers have read it
+                end = max([end] + [first[r] for r in self.readers.get(i, ()) if dec[r] == RECOMPUTE])
+            if first[i] < end:
+                diff[first[i]] += self.b[i]
+                diff[end] -= self.b[i]
+        occ, run = [], 0
+        for d in diff[:-1]:
+            run += d
+            occ.append(run)
+        return occ
+
+    def cost(self, dec: dict[int, str], first: dict[int, int] | None = None) -> tuple[float, float, float]:
+        """(recompute, link stalls, host) seconds the plan adds to a step."""
+        first = self.firsts(dec) if first is None else first
+        rec = self.rebuilt(dec, self.r)
+        pages = [(self.by_index[i].at_s, self.b[i], self.tau[first[i]]) for i in self.prim if dec[i] == PAGE]
+        stall = paging_stall_s(self.model, self.fwd, pages, max(self.budget // 4, 1))
+        launch = self.model.launch_s * len(pages)
+        check = self.model.check_s(self.fwd.ops) if rec else 0.0
+        return rec, stall, host_added_s(self.fwd, self.model, check + launch, launch)
+
+    def total(self, dec: dict[int, str]) -> float:
+        return sum(self.cost(dec))
+
+    # -- the family --------------------------------------------------------------------------
+    def page_only(self) -> dict[int, str]:
+        dec = dict.fromkeys(self.prim, KEEP)
+        excess = sum(self.b.values()) - self.budget
+        for i in self.prim:  # oldest first: the last backward needs
+            if excess <= 0:
+                break
+            dec[i] = PAGE
+            excess -= self.b[i]
+        return dec
+
+    def cuts(self, run_budget: int) -> dict[int, str]:
+        """Kept cuts (and fixed tensors) so that no recomputed stretch between two holds more
+        than ``run_budget`` bytes, the cuts' bytes (crossing sources included) smallest."""
+        seq, m = self.prim, len(self.prim)
+        fixed = [i not in self.can or self.r[i] >= self.model.move_s(self.b[i]) for i in seq]
+        crossing = [0] * (m + 1)
+        for s, rs in self.readers.items():
+            k, last = self.rank[s], max(self.rank[r] for r in rs)
+            if last > k + 1:
+                crossing[k + 1] += self.b[s]
+                crossing[last] -= self.b[s]
+        for k in range(1, m + 1):
+            crossing[k] += crossing[k - 1]
+        prefix = [0]
+        for i in seq:
+            prefix.append(prefix[-1] + self.b[i])
+        inf = (float("inf"), 0.0)
+        dp: dict[int, tuple[float, float]] = {-1: (0.0, 0.0)}
+        parent: dict[int, int] = {}
+        window: collections.deque[int] = collections.deque([-1])
+        lo, last_fixed = -1, -1
+        for k in range(m + 1):
+            # j in window: a cut (or the start); every tensor strictly between j and k recomputed
+            while prefix[k] - prefix[lo + 1] > run_budget:
+                lo += 1
+            bound = max(lo, last_fixed)
+            while window and window[0] < bound:
+                window.popleft()
+            best = window[0] if window else k - 1
+            base = dp.get(best, inf)
+            if k == m:
+                w: tuple[float, float] = (0.0, 0.0)
+            else:
+                i = seq[k]
+                w = (0.0, 0.0) if fixed[k] else (self.b[i] + crossing[k], -self.r[i])
+            dp[k] = (base[0] + w[0], base[1] + w[1])
+            parent[k] = best
+            if k < m:
+                if fixed[k]:
+                    last_fixed = k
+                while window and dp[window[-1]] >= dp[k]:
+                    window.pop()
+                window.append(k)
+        cut = set()
+        k = parent[m]
+        while k >= 0:
+            cut.add(seq[k])
+            k = parent[k]
+        dec = {i: (KEEP if (f or i in cut) else RECOMPUTE) for i, f in zip(seq, fixed)}
+        ranks = sorted(self.rank[c] for c in cut)
+        for s, rs in self.readers.items():  # sever what crosses a cut: its sources kept
+            if dec[s] != RECOMPUTE:
+                continue
+            last = max((self.rank[r] for r in rs if dec[r] == RECOMPUTE), default=-1)
+            at = bisect.bisect_right(ranks, self.rank[s])
+            if at < len(ranks) and ranks[at] < last:
+                dec[s] = KEEP
+        return dec
+
+    def repair(self, dec: dict[int, str]) -> bool:
+        """Page kept tensors (oldest first) where the occupancy passes the budget; False if it
+        cannot be brought within."""
+        for _ in range(64):
+            first = self.firsts(dec)
+            occ = self.occupancy(dec, first)
+            peak = max(occ)
+            if peak <= self.budget:
+                return True
+            at = occ.index(peak)
+            excess = peak - self.budget
+            moved = False
+            for i in self.prim:
+                if excess <= 0:
+                    break
+                if dec[i] == KEEP and self.last_use[i] > at and self.first_use[i] > at:
+                    dec[i] = PAGE
+                    excess -= self.b[i]
+                    moved = True
+            if not moved:  # recomputed tensors held there: their own recompute triggers paged
+                for i in reversed(self.prim):
+                    if excess <= 0:
+                        break
+                    if dec[i] == RECOMPUTE and first[i] <= at < self.last_use[i]:
+                        dec[i] = PAGE
+                        excess -= self.b[i]
+                        moved = True
+            if not moved:
+                return False
+        return False
+
+    def fill(self, dec: dict[int, str]) -> None:
+        """Keep recomputed tensors, dearest to recompute per byte first, where the occupancy
+        before they would be rebuilt leaves room for them."""
+        first = self.firsts(dec)
+        occ = self.occupancy(dec, first)
+        for i in sorted((i for i in self.prim if dec[i] == RECOMPUTE), key=lambda i: -self.r[i] / self.b[i]):
+            f, b = first[i], self.b[i]
+            if f > 0 and max(occ[:f]) + b <= self.budget:
+                dec[i] = KEEP
+                occ[:f] = [o + b for o in occ[:f]]
+
+    def page_hidden(self, dec: dict[int, str]) -> None:
+        """Page recomputed tensors the link hides (dearest to recompute first) while the step gets
+        cheaper: each tried against the pages so far, as needed where the plan holds them now."""
+        first = self.firsts(dec)
+        pages = sorted((self.by_index[i].at_s, self.b[i], self.tau[first[i]]) for i in self.prim if dec[i] == PAGE)
+        slack, launch = max(self.budget // 4, 1), self.model.launch_s
+        stall = paging_stall_s(self.model, self.fwd, pages, slack)
+        recomputes = sum(1 for i in self.prim if dec[i] == RECOMPUTE)
+        misses = 0
+        for i in sorted((i for i in self.prim if dec[i] == RECOMPUTE), key=lambda i: -self.r[i] / self.b[i]):
+            trial = list(pages)
+            bisect.insort(trial, (self.by_index[i].at_s, self.b[i], self.tau[first[i]]))
+            more = paging_stall_s(self.model, self.fwd, trial, slack)
+            n = len(pages)
+            check = self.model.check_s(self.fwd.ops)
+            host_before = host_added_s(self.fwd, self.model, check + launch * n, launch * n)
+            host_after = host_added_s(self.fwd, self.model, (check if recomputes > 1 else 0.0) + launch * (n + 1),
+                                      launch * (n + 1))
+            if more - stall + host_after - host_before < self.r[i]:
+                dec[i] = PAGE
+                pages, stall, recomputes, misses = trial, more, recomputes - 1, 0
+            else:
+                misses += 1
+                if misses >= 8:
+                    return
+
+    def cap_flops(self, dec: dict[int, str]) -> None:
+        if self.max_flops is None:
+            return
+        flops = sum(self.by_index[i].flops for i in self.prim if dec[i] == RECOMPUTE)
+        for i in sorted((i for i in self.prim if dec[i] == RECOMPUTE),
+                        key=lambda i: -self.by_index[i].flops / self.b[i]):
+            if flops <= self.max_flops:
+                return
+            dec[i] = PAGE
+            flops -= self.by_index[i].flops
+
+    def with_recompute(self, run_budget: int) -> dict[int, str] | None:
+        dec = self.cuts(run_budget)
+        self.cap_flops(dec)
+        if not self.repair(dec):
+            return None
+        self.fill(dec)
+        self.page_hidden(dec)
+        self.fill(dec)
+        self.cap_flops(dec)
+        return dec if self.repair(dec) else None
+
+
+def _segments(p: _Planner, dec: dict[int, str]) -> tuple[int, int]:
+    """Recomputed tensors joined through their sources: (how many groups, bytes of the largest)."""
+    up = {i: i for i in p.prim if dec[i] == RECOMPUTE}
+
+    def root(i: int) -> int:
+        while up[i] != i:
+            up[i] = up[up[i]]
+            i = up[i]
+        return i
+
+    for i in list(up):
+        for s in p.by_index[i].sources:
+            if s in up:
+                up[root(i)] = root(s)
+    sizes: dict[int, int] = collections.Counter()
+    for i in up:
+        sizes[root(i)] += p.b[i]
+    return len(sizes), max(sizes.values(), default=0)
 
 
 def plan_activations(cands: Sequence[Candidate], budget: int, model: CostModel = H100, *,
                      allow_recompute: bool = True, max_recompute_flops: int | None = None,
-                     verify_at_pack: bool = False) -> Plan:
-    """One decision per candidate (see the module docstring). ``max_recompute_flops`` caps the
-    FLOPs of all recomputes together (None: no cap); ``verify_at_pack``: each recompute also
-    runs once at pack, its FLOPs and time counted too."""
-    verify = 1 if verify_at_pack else 0
-    by_index = {c.index: c for c in cands}
-    total = sum(c.nbytes for c in cands)
-    # A pack of no bytes that is not shared is one the pager could not take (no room): it is
-    # offered to the pager again, as in the recorded iteration.
-    decision = {c.index: (SHARED if c.shared_with is not None else KEEP if c.nbytes else PAGE) for c in cands}
-    excess = total - budget
-    # A tensor saved twice (shared) is unpacked twice; autograd may drop the first value before
-    # the second unpack, which then recomputes again: its FLOPs count once per pack.
-    uses = {c.index: 1 for c in cands}
-    for c in cands:
-        if c.shared_with is not None and c.shared_with in uses:
-            uses[c.shared_with] += 1
-
-    def chain(i: int) -> int:  # recompute nesting of i under the decisions so far
-        c = by_index[i]
-        return 1 + max((chain(s) for s in c.sources if decision.get(s) == RECOMPUTE), default=0)
-
-    def rec_cost(i: int) -> tuple[float, int]:
-        c = by_index[i]
-        t, f = model.recompute_s(c.flops, c.touched, c.ops), c.flops
-        for s in c.sources:
-            if decision.get(s) == RECOMPUTE:
-                st, sf = rec_cost(s)
-                t, f = t + st, f + sf
-        return t, f
-
-    readers_of: dict[int, list[int]] = {}  # one entry per source a reader's recipe reads
-    for d in cands:
-        for src in d.sources:
-            readers_of.setdefault(src, []).append(d.index)
-
-    def runs(i: int, base: Callable[[int], int]) -> int:
-        """Times i's own operations run per step: ``base(i)`` for its own pack, and once per run
-        of each recomputed reader (a reader's recipe runs its recomputed sources again)."""
-        return base(i) + sum(runs(r, base) for r in readers_of.get(i, ()) if decision[r] == RECOMPUTE)
-
-    def unpack_runs(i: int) -> int:
-        return uses[i]
-
-    def verify_runs(i: int) -> int:
-        return verify
-
-    def all_runs(i: int) -> int:
-        return uses[i] + verify
-
-    def added(i: int) -> tuple[int, float]:
-        """FLOPs and modelled seconds a step gains from recomputing i (just decided): its own
-        operations at each of its runs, and its recomputed sources' (transitively) once more per
-        run of i."""
-        delta = {i: runs(i, all_runs)}
-        heap, seen, flops, secs = [-i], set(), 0, 0.0
-        while heap:  # readers before their sources: a source's pack index is the smaller
-            j = -heapq.heappop(heap)
-            if j in seen:
-                continue
-            seen.add(j)
-            c = by_index[j]
-            flops += c.flops * delta[j]
-            secs += model.recompute_s(c.flops, c.touched, c.ops) * delta[j]
-            for s in c.sources:
-                if decision.get(s) == RECOMPUTE:
-                    delta[s] = delta.get(s, 0) + delta[j]
-                    heapq.heappush(heap, -s)
-        return flops, secs
-
-    def recomputed_readers(i: int) -> set[int]:
-        """The recomputed tensors whose recipes run i's (directly or through other recomputes)."""
-        found: set[int] = set()
-        todo = [i]
-        while todo:
-            for r in readers_of.get(todo.pop(), ()):
-                if decision[r] == RECOMPUTE and r not in found:
-                    found.add(r)
-                    todo.append(r)
-        return found
-
-    if excess > 0 and allow_recompute:
-        cheap = [c for c in cands if c.recomputable and c.nbytes > 0 and c.shared_with is None
-                 and model.recompute_s(c.flops, c.touched, c.ops) < model.move_s(c.nbytes)]
-        # FLOPs are what the cap rations: the fewest per byte first (elementwise chains before the
-        # matmuls under them), then the cheapest in modelled time.
-        cheap.sort(key=lambda c: (c.flops / c.nbytes, model.recompute_s(c.flops, c.touched, c.ops) / c.nbytes,
-                                  -c.nbytes, c.index))
-        spent = 0
-        for c in cheap:
-            if excess <= 0:
-                break
-            decision[c.index] = RECOMPUTE
-            more_flops, more_s = added(c.index)
-            too_deep = chain(c.index) > MAX_CHAIN or any(chain(r) > MAX_CHAIN for r in recomputed_readers(c.index))
-            # Every run counted (at pack to verify, at each unpack, its sources again) it must still
-            # cost less than moving it out and back.
-            dearer = more_s >= model.move_s(c.nbytes)
-            if too_deep or dearer or (max_recompute_flops is not None and spent + more_flops > max_recompute_flops):
-                decision[c.index] = KEEP
-                continue
-            spent += more_flops
-            excess -= c.nbytes
-    if excess > 0:  # page oldest first: the newest that fit stay
-        for c in cands:
-            if excess <= 0:
-                break
-            if decision[c.index] == KEEP and c.nbytes > 0:
-                decision[c.index] = PAGE
-                excess -= c.nbytes
-
+                     unpack_order: Sequence[int] | None = None, forward: Forward | None = None) -> Plan:
+    """One decision per candidate (module docstring). ``unpack_order``: the recorded iteration's
+    pack indices in the order backward unpacked them (default: the reverse of the pack order);
+    ``forward``: the recorded forward priced on ``model`` (default: none recorded, so no copy
+    hides behind compute); ``max_recompute_flops`` caps the FLOPs recomputed per step (None: no cap)."""
+    t0 = time.process_time()
+    fwd = forward or Forward()
+    p = _Planner(cands, budget, model, fwd, unpack_order, max_recompute_flops)
+    total = sum(p.b.values())
+    chosen, run_budget = dict.fromkeys(p.prim, KEEP), 0
+    if total > budget:
+        chosen = p.page_only()
+        best = p.total(chosen)
+        if allow_recompute and p.can:
+            largest = max(p.b[i] for i in p.can)
+            r, tried = float(budget), set()  # type: float, set[int]
+            for _ in range(RUN_BUDGET_STEPS):
+                rb = int(r)
+                r /= 2 ** 0.5
+                if rb < largest and tried:
+                    break
+                rb = max(rb, largest)
+                if rb in tried:
+                    continue
+                tried.add(rb)
+                dec = p.with_recompute(rb)
+                if dec is not None and (t := p.total(dec)) < best:
+                    chosen, best, run_budget = dec, t, rb
+    first = p.firsts(chosen)
+    occ = p.occupancy(chosen, first)
+    rec_s, stall_s, host_s = p.cost(chosen, first) if total > budget else (0.0, 0.0, 0.0)
     rows = []
     for c in cands:
-        choice = decision[c.index]
-        cost, flops = 0.0, 0
-        if choice == PAGE:
-            cost = model.move_s(c.nbytes)
-        elif choice == RECOMPUTE:
-            cost, flops = rec_cost(c.index)
-            cost *= uses[c.index] + verify  # once per unpack of this pack, and once at pack to verify
-        rows.append(PlanRow(c.index, c.nbytes, c.op, choice, cost, flops, why=c.why))
-    recomputed = [c.index for c in cands if decision[c.index] == RECOMPUTE]
+        d = SHARED if c.shared_with is not None else chosen.get(c.index, PAGE)  # 0 bytes: no room, offered again
+        cost = p.r[c.index] if d == RECOMPUTE else model.move_s(c.nbytes) if d == PAGE else 0.0
+        rows.append(PlanRow(c.index, c.nbytes, c.op, d, cost, c.flops if d == RECOMPUTE else 0, why=c.why))
+    segs, largest_seg = _segments(p, chosen)
     summary = PlanSummary(
         budget_bytes=budget, total_bytes=total,
         kept_bytes=sum(r.nbytes for r in rows if r.decision == KEEP),
         paged_bytes=sum(r.nbytes for r in rows if r.decision == PAGE),
         recomputed_bytes=sum(r.nbytes for r in rows if r.decision == RECOMPUTE),
-        recompute_flops=sum(by_index[i].flops * runs(i, unpack_runs) for i in recomputed),
-        transfer_s=sum(r.cost_s for r in rows if r.decision == PAGE),
-        recompute_s=sum(r.cost_s for r in rows if r.decision == RECOMPUTE),
-        cost_model=model.name,
-        verify_flops=sum(by_index[i].flops * runs(i, verify_runs) for i in recomputed))
+        recompute_flops=int(p.rebuilt(chosen, {i: p.by_index[i].flops for i in p.prim})),
+        transfer_s=stall_s, recompute_s=rec_s, cost_model=model.name, check_s=host_s,
+        peak_bytes=max(occ) if occ else 0, segments=segs, largest_segment_bytes=largest_seg,
+        run_budget_bytes=run_budget, plan_s=time.process_time() - t0, forward_s=fwd.clock_s,
+        forward_flops=fwd.flops)
     return Plan(tuple(rows), summary)

@@ -30,9 +30,11 @@ from .checks import space_name as _space_name
 from ._handle import NativeHandle
 from ._test_hooks import TestHooks
 from .config import Config
-from .errors import ClosedError, InvalidArgumentError
+from .errors import ClosedError, InvalidArgumentError, OutOfMemoryError
+from .history import DEFAULT_MAX_ENTRIES, History
 from .page_source import PageSource, malloc_from_source, restore_from_source
 from .publish import publish_from_env
+from .regions import RegionCalls, current_tag_id
 from .stats import PAGE_STATES, AllocationRecord, PageRecord, Stats
 
 __all__ = ["AddressSpace"]
@@ -40,7 +42,7 @@ __all__ = ["AddressSpace"]
 _UNNAMED = itertools.count(1)  # numbers the unnamed spaces of this process, for their default names
 
 
-class AddressSpace(TestHooks, NativeHandle):
+class AddressSpace(RegionCalls, TestHooks, NativeHandle):
     """A paged virtual address space over fixed-size physical pages.
 
     >>> with AddressSpace(backend="host", capacity="64MiB") as space:
@@ -84,6 +86,7 @@ class AddressSpace(TestHooks, NativeHandle):
             name = _space_name(name)
         self._closed = True
         self._source: PageSource | None = None
+        self._history: History | None = None
         if service is not None:
             raise InvalidArgumentError(
                 "AddressSpace(service=...) is gone: build a service-backed space with "
@@ -186,15 +189,25 @@ class AddressSpace(TestHooks, NativeHandle):
         """
         n = _as_u64(nbytes, "nbytes", positive=True)
         s = _as_u64(stream, "stream")
-        if self._source is not None:
-            return self._malloc_leased(n, s, evict)
-        return self._malloc(n, s, evict)
+        history = self._history
+        try:
+            address = self._malloc_leased(n, s, evict) if self._source is not None else self._malloc(n, s, evict)
+        except OutOfMemoryError as e:
+            if history is not None:
+                history.oom(n, max(0, e.capacity_bytes - e.mapped_bytes), s)
+            raise
+        if history is not None:
+            history.alloc(address, n, s)
+        return address
 
     def _malloc(self, n: int, s: int, evict: bool, counted: bool = True) -> int:
         """One malloc in the core; not ``counted``: a try, whose shortage is not an OOM (VTA_MALLOC_TRY)."""
         out = ctypes.c_uint64()
         flags = (0 if evict else _native.MALLOC_NO_EVICT) | (0 if counted else _native.MALLOC_TRY)
-        if flags:
+        region = current_tag_id(self)  # inside `with space.region(tag):` (allocator/regions.py)
+        if region:
+            status = self._lib.vta_malloc_region(self._h(), n, s, flags, region, ctypes.byref(out))
+        elif flags:
             status = self._lib.vta_malloc_ex(self._h(), n, s, flags, ctypes.byref(out))
         else:
             status = self._lib.vta_malloc(self._h(), n, s, ctypes.byref(out))
@@ -222,6 +235,8 @@ class AddressSpace(TestHooks, NativeHandle):
         status = self._lib.vta_free(self._h(), _as_u64(address, "address"))
         if status:
             _native.check(status)
+        if self._history is not None:
+            self._history.free(address)
         if source is not None:
             source.after_free(self, address)
 
@@ -441,10 +456,27 @@ class AddressSpace(TestHooks, NativeHandle):
     def memory_snapshot(self) -> dict[str, Any]:
         """This space in PyTorch's snapshot format (what ``torch.cuda.memory._snapshot()``
         returns), for ``torch.cuda._memory_viz`` (``stats``, ``segments``, ``memory``, the HTML
-        plots): pickle it to a file. See allocator/memory_snapshot.py for the mapping."""
+        plots and memory_viz's timeline): pickle it to a file. With :meth:`record_history` on,
+        ``device_traces`` holds the recorded allocations and frees with their stacks. See
+        allocator/memory_snapshot.py for the mapping."""
         from .memory_snapshot import space_snapshot
 
-        return space_snapshot(self.allocations(), self.pages(), self.page_bytes, self.device)
+        return space_snapshot(self.allocations(), self.pages(), self.page_bytes, self.device, self._history)
+
+    def record_history(self, enabled: bool = True, *, max_entries: int = DEFAULT_MAX_ENTRIES,
+                       stacks: bool = True) -> None:
+        """Record this space's allocations, frees and out-of-memory errors (at most ``max_entries``,
+        the oldest dropped first; ``stacks``: with each call's Python stack) for
+        :meth:`memory_snapshot`, as ``torch.cuda.memory._record_memory_history()`` does for
+        torch's allocator. ``enabled=False`` stops recording and drops what was recorded."""
+        self._h()
+        self._history = History(max_entries, stacks=stacks) if enabled else None
+
+    def summary(self) -> str:
+        """A readable table of :meth:`stats`, as ``torch.cuda.memory_summary()`` prints torch's."""
+        from .summary import space_summary
+
+        return space_summary(self.stats(), repr(self))
 
     # -- torch ----------------------------------------------------------------------------
     def tensor(self, shape: Any, dtype: Any = None) -> Any:

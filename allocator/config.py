@@ -121,7 +121,7 @@ class Config:
     reservation_size: int | None = None   # virtual bytes per reservation (default 2 x capacity)
     evict_mode: str = "auto"              # "mapped": evicted pages stay mapped, backed by host memory
                                           # (CUDA >= 12.2 HOST_NUMA; host backend); "copy": pinned slots,
-                                          # address unmapped while evicted; "auto": mapped where supported
+                                          # address unmapped while evicted; "auto": copy (the faster, measured)
     cost_model: str | None = None         # host backend only: charge each call what it costs on this GPU
                                           # on a modeled clock (docs/cost-model.md); None: no model
     extent_size: int | None = None        # largest physical handle under one large allocation: those of

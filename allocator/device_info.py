@@ -15,6 +15,7 @@ import dataclasses
 from typing import Any
 
 from .errors import BackendUnavailableError, DriverError
+from .extras import CUDA_INSTALL
 
 __all__ = ["DeviceInfo", "device_info"]
 
@@ -51,7 +52,7 @@ def device_info(device: int = 0) -> DeviceInfo:
         from cuda.bindings import driver as d
         from cuda.pathfinder import DynamicLibNotFoundError
     except ImportError as e:
-        raise BackendUnavailableError(f"cuda-python is not installed: {e}") from None
+        raise BackendUnavailableError(f"cuda-python is not installed ({e}): {CUDA_INSTALL}") from None
     try:
         _call(d, "cuInit", d.cuInit(0))
     except DynamicLibNotFoundError:

@@ -16,8 +16,10 @@ __all__ = [
     "InvalidArgumentError",
     "SourceChangedError",
     "ClosedError",
+    "PausedError",
     "NotCopyableError",
     "BackendUnavailableError",
+    "MissingDependencyError",
     "DriverError",
     "InternalError",
 ]
@@ -57,6 +59,12 @@ class ClosedError(VtallocError, RuntimeError):
     """The address space (or client) was closed."""
 
 
+class PausedError(VtallocError, RuntimeError):
+    """The allocation belongs to a paused region (docs/regions.md): its pages are off the device and
+    its address unmapped, so it may not be read, written, restored or offloaded until the region is
+    resumed. Nothing was changed."""
+
+
 class NotCopyableError(VtallocError, TypeError):
     """The object owns a native handle (an address space, a page pool, a service session), so it
     cannot be copied, deep-copied or pickled: two Python owners of one handle would both close it.
@@ -65,6 +73,11 @@ class NotCopyableError(VtallocError, TypeError):
 
 class BackendUnavailableError(VtallocError, RuntimeError):
     """The requested backend cannot run here (no CUDA driver, no such device, ...)."""
+
+
+class MissingDependencyError(VtallocError, ImportError):
+    """An optional dependency (torch, cuda-python) is not installed; the message names the extra
+    or the command that installs it (``pip install 'vtalloc[torch]'``)."""
 
 
 class DriverError(VtallocError, RuntimeError):
@@ -87,6 +100,7 @@ class Status(enum.IntEnum):
     CLOSED = 5
     HOST_POOL_EXHAUSTED = 6
     INTERNAL = 7
+    PAUSED = 8
 
 
 _BY_STATUS: dict[int, type[VtallocError]] = {
@@ -97,6 +111,7 @@ _BY_STATUS: dict[int, type[VtallocError]] = {
     Status.CLOSED: ClosedError,
     Status.HOST_POOL_EXHAUSTED: HostPoolExhaustedError,
     Status.INTERNAL: InternalError,
+    Status.PAUSED: PausedError,
 }
 
 

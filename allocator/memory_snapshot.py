@@ -8,8 +8,10 @@ Invariants: imports nothing of torch. A segment is a run of virtual address spac
 pages (mapped, cached, evicted or in flight), so it is what torch calls reserved; its blocks
 tile it exactly (``active_allocated`` for a live allocation, ``inactive`` for the rest), as
 ``torch.cuda._memory_viz stats`` checks. Pages held but unmapped have no address and appear
-only in the top-level ``"vtalloc"`` summary. vtalloc keeps no history: ``device_traces`` are
-empty, so timelines start at the snapshot.
+only in the top-level ``"vtalloc"`` summary. ``device_traces`` holds the space's recorded
+history (allocator/history.py, ``AddressSpace.record_history()``) at the space's device, and a
+live block recorded there carries its stack in ``frames``; without recording they are empty,
+so timelines start at the snapshot.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+from .history import History
 from .stats import AllocationRecord, PageRecord
 
 __all__ = ["space_snapshot", "segment", "block"]
@@ -55,7 +58,7 @@ def _ranges(allocations: Sequence[AllocationRecord], pages: Iterable[PageRecord]
 
 
 def space_snapshot(allocations: Sequence[AllocationRecord], pages: Sequence[PageRecord], page_bytes: int,
-                   device: int) -> dict[str, Any]:
+                   device: int, history: History | None = None) -> dict[str, Any]:
     """The snapshot of one address space (see the module's docstring)."""
     live = sorted((a for a in allocations if a.size_bytes), key=lambda a: a.address)
     segments, i = [], 0
@@ -67,6 +70,8 @@ def space_snapshot(allocations: Sequence[AllocationRecord], pages: Sequence[Page
             if a.address > cursor:
                 blocks.append(block(cursor, a.address - cursor))
             blocks.append(block(a.address, a.size_bytes, min(a.requested_bytes, a.size_bytes)))
+            if history is not None:
+                blocks[-1]["frames"] = history.frames_of(a.address)
             cursor = a.address + a.size_bytes
         if cursor < end:
             blocks.append(block(cursor, end - cursor))
@@ -74,5 +79,8 @@ def space_snapshot(allocations: Sequence[AllocationRecord], pages: Sequence[Page
     by_state: dict[str, int] = {}
     for p in pages:
         by_state[p.state] = by_state.get(p.state, 0) + 1
-    return {"segments": segments, "device_traces": [[] for _ in range(device + 1)],
+    traces: list[list[dict[str, Any]]] = [[] for _ in range(device + 1)]
+    if history is not None:
+        traces[device] = history.trace()
+    return {"segments": segments, "device_traces": traces,
             "vtalloc": {"page_bytes": page_bytes, "pages_by_state": by_state}}

@@ -1,10 +1,10 @@
 """PageSource: where a leased AddressSpace gets its pages, and where it gives them back.
 
 Owns: the protocol between a leased address space (``AddressSpace(..., page_source=...)``)
-and what supplies its pages. The space calls the source when it runs short (a malloc, or a
-restore of an evicted allocation), before a restore (so that its own allocations are evicted
-only when the source has no more pages), after a free, after marking an allocation evictable, on
-trim and on close; the source imports pages into the space (``AddressSpace.import_page``)
+and what supplies its pages. The space calls the source when it runs short (a malloc, a
+restore of an evicted allocation, a region's resume), before a restore (so that its own
+allocations are evicted only when the source has no more pages), after a free, after marking an
+allocation evictable, after a region's pause, on trim and on close; the source imports pages into the space (``AddressSpace.import_page``)
 and takes back pages holding no live data (``AddressSpace.return_pages``). The per-node
 service's lease (vtalloc.client.service_space) is one; the allocator knows no other layer.
 Also the order a leased malloc and a leased restore try things in (``malloc_from_source``,
@@ -22,11 +22,13 @@ Invariants:
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import Any, Callable
+from typing import Any, Callable, TypeVar
 
 from .errors import OutOfMemoryError
 
-__all__ = ["PageSource", "malloc_from_source", "restore_from_source"]
+__all__ = ["PageSource", "malloc_from_source", "restore_from_source", "shortage_from_source"]
+
+T = TypeVar("T")
 
 # A malloc short of pages asks the page source this many times (each time it may get pages
 # another thread then takes) before it evicts or fails.
@@ -61,6 +63,10 @@ class PageSource(ABC):
 
     def after_set_evictable(self, space: Any, address: int, flag: bool) -> None:
         """``address`` was marked evictable (``flag``) or not."""
+
+    def after_pause(self, space: Any, page_bytes: int) -> None:
+        """A region was paused (docs/regions.md): ``page_bytes`` of pages are unmapped in the space
+        and hold nothing now; a supplier that others share takes them back here."""
 
     @abstractmethod
     def trim(self, space: Any) -> int:
@@ -114,17 +120,26 @@ def restore_from_source(space: Any, source: PageSource, address: int, restore: C
     """A leased space's restore of the allocation at ``address``: ``restore(counted)`` is one
     try in the core, as for :func:`malloc_from_source`: a shortage is reported without an OOM
     counted and answered by the page source, then one last, counted, try."""
+    shortage_from_source(space, source, lambda: space.size_of(address), restore)
+
+
+def shortage_from_source(space: Any, source: PageSource, nbytes: Callable[[], int], attempt: Callable[[bool], T], *,
+                         last_counted: bool = True) -> T:
+    """Bring back ``nbytes()`` bytes in a leased space (a restore, a region's resume):
+    ``attempt(counted)`` is one try in the core; a shortage is reported without an OOM counted and
+    answered by the page source (more pages, or none), then one last try, counted if
+    ``last_counted``. A supplier's refusal is the error raised when the last try fails too."""
     try:
-        return restore(False)
+        return attempt(False)
     except OutOfMemoryError:
         pass  # a shortage: the source answers it
     refusal: OutOfMemoryError | None = None
     try:
-        source.on_shortage(space, space.size_of(address), restore=True)  # more pages, or none: one last try
+        source.on_shortage(space, nbytes(), restore=True)  # more pages, or none: one last try
     except OutOfMemoryError as e:  # the supplier refused: its reason is the one to raise
         refusal = e
     try:
-        return restore(True)
+        return attempt(last_counted)
     except OutOfMemoryError:
         if refusal is not None:
             raise refusal from None

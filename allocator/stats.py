@@ -1,15 +1,18 @@
 """Typed, frozen records of what an address space holds: Stats, PageRecord, AllocationRecord.
 
 Stats use PyTorch's words where the meaning is the same (allocated = as requested, active =
-rounded up, peak), plus the page-level numbers only a paged allocator has.
+rounded up, peak), plus the page-level numbers only a paged allocator has. ``str(stats)`` is a few
+grouped lines of at most 100 characters (:func:`stats_text`); ``repr`` keeps every field.
 """
 
 from __future__ import annotations
 
 import dataclasses
 
-__all__ = ["Stats", "PageRecord", "AllocationRecord", "KernelCounters", "PAGE_STATES", "DRIVER_CALL_FIELDS",
-           "LATER_DRIVER_CALL_FIELDS", "fragmentation"]
+from .config import format_size
+
+__all__ = ["Stats", "PageRecord", "AllocationRecord", "KernelCounters", "RegionStats", "PAGE_STATES", "DRIVER_CALL_FIELDS",
+           "LATER_DRIVER_CALL_FIELDS", "fragmentation", "stats_text"]
 
 PAGE_STATES = ("free", "cached", "allocated", "evicted", "in_flight")
 # The driver call counters at the end of vta_stats_t, in its order (map and unmap come earlier).
@@ -132,6 +135,10 @@ class Stats:
     def as_dict(self) -> dict[str, int]:
         return dataclasses.asdict(self)
 
+    def __str__(self) -> str:
+        """A few grouped lines (:func:`stats_text`); ``repr()`` keeps every field on one line."""
+        return stats_text(self)
+
     def driver_calls(self) -> dict[str, int]:
         """Driver calls by kind ("map", "unmap", "set_access", "event_record", ...)."""
         return {f[len("num_"):-len("_calls")]: getattr(self, f) for f in ("num_map_calls", "num_unmap_calls", *DRIVER_CALL_FIELDS,
@@ -175,3 +182,65 @@ class KernelCounters:
     def kernels_running(self) -> int:
         """Launched and not yet ended (queued or running)."""
         return self.kernels_launched - self.kernels_completed - self.kernels_faulted
+
+
+def _lines(label: str, phrases: list[str], width: int = 100) -> list[str]:
+    """``phrases`` joined by ", " after ``label``, broken between phrases (never inside one)."""
+    head, indent = f"  {label:<12}" if label else "", " " * 14
+    out, line, fresh = [], head, True
+    for n, phrase in enumerate(phrases):
+        piece = phrase + ("," if n < len(phrases) - 1 else "")
+        if fresh:
+            line, fresh = line + piece, False
+        elif len(line) + 1 + len(piece) > width:
+            out.append(line)
+            line = indent + piece
+        else:
+            line = f"{line} {piece}"
+    return out + [line]
+
+
+def stats_text(s: Stats) -> str:
+    """A few grouped lines, none over 100 characters unless one phrase is (what ``print(stats)``
+    shows); ``repr(stats)`` has every field."""
+    b = format_size
+    calls = [f"{k} {v}" for k, v in s.driver_calls().items() if v] or ["none"]
+    lines = _lines("", [f"Stats: capacity {b(s.capacity_bytes)}", f"pages of {b(s.page_bytes)} ({s.pages_total} held",
+                        f"{s.pages_mapped} mapped", f"{s.pages_free} unmapped)"])
+    lines += _lines("memory", [f"allocated {b(s.allocated_bytes)} (peak {b(s.peak_allocated_bytes)})",
+                               f"active {b(s.active_bytes)}", f"mapped {b(s.mapped_bytes)} (peak {b(s.peak_mapped_bytes)})",
+                               f"cached {b(s.cached_bytes)}", f"pending free {b(s.pending_free_bytes)}"])
+    lines += _lines("counts", [f"{s.num_live_allocs} live", f"{s.num_allocs} allocations", f"{s.num_frees} frees",
+                               f"{s.num_ooms} OOMs", f"{s.num_page_reclaims} page reclaims",
+                               f"fragmentation {100 * s.fragmentation:.1f}%"])
+    lines += _lines("eviction", [f"{s.evict_mode} mode", f"{s.pages_evicted} pages evicted ({b(s.evicted_bytes)})",
+                                 f"{s.evictions} evictions", f"{s.restores} restores",
+                                 f"host pool {b(s.host_pool_used_bytes)} used"])
+    lines += _lines("driver", calls)
+    return "\n".join(lines)
+
+
+@dataclasses.dataclass(frozen=True)
+class RegionStats:
+    """One region of an address space (docs/regions.md): the allocations made under one tag, what
+    of them is paused, and what its pauses and resumes did. Bytes are rounded allocation bytes
+    unless they say pages."""
+
+    tag: str
+    allocations: int           # live allocations carrying the tag (graph pools' kept blocks included)
+    bytes: int                 # their bytes
+    paused_bytes: int          # of those, bytes on paused pages: off the device
+    discarded_bytes: int       # of the paused bytes, those paused with discard=True (no copy kept)
+    paused_page_bytes: int     # device page bytes the paused pages no longer hold
+    host_bytes: int            # host pool bytes holding the paused pages' copies
+    pauses: int                # pauses that took pages off the device
+    resumes: int               # resumes that brought pages back
+    bytes_paused_total: int    # device page bytes all pauses took off the device
+    bytes_resumed_total: int   # device page bytes all resumes brought back
+    pause_ns_total: int        # time spent in pauses (copies and waits included)
+    resume_ns_total: int       # time spent in resumes
+
+    @property
+    def paused(self) -> bool:
+        """Some of the region's bytes are paused."""
+        return self.paused_bytes > 0

@@ -33,6 +33,7 @@ from typing import Any
 
 from . import _native
 from .errors import ClosedError, InvalidArgumentError, VtallocError
+from .extras import import_torch
 
 __all__ = ["space_tensor", "live_tensor_storages", "release_failures", "defer_close", "refuse_if_tensor_owned"]
 
@@ -69,8 +70,7 @@ def space_tensor(space: Any, shape: Any, dtype: Any = None) -> Any:
     The contents are uninitialized, as with ``torch.empty``. A tensor with no elements still
     takes the smallest allocation, so its ``data_ptr()`` is an address of the space too.
     """
-    import torch
-
+    torch = import_torch("space.tensor()")
     if dtype is None:
         dtype = torch.float32
     if not isinstance(dtype, torch.dtype):
@@ -117,6 +117,8 @@ def _release(space: Any, address: int) -> None:
         status = lib.vta_free(handle, address)
         try:
             _native.check(status)
+            if space._history is not None:  # AddressSpace.record_history: the tensor's storage freed
+                space._history.free(address)
         except ClosedError:
             pass  # closed natively meanwhile: its pages, this allocation's included, are released
         except VtallocError as e:

@@ -127,21 +127,42 @@ def resolve_cap(spec: str, total: int | None) -> int:
 
 # -- GPU child: one allocator in its own interpreter -------------------------------------------------
 
+def device_total_bytes(torch: Any) -> int:
+    """The device's memory, read without initializing torch's CUDA allocator: vtalloc's enable()
+    must come before that (torch chooses its allocator once), and torch.cuda.get_device_properties
+    initializes it. vtalloc's device_info asks the driver (cuda-python); torch's figure only where
+    that cannot."""
+    try:
+        from vtalloc.allocator.device_info import device_info
+
+        return device_info(0).total_bytes
+    except Exception:  # noqa: BLE001 - no cuda-python: torch's answer (initializes its allocator)
+        return torch.cuda.get_device_properties(0).total_memory
+
+
+def start_allocator(name: str, cap_spec: str, space_options: dict[str, Any], torch: Any) -> tuple[int, Any]:
+    """(cap in bytes, vtalloc's torch module or None) with the allocator ``name`` in force in this
+    process: vtalloc's enable() before anything initializes torch's CUDA allocator."""
+    if name == "vtalloc":
+        import vtalloc.allocator.torch as vt
+
+        cap = resolve_cap(cap_spec, device_total_bytes(torch) if cap_spec.endswith("%") else None)
+        vt.enable(capacity=cap, **space_options)
+        return cap, vt
+    total = torch.cuda.get_device_properties(0).total_memory
+    cap = resolve_cap(cap_spec, total)
+    torch.cuda.set_per_process_memory_fraction(min(1.0, cap / total), 0)
+    return cap, None
+
+
 def gpu_child(cfg: dict[str, Any]) -> dict[str, Any]:
     import torch
 
     name = cfg["config"]
     if not torch.cuda.is_available():
         return {"config": name, "status": "no_cuda"}
+    cap, vt = start_allocator(name, cfg["cap"], cfg["space_options"], torch)
     props = torch.cuda.get_device_properties(0)
-    cap = resolve_cap(cfg["cap"], props.total_memory)
-    vt = None
-    if name == "vtalloc":
-        import vtalloc.allocator.torch as vt
-
-        vt.enable(capacity=cap, **cfg["space_options"])
-    else:
-        torch.cuda.set_per_process_memory_fraction(min(1.0, cap / props.total_memory), 0)
     ops = churn_ops(cfg["seed"], cfg["ops"], cfg["min_bytes"], cfg["max_bytes"], int(cap * cfg["live_fraction"]))
     torch.empty(1, device="cuda")  # CUDA context and allocator ready before the clock starts
     torch.cuda.synchronize()

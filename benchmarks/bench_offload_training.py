@@ -16,16 +16,29 @@ Configurations (GPU), per model, at the native maximum batch B (probed, or ``--b
 ``--multiples`` x B (default 2 and 4):
 
 * native       - PyTorch's caching allocator, ``set_per_process_memory_fraction(cap)``; at B only;
+* uncapped     - the same with no cap, at k x B: the limit, where the GPU has room (GPU only);
 * expandable   - the same with ``PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True``;
 * save_on_cpu  - ``torch.autograd.graph.save_on_cpu(pin_memory=True)``;
 * offloader    - :class:`StreamOffloader` below: saved tensors >= 1 MiB copied D2H on a side
                  stream into pinned buffers during forward, copied back on demand in backward;
 * vtalloc      - ``vtalloc.allocator.torch.enable(capacity=cap)`` + ``paged_activations(None)``
                  at default settings (``--vtalloc-option k=v`` / ``--budget`` override them):
-                 ``recompute="auto"``, keep, page out or recompute each saved tensor (issue 24);
+                 ``recompute="auto"``, keep, page out or recompute each saved tensor, segments
+                 rebuilt once, the budget measured from the cap; on a GPU the run
+                 also measures the cost model's constants (``calibration``: offload_peers.py);
 * vtalloc_off  - the same with ``recompute="off"``: keep or page only (offload-only);
 * checkpoint   - ``torch.utils.checkpoint`` (full, per block, ``use_reentrant=False``): every
-                 block's activations recomputed in backward; the peer that moves no bytes.
+                 block's activations recomputed in backward; the peer that moves no bytes; on CPU
+                 one more untimed backward counts what it recomputes, priced on the H100 model;
+* checkpoint_offload - per block (reentrant) with what checkpointing keeps (block inputs, the
+                 rest of the model's saved tensors) in pinned host memory (``save_on_cpu``): the
+                 checkpointing peer that fits ResNet-50 at 4x under 16 GiB;
+* compile      - ``torch.compile`` with ``torch._functorch.config.activation_memory_budget``
+                 (``--compile-memory-budget``, default 0.3), where it compiles (GPU default list).
+
+Runs start in ``RUN_ORDER`` (the comparison's first), and on a GPU the whole invocation stops
+starting runs after ``--time-limit`` (220 s), cutting the one under way there: the JSON is
+always written, what did not run recorded as skipped.
 
 Models: ResNet-50 (torchvision's, or where torchvision does not import resnet50_stand_in.py's
 network with the same layers: ``model_source`` in each run; channels_last, 224x224) and a
@@ -44,9 +57,10 @@ pager would take them) and its FLOPs (``torch.utils.flop_counter.FlopCounterMode
 budget of both vtalloc configurations to F x those bytes (the same budget for both) and sizes the
 space to hold them all; per scheduled step it reports the pager's measured bytes over the copy
 link (``step_bytes_paged``), bytes and FLOPs recomputed, kept bytes and the space's peak mapped
-bytes against the budget, the FLOPs run again (recompute at unpack and, from the second step
-on, verification of each recipe at pack), the plan's modelled H100 time (a prediction), and every run's
-gradients of the last step are compared bit for bit with ``native`` at the same batch.
+bytes against the budget, the FLOPs run again at unpack (later iterations verify by the trace
+check, which runs no recipe), the plan's modelled H100 time beside per-block checkpointing's (a
+prediction), the recorded step's time, and every run's gradients of the last step are compared
+bit for bit with ``native`` at the same batch.
 Every run that finished checks it took the path its configuration names (``run_check``: the
 paging configurations paged, the copying peers copied, the others moved nothing; recorded as
 ``path_check`` per run and ``path_checked``); a miss makes the script exit 1, naming the run.
@@ -74,12 +88,19 @@ from typing import Any
 if str(Path(__file__).resolve().parent) not in sys.path:
     sys.path.insert(0, str(Path(__file__).resolve().parent))  # path_check and provenance sit beside this file
 
+from offload_peers import RecomputeCount, calibrate, checkpoint_blocks, compiled  # noqa: E402
 from path_check import check, failed, summary  # noqa: E402
 
 MiB = 1 << 20
-GPU_CONFIGS = ["native", "expandable", "save_on_cpu", "offloader", "checkpoint", "vtalloc_off", "vtalloc"]
+GPU_CONFIGS = ["native", "expandable", "save_on_cpu", "offloader", "checkpoint", "checkpoint_offload", "uncapped",
+               "compile", "vtalloc_off", "vtalloc"]
 CPU_CONFIGS = ["native", "save_on_cpu", "offloader", "checkpoint", "vtalloc_off", "vtalloc"]
-REFERENCE_ORDER = ["native", "save_on_cpu", "offloader", "expandable", "checkpoint", "vtalloc_off", "vtalloc"]
+REFERENCE_ORDER = ["native", "uncapped", "save_on_cpu", "offloader", "expandable", "checkpoint", "checkpoint_offload",
+                   "compile", "vtalloc_off", "vtalloc"]
+# The order runs start in: what the comparison needs first, so a time limit cuts the least useful.
+RUN_ORDER = ["vtalloc", "checkpoint", "uncapped", "native", "checkpoint_offload", "vtalloc_off", "save_on_cpu",
+             "offloader", "compile", "expandable"]
+GPU_TIME_LIMIT_S = 220.0  # the default --time-limit on a GPU: the whole invocation well under 5 minutes
 PAGER_CONFIGS = {"vtalloc": "auto", "vtalloc_off": "off"}  # config -> paged_activations(recompute=...)
 HF_MODELS = ("gpt2", "llama")  # transformers, CPU-sized, random weights
 MIN_SAVED_BYTES = 1024  # paged_activations' default min_bytes: what the budget fraction counts
@@ -217,36 +238,6 @@ def hf_model(torch: Any, model: str) -> Any:
     return HFLogits(lm(cfg))
 
 
-def checkpoint_blocks(torch: Any, model: str, net: Any) -> Any:
-    """Full activation checkpointing, one checkpoint per block; parameters (and their order) unchanged."""
-    nn = torch.nn
-
-    class Checkpointed(nn.Module):
-        """A block run under ``torch.utils.checkpoint`` (full: its activations recomputed in backward)."""
-
-        def __init__(self, block: Any) -> None:
-            super().__init__()
-            self.block = block
-
-        def forward(self, *args: Any) -> Any:
-            from torch.utils.checkpoint import checkpoint
-
-            return checkpoint(self.block, *args, use_reentrant=False)
-
-    if model in HF_MODELS:
-        net.lm.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-        return net
-    if model == "resnet50":
-        for layer in (net.layer1, net.layer2, net.layer3, net.layer4):
-            for i in range(len(layer)):
-                layer[i] = Checkpointed(layer[i])
-        return net
-    if model == "cnn":  # (conv, relu) x 2, then the head
-        return nn.Sequential(Checkpointed(nn.Sequential(net[0], net[1])), Checkpointed(nn.Sequential(net[2], net[3])),
-                             *list(net)[4:])
-    return nn.Sequential(*[Checkpointed(m) if isinstance(m, nn.TransformerEncoderLayer) else m for m in net])
-
-
 def measure_forward(torch: Any, net: Any, x: Any, min_bytes: int = MIN_SAVED_BYTES) -> dict[str, int]:
     """One plain forward (RNG state restored after): the bytes autograd saves as the pager would
     take them (not parameters, not under ``min_bytes``, a tensor saved twice counted once) and
@@ -311,7 +302,7 @@ def child(cfg: dict[str, Any]) -> dict[str, Any]:
         import vtalloc.allocator.torch as vt
 
         vt.enable(capacity=cfg["cap"], **cfg.get("vtalloc_options", {}))
-    elif cuda:
+    elif cuda and name != "uncapped":  # uncapped: the limit, where the GPU has room
         total = torch.cuda.get_device_properties(0).total_memory
         from vtalloc.allocator.config import parse_size  # the cap is given as text ("16GiB")
 
@@ -326,6 +317,11 @@ def child(cfg: dict[str, Any]) -> dict[str, Any]:
         p = torch.cuda.get_device_properties(0)
         out["gpu"] = {"name": p.name, "total_memory_bytes": p.total_memory, "cuda": torch.version.cuda,
                       "torch": torch.__version__}
+        if name == "vtalloc":  # the cost model's constants on this GPU, before the model takes memory
+            try:
+                out["calibration"] = calibrate(torch)
+            except Exception as e:  # noqa: BLE001 - a failed probe must not cost the run it precedes
+                out["calibration"] = {"error": f"{type(e).__name__}: {str(e)[:300]}"}
     try:
         net, x, y, loss_fn = build(torch, cfg["model"], cfg["batch"], device)
     except Exception as e:  # noqa: BLE001 - an OOM while building is a result
@@ -345,12 +341,15 @@ def child(cfg: dict[str, Any]) -> dict[str, Any]:
 
         space = AddressSpace(backend="host", capacity=cap, host_capacity=cfg.get("host_capacity", "1GiB"),
                              **cfg.get("vtalloc_options", {}))
-    if name == "checkpoint":
-        net = checkpoint_blocks(torch, cfg["model"], net)
+    if name in ("checkpoint", "checkpoint_offload"):
+        net = checkpoint_blocks(torch, cfg["model"], net, reentrant=name == "checkpoint_offload")
+    elif name == "compile":
+        net = compiled(torch, net, cfg["compile_budget"])
+        out["compile_activation_memory_budget"] = cfg["compile_budget"]
     opt = torch.optim.SGD(net.parameters(), lr=0.01)
     moved = {"d2h": 0, "h2d": 0}
     offloader = pager = None
-    if name == "save_on_cpu":
+    if name in ("save_on_cpu", "checkpoint_offload"):  # the second: what checkpointing keeps goes to the host
         saved_ctx = counted_save_on_cpu(torch, moved)
         scope = lambda: saved_ctx  # noqa: E731 - the same hooks object every step
     elif name == "offloader":
@@ -359,8 +358,9 @@ def child(cfg: dict[str, Any]) -> dict[str, Any]:
     elif name in PAGER_CONFIGS:
         from vtalloc.allocator.torch import paged_activations
 
-        extra = {"max_recompute_fraction": cfg["max_recompute_fraction"]} if cfg.get("max_recompute_fraction") else {}
-        pager = paged_activations(space, budget, recompute=PAGER_CONFIGS[name], **extra)
+        extra = {"max_recompute_fraction": cfg["max_recompute_fraction"]} \
+            if cfg.get("max_recompute_fraction") is not None else {}
+        pager = paged_activations(space, budget, recompute=PAGER_CONFIGS[name], cost_model=cost_model(cfg), **extra)
         scope = lambda: pager  # noqa: E731 - one pager for every step: it learns the order
         out["budget_bytes"] = pager.budget
     else:
@@ -400,6 +400,9 @@ def child(cfg: dict[str, Any]) -> dict[str, Any]:
             opt.step()
             sync()
         except Exception as e:  # noqa: BLE001
+            if name == "compile" and not is_oom(e):  # "where it compiles": a failure to compile is a result
+                out.update(status="compile_error", error=f"{type(e).__name__}: {str(e)[:300]}", losses=losses)
+                break
             if not is_oom(e):
                 raise
             out.update(status="oom", oom_at_step=step, error=str(e).splitlines()[0][:300], losses=losses)
@@ -417,6 +420,8 @@ def child(cfg: dict[str, Any]) -> dict[str, Any]:
                    samples_per_s=cfg["batch"] / statistics.median(timed), timed_steps=n)
         if name in PAGER_CONFIGS:
             moved_b = delta.get("bytes_evicted_total", 0) + delta.get("bytes_restored_total", 0)
+            out["budget_bytes"] = pager.budget  # the default one is measured in the recorded iteration
+            out["recorded_step_s"] = times[0]   # the recorder, every recipe verified, the plan made after it
             out["vtalloc_stats_delta_per_step"] = {k: v / n for k, v in delta.items() if v}
             out["pager"] = dataclasses.asdict(pager.stats())
             out["bytes_moved_how"] = "vtalloc Stats: bytes_evicted_total + bytes_restored_total"
@@ -431,7 +436,10 @@ def child(cfg: dict[str, Any]) -> dict[str, Any]:
         else:
             moved_b = delta.get("d2h", 0) + delta.get("h2d", 0)
             out["bytes_moved_how"] = {"save_on_cpu": "counted in save_on_cpu's hooks (pack copies, unpack copies)",
+                                      "checkpoint_offload": "counted in save_on_cpu's hooks around the checkpoints",
                                       "offloader": "counted in the offloader's hooks"}.get(name, "none: nothing moves")
+            if name == "checkpoint" and not cuda:
+                out["modelled_recompute"] = count_recompute(torch, net, x, y, loss_fn, cfg)
         out["bytes_moved_per_step"] = moved_b / n
         out["path_check"] = run_check(out)
     out.update(peak_memory(torch, cuda, name, vt, space))
@@ -441,25 +449,50 @@ def child(cfg: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def cost_model(cfg: dict[str, Any]) -> Any:
+    """The plan's cost model: the H100's, or with the copy link priced out (every plan recomputes
+    what it can: the exactness of recompute-heavy plans, measured)."""
+    from vtalloc.allocator.activation_costs import H100
+
+    if cfg.get("cost_model") == "h100-link-priced-out":
+        return dataclasses.replace(H100, link_bytes_per_s=1e3, name="h100, link priced out")
+    return H100
+
+
+def count_recompute(torch: Any, net: Any, x: Any, y: Any, loss_fn: Any, cfg: dict[str, Any]) -> dict[str, Any]:
+    """One more forward and backward (after the timed steps and the saved gradients; no optimizer
+    step): what checkpointing runs again, priced on the H100 cost model, as the plan is."""
+    from vtalloc.allocator.activation_costs import H100
+
+    count = RecomputeCount(H100)
+    net.zero_grad(set_to_none=True)
+    loss = loss_fn(net(x), y)
+    with count.mode:
+        loss.backward()
+    return {"ops": count.ops, "flops": count.flops, "h100_s": count.seconds, "cost_model": H100.name,
+            "note": "modelled H100 time checkpointing's recompute adds to a step: a prediction"}
+
+
 def run_check(out: dict[str, Any]) -> dict[str, Any]:
-    """Did the run take the path its configuration names? A paging configuration (vtalloc,
-    vtalloc_off) paged: the pager offloaded saved tensors and the space moved bytes in the timed
-    steps (offload-only recomputed nothing); save_on_cpu and the offloader copied bytes out and
-    back; native, expandable and checkpoint moved none. The configuration's process ran with
-    expandable segments exactly when it is named ``expandable``."""
+    """Did the run take the path its configuration names? vtalloc paged or recomputed in the timed
+    steps (its plan may do either with what exceeds the budget); vtalloc_off paged: the pager
+    offloaded saved tensors and the space moved bytes, and it recomputed nothing; save_on_cpu and the offloader copied bytes out and
+    back (checkpoint_offload too); native, uncapped, expandable, checkpoint and compile moved none.
+    The configuration's process ran with expandable segments exactly when it is named ``expandable``."""
     name = out["config"]
     moved = out["bytes_moved_per_step"]
     measured: dict[str, Any] = {"bytes_moved_per_step": moved,
                                 "expandable_segments": "expandable_segments:True" in
                                 os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "")}
     expected: dict[str, Any] = {"expandable_segments": name == "expandable"}
-    if name in PAGER_CONFIGS:
+    if name == "vtalloc":  # the plan may page, recompute or both: the excess over the budget went somewhere
+        measured["bytes_paged_or_recomputed"] = out["pager_step"]["bytes_paged"] + out["pager_step"]["bytes_recomputed"]
+        expected["bytes_paged_or_recomputed"] = {"min": 1}
+    elif name == "vtalloc_off":
         measured["pager_offloads"] = out["pager"]["offloads"]
-        expected.update(bytes_moved_per_step={"min": 1}, pager_offloads={"min": 1})
-        if name == "vtalloc_off":
-            measured["bytes_recomputed"] = out["pager_step"]["bytes_recomputed"]
-            expected["bytes_recomputed"] = 0
-    elif name in ("save_on_cpu", "offloader"):
+        measured["bytes_recomputed"] = out["pager_step"]["bytes_recomputed"]
+        expected.update(bytes_moved_per_step={"min": 1}, pager_offloads={"min": 1}, bytes_recomputed=0)
+    elif name in ("save_on_cpu", "offloader", "checkpoint_offload"):
         expected["bytes_moved_per_step"] = {"min": 1}
     else:
         expected["bytes_moved_per_step"] = 0
@@ -472,7 +505,7 @@ def pager_step(pager: Any, space: Any) -> dict[str, Any]:
     # the first iteration records; a step follows the plan when every later one did (no fallback)
     row = {"scheduled": st.scheduled_iterations == st.iterations - 1 and st.fallback_iterations == 0,
            "bytes_paged": st.step_bytes_paged, "bytes_recomputed": st.step_bytes_recomputed,
-           "recompute_flops": st.step_recompute_flops, "verify_flops": getattr(st, "step_verify_flops", 0),
+           "recompute_flops": st.step_recompute_flops, "checked_ops": getattr(st, "step_checked_ops", 0),
            "kept_bytes": st.step_kept_bytes, "recompute_fallbacks_total": st.recompute_fallbacks,
            "recompute_diverged_total": getattr(st, "recompute_diverged", 0),  # (bench_pager_overhead: older trees)
            "passed_through_no_room_total": st.passed_through_no_room}
@@ -591,31 +624,40 @@ def check_grads(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def recompute_rows(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Per model and batch: vtalloc (recompute="auto") against vtalloc_off at the same budget, the
-    issue's targets (bytes over the link <= 0.6x offload-only's, recompute FLOPs <= 5% of the
-    forward's, gradients bit-identical to no paging). The recompute FLOPs (``recompute_flops_vs_forward``,
-    the table's "recompute FLOPs / fwd") are all the FLOPs run again: at unpack, and at pack,
-    where a later iteration verifies each recipe it uses (``verify_flops``)."""
+    """Per model and batch: vtalloc (recompute="auto") and vtalloc_off at the same budget, with
+    per-block checkpointing beside them in the H100 cost model: the time each adds to a step
+    (the plan's modelled_s; checkpointing's recompute, counted in backward) and the modelled
+    step (forward and backward of the recorded forward's modelled time, plus that). The
+    recompute FLOPs (``recompute_flops_vs_forward``) are those run at unpack against the
+    forward's as ``FlopCounterMode`` counts them (matmuls only: the ratio errs high); the trace
+    check runs none."""
+    from vtalloc.allocator.activation_costs import H100
+
     rows = []
     for r in runs:
         if r["config"] not in PAGER_CONFIGS or r.get("status") != "ok" or "pager_step" not in r:
             continue
         st, fwd = r["pager_step"], r.get("forward", {})
-        off = next((q for q in runs if (q["model"], q["batch"], q["config"]) == (r["model"], r["batch"], "vtalloc_off")
-                    and q.get("status") == "ok" and "pager_step" in q), None)
-        off_paged = off["pager_step"]["bytes_paged"] if off else None
+        off, ckpt = (next((q for q in runs if (q["model"], q["batch"], q["config"]) == (r["model"], r["batch"], c)
+                           and q.get("status") == "ok"), None) for c in ("vtalloc_off", "checkpoint"))
+        off_paged = off["pager_step"]["bytes_paged"] if off and "pager_step" in off else None
         ratio = st["bytes_paged"] / off_paged if off_paged else None
-        again = st["recompute_flops"] + st.get("verify_flops", 0)
-        flops_frac = again / fwd["forward_flops"] if fwd.get("forward_flops") else None
+        flops_frac = st["recompute_flops"] / fwd["forward_flops"] if fwd.get("forward_flops") else None
         g = r.get("grads_vs_native", {})
+        plan = r.get("plan_summary", {})
+        base = (1 + H100.backward_factor) * plan["forward_s"] if plan.get("forward_s") else None
+        ck = (ckpt or {}).get("modelled_recompute", {}).get("h100_s")
         row = {"model": r["model"], "batch": r["batch"], "config": r["config"], "budget_bytes": r.get("budget_bytes"),
                "saved_bytes": fwd.get("saved_bytes"), "forward_flops": fwd.get("forward_flops"), **st,
                "paged_vs_offload_only": ratio, "recompute_flops_vs_forward": flops_frac,
                "grads_bit_identical": g.get("bit_identical"), "grads_max_abs_diff": g.get("max_abs_diff"),
-               "modelled_h100_s": r.get("plan_summary", {}).get("modelled_s")}
+               "modelled_h100_s": plan.get("modelled_s"), "checkpoint_modelled_h100_s": ck,
+               "modelled_step_h100_s": None if base is None else base + plan.get("modelled_s", 0.0),
+               "checkpoint_modelled_step_h100_s": None if base is None or ck is None else base + ck,
+               "segments": plan.get("segments"), "plan_cpu_s": plan.get("plan_s"),
+               "recorded_step_s": r.get("recorded_step_s"), "median_step_s": r.get("median_step_s")}
         if r["config"] == "vtalloc":
-            row["targets_met"] = {"bytes_paged_le_0.6x": ratio is not None and ratio <= 0.6,
-                                  "recompute_flops_le_5pct": flops_frac is not None and flops_frac <= 0.05,
+            row["targets_met"] = {"modelled_le_checkpoint": ck is not None and plan.get("modelled_s", 1e9) <= ck,
                                   "grads_bit_identical": bool(g.get("bit_identical"))}
         rows.append(row)
     return rows
@@ -625,18 +667,21 @@ def recompute_table(rows: list[dict[str, Any]]) -> str:
     def mib(v: Any) -> str:
         return "" if v is None else f"{v / MiB:.2f}"
 
-    out = ["| model | batch | config | saved MiB | budget MiB | kept MiB | fwd peak mapped MiB | paged MiB/step | "
-           "vs off | recomputed MiB/step | recompute FLOPs / fwd | grads bit-identical (max abs diff) | "
-           "modelled H100 ms (prediction) |",
-           "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|"]
+    def ms(v: Any) -> str:
+        return "" if v is None else f"{v * 1e3:.3f}"
+
+    out = ["| model | batch | config | saved MiB | budget MiB | kept MiB | paged MiB/step | vs off | "
+           "recomputed MiB/step | recompute FLOPs / fwd | grads bit-identical (max abs diff) | "
+           "modelled H100 ms added (prediction) | checkpointing's (prediction) | recorded step / later step (ms, CPU) |",
+           "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---|"]
     for w in rows:
         ratio = "" if w["paged_vs_offload_only"] is None else f"{w['paged_vs_offload_only']:.2f}x"
         frac = "" if w["recompute_flops_vs_forward"] is None else f"{100 * w['recompute_flops_vs_forward']:.2f}%"
-        ms = "" if w["modelled_h100_s"] is None else f"{w['modelled_h100_s'] * 1e3:.3f}"
+        steps = "" if w["recorded_step_s"] is None else f"{ms(w['recorded_step_s'])} / {ms(w['median_step_s'])}"
         out.append(f"| {w['model']} | {w['batch']} | {w['config']} | {mib(w['saved_bytes'])} | {mib(w['budget_bytes'])} | "
-                   f"{mib(w['kept_bytes'])} | {mib(w.get('forward_peak_mapped_bytes'))} | {mib(w['bytes_paged'])} | "
-                   f"{ratio} | {mib(w['bytes_recomputed'])} | {frac} | {w['grads_bit_identical']} "
-                   f"({w['grads_max_abs_diff']}) | {ms} |")
+                   f"{mib(w['kept_bytes'])} | {mib(w['bytes_paged'])} | {ratio} | {mib(w['bytes_recomputed'])} | {frac} | "
+                   f"{w['grads_bit_identical']} ({w['grads_max_abs_diff']}) | {ms(w['modelled_h100_s'])} | "
+                   f"{ms(w['checkpoint_modelled_h100_s'])} | {steps} |")
     return "\n".join(out)
 
 
@@ -698,13 +743,22 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--multiples", default=None, help="batches of the offloading configs, x native batch (GPU 2,4; smoke 2)")
     ap.add_argument("--steps", type=int, default=None, help="steps per run (GPU 8, smoke 3)")
     ap.add_argument("--warmup", type=int, default=None, help="untimed first steps (GPU 3, smoke 1)")
-    ap.add_argument("--budget", default=None, help="paged_activations budget (default: its own, half the cap)")
+    ap.add_argument("--budget", default=None,
+                    help="paged_activations budget (default: its own, the cap less the model's memory, measured)")
     ap.add_argument("--budget-fraction", type=float, default=None,
                     help="CPU: budget = this fraction of the bytes one plain forward saves (overrides --budget)")
     ap.add_argument("--max-recompute-fraction", type=float, default=None,
-                    help="paged_activations' cap on recompute FLOPs, a share of the forward's (its default 0.05); "
-                         "above it the plan may recompute matmuls and convolutions where the cost model finds them "
-                         "cheaper than the copy")
+                    help="paged_activations' cap on recompute FLOPs, a share of the forward's (its default: none, "
+                         "the cost model decides)")
+    ap.add_argument("--cost-model", default="h100", choices=["h100", "h100-link-priced-out"],
+                    help="the plan's cost model (the second prices paging out: the plan recomputes what it can)")
+    ap.add_argument("--compile-memory-budget", type=float, default=0.3,
+                    help="compile: torch._functorch.config.activation_memory_budget (the share of activation memory "
+                         "the partitioner keeps)")
+    ap.add_argument("--time-limit", type=float, default=None,
+                    help=f"seconds for the whole invocation: no run starts after it, the one under way is cut at it "
+                         f"(recorded as skipped / timeout; the JSON is written). GPU default {GPU_TIME_LIMIT_S:g}, "
+                         "CPU none; 0: none")
     ap.add_argument("--vtalloc-option", action="append", default=[], help="k=v passed to enable() / AddressSpace")
     ap.add_argument("--loss-rtol", type=float, default=None, help="GPU 2e-2 (bf16, cuDNN), smoke 1e-5")
     ap.add_argument("--deterministic", action="store_true", help="cudnn.deterministic in every child")
@@ -726,8 +780,11 @@ def main(argv: list[str] | None = None) -> int:
             return 0
     models = (a.models or ("cnn,tiny_transformer" if smoke else "resnet50,transformer")).split(",")
     configs = (a.configs or ",".join(CPU_CONFIGS if smoke else GPU_CONFIGS)).split(",")
-    if smoke and ("expandable" in configs):
-        configs.remove("expandable")  # a CUDA allocator setting: nothing to run on CPU
+    for gpu_only in ("expandable", "uncapped"):  # a CUDA allocator setting, a GPU's memory: nothing to run on CPU
+        if smoke and gpu_only in configs:
+            configs.remove(gpu_only)
+    limit = a.time_limit if a.time_limit is not None else (0.0 if smoke else GPU_TIME_LIMIT_S)
+    started = time.perf_counter()
     multiples = [int(m) for m in (a.multiples or ("2" if smoke else "2,4")).split(",") if m]
     given = dict(kv.split("=") for kv in a.batch.split(",")) if a.batch else {}
     opts = dict(kv.split("=", 1) for kv in a.vtalloc_option)
@@ -738,7 +795,9 @@ def main(argv: list[str] | None = None) -> int:
             "vtalloc_options": opts, "deterministic": a.deterministic,
             "offload_min_bytes": 64 * 1024 if smoke else MiB,  # smoke: its tensors are small
             "budget_fraction": a.budget_fraction if smoke else None,
-            "max_recompute_fraction": a.max_recompute_fraction}
+            "max_recompute_fraction": a.max_recompute_fraction, "compile_budget": a.compile_memory_budget,
+            "cost_model": a.cost_model,
+            "time_limit_s": limit}
     rtol = a.loss_rtol if a.loss_rtol is not None else (1e-5 if smoke else 2e-2)
     runs, probes = [], {}
     grads_dir = tempfile.TemporaryDirectory(prefix="bench_offload_grads-") if smoke else None
@@ -757,9 +816,16 @@ def main(argv: list[str] | None = None) -> int:
         for k in multiples:
             plan += [(c, k * native_batch) for c in configs
                      if (c != "native" or smoke) and (c, k * native_batch) not in plan]
+        plan.sort(key=lambda cb: RUN_ORDER.index(cb[0]) if cb[0] in RUN_ORDER else len(RUN_ORDER))
         for c, b in plan:
             grads = {"grads_out": os.path.join(grads_dir.name, f"{m}-{b}-{c}.pt")} if grads_dir else {}
-            r = run_child({**base, "config": c, "model": m, "batch": b, **grads}, a.timeout)
+            left = limit - (time.perf_counter() - started) if limit else a.timeout
+            if left <= 0:
+                r = {"config": c, "model": m, "batch": b, "status": "skipped", "error": "time limit"}
+            else:
+                r = run_child({**base, "config": c, "model": m, "batch": b, **grads}, min(a.timeout, left))
+                if r.get("status") == "timeout" and left < a.timeout:
+                    r["cut_by_time_limit"] = True
             r.update(grads)
             runs.append(r)
             # a stage cut short (a lent GPU's time limit) still leaves the runs it finished
@@ -799,7 +865,8 @@ def main(argv: list[str] | None = None) -> int:
     if grad_checks:
         print(f"vtalloc gradients bit-identical to native: {paging_exact}")
     print(f"losses match (rtol {rtol:g}): {record['losses_match']}; wrote {out}" + (f"; chart: {record['chart']}" if a.chart else ""))
-    crashed = [r for r in runs if r.get("status") not in ("ok", "oom")]
+    crashed = [r for r in runs if r.get("status") not in ("ok", "oom", "skipped", "compile_error")
+               and not r.get("cut_by_time_limit")]
     if failed(path_checks):
         print("PATH CHECK FAILED: runs measured another path than their configuration names:\n  "
               + "\n  ".join(failed(path_checks)), file=sys.stderr)

@@ -12,7 +12,7 @@ started; the summary is written after every step, so a stage killed from outside
 what it finished; nothing here measures anything itself: the figures are the steps' own JSON.
 
     python benchmarks/gpu_session.py --list                      # the stages and their steps
-    python benchmarks/gpu_session.py --stage first --out "$OUT"   # ~6 min: a first answer to each question
+    python benchmarks/gpu_session.py --stage first --out "$OUT"   # ~5 min: the OOM tests, every gpu test, eviction, churn
     python benchmarks/gpu_session.py --stage check --out "$OUT"   # then torch, paging, stress, training, memory
     python benchmarks/gpu_session.py --stage check --dry-run      # the commands, not run
 """
@@ -57,35 +57,50 @@ TORCH_TEST_FILES = ("tests/test_torch_binding_gpu.py", "tests/test_torch_demo.py
 # The build step is cheap when the library is already built (a warm machine keeps it).
 BUILD = Step("build", _py("benchmarks/gpu_session.py", "--build-if-needed"), 60, 240)
 
+# Every pytest command here: -p no:benchmark (pytest-benchmark beside xdist stops a run with an
+# INTERNALERROR on the GPU image of 2026-11-28) and no cache folder.
+PYTEST = ("-m", "pytest", "-p", "no:benchmark", "-p", "no:cacheprovider", "-rfEs", "--tb=short", "--durations=0")
+
 # Steps that more than one stage runs (the first stage asks each question once; the later ones
 # go deeper), defined once so the stages cannot drift apart.
 DEMO = Step("demo", _py("-m", "vtalloc.client", "demo"), 40, 90)
-GPU_TESTS_CORE = Step("gpu_tests_core", _py("-m", "pytest", "-q", "-m", "gpu", "-rfEs", "--tb=short", "-p", "no:cacheprovider",
-                                            *(f"--ignore={f}" for f in TORCH_TEST_FILES), "--durations=0",
-                                            "--continue-on-collection-errors", "--junitxml={out}/gpu_tests_core.xml"), 120, 240)
+GPU_TESTS_CORE = Step("gpu_tests_core", _py(*PYTEST, "-q", "-m", "gpu", *(f"--ignore={f}" for f in TORCH_TEST_FILES),
+                                            "--continue-on-collection-errors", "--junitxml={out}/gpu_tests_core.xml"),
+                      120, 240)
 EVICT_32MIB = Step("bench_evict_32MiB", _py("benchmarks/bench_evict.py", "--backend", "cuda", "--size", str(32 << 20),
                                             "--out", "{out}/evict_32MiB.json"), 20, 120)
 MALLOC_FREE = Step("bench_malloc_free", _py("benchmarks/bench_malloc_free.py", "--backend", "cuda", "--quick",
                                             "--out", "{out}/malloc_free.json"), 30, 120)
 
-# The tests that show enable() (torch-native binding, a fresh process each) trains with the
-# native allocator's losses: the GPU issue's first question, asked before the whole torch stage.
-ENABLE_TESTS = ("tests/test_torch_gpu.py::test_training_losses_match_the_native_allocator",
-                "tests/test_torch_demo.py::test_gpu_training_under_vtalloc_matches_native")
+# An out-of-memory under enable() must be torch.OutOfMemoryError and the process must go on (it
+# was a SIGSEGV under the torch-native binding on the H200 of 2026-11-28): asked first.
+OOM_TESTS = ("tests/test_oom_gpu.py",
+             "tests/test_torch_binding_gpu.py::test_oom_is_torch_out_of_memory_error_with_vtalloc_numbers",
+             "tests/test_torch_binding_gpu.py::test_empty_cache_memory_fraction_and_ipc_refusal",
+             "tests/test_torch_gpu.py::test_out_of_memory_is_torch_out_of_memory_error_and_the_process_goes_on")
+OOM = Step("oom_tests", _py(*PYTEST, "-v", "-m", "gpu", "-n", "4", "--junitxml={out}/oom_tests.xml", *OOM_TESTS), 60, 150)
 
 STAGES: dict[str, tuple[Step, ...]] = {
     # A session lent 15 minutes of device time in all (the machine's start included) gets one
-    # call of about 6 minutes and room to run it again: each of the GPU issue's questions gets a
-    # first answer here (the demo, enable()'s losses, every gpu test but torch's, eviction at
-    # 32 MiB in both modes with auto's pick, the C reuse loop). The stages below go deeper.
+    # call of about 5 minutes and room to run it again: the OOM tests first, then every gpu test
+    # (all 42 took 102 s with -n 6 on the H200 of 2026-11-28; the OOM tests are not run twice),
+    # eviction at 32 MiB in both modes with auto's pick, and the churn with vtalloc on cuda.
     "first": (
         BUILD,
-        DEMO,
-        Step("enable_losses", _py("-m", "pytest", "-v", "-m", "gpu", "-rfEs", "--tb=short", "-p", "no:cacheprovider",
-                                  "--durations=0", "--junitxml={out}/enable_losses.xml", *ENABLE_TESTS), 90, 180),
-        GPU_TESTS_CORE,
+        OOM,
+        Step("gpu_tests_all", _py(*PYTEST, "-q", "-m", "gpu", "-n", "6", "--ignore=tests/test_oom_gpu.py",
+                                  "--continue-on-collection-errors", "--junitxml={out}/gpu_tests_all.xml"), 130, 240),
         EVICT_32MIB,
-        MALLOC_FREE,
+        Step("bench_churn", _py("benchmarks/bench_churn.py", "--out", "{out}/churn.json"), 40, 120),
+    ),
+    # What the first stage's failures were made of (2026-11-28): why the binding's stream
+    # crashed, where eviction's and restore's fixed costs go. Run beside "first" when there is time.
+    "diagnose": (
+        BUILD,
+        Step("probe_binding_streams", _py("benchmarks/probe_binding_streams.py", "--old-binding", ".old_binding/csrc",
+                                          "--out", "{out}/binding_streams.json"), 80, 200),
+        Step("probe_restore_overhead", _py("benchmarks/probe_restore_overhead.py", "--repeats", "5",
+                                           "--out", "{out}/restore_overhead.json"), 30, 120),
     ),
     # Correctness first: if these fail, the figures of the later stages mean little. The gpu
     # tests took ~540 s in all on the H100 (2026-11-26): split in two stages, torch's own second.
@@ -99,9 +114,8 @@ STAGES: dict[str, tuple[Step, ...]] = {
     ),
     "torch": (
         BUILD,
-        Step("gpu_tests_torch", _py("-m", "pytest", "-v", "-m", "gpu", "-rfEs", "--tb=short", "-p", "no:cacheprovider",
-                                    "--durations=0", "--junitxml={out}/gpu_tests_torch.xml", *TORCH_TEST_FILES),
-             420, 480),
+        Step("gpu_tests_torch", _py(*PYTEST, "-v", "-m", "gpu", "--junitxml={out}/gpu_tests_torch.xml",
+                                    *TORCH_TEST_FILES), 420, 480),
     ),
     # Paging and allocation speed: issue 10's eviction, C loop and churn figures. Estimates:
     # the H100 walls of 2026-11-26 (evict 6 s, malloc_free 18 s, torch_alloc 40 s) with room.

@@ -55,7 +55,8 @@ def probe(model: str, budget_fraction: float, batch: int, fractions: list[float]
         forward = pager._replay.forward_flops
         loss.backward()
         plans = {f: plan_activations(cands, budget, pager.cost_model, max_recompute_flops=int(forward * f),
-                                     verify_at_pack=True) for f in fractions}
+                                     unpack_order=pager._rec_unpacks, forward=pager._replay.forward)
+                 for f in fractions}
         del pager, loss
     rows = []
     for c in cands:
@@ -69,17 +70,15 @@ def probe(model: str, budget_fraction: float, batch: int, fractions: list[float]
     total = sum(r["bytes"] for r in rows)
     summary = {"saved_bytes": total, "budget_bytes": budget, "excess_bytes": max(total - budget, 0),
                "forward_flops_flop_counter": forward, "bytes_by_recipe_status": dict(by_reason)}
-    uses = collections.Counter(c.shared_with for c in cands if c.shared_with is not None)
     for f, p in plans.items():
         cap = int(forward * f)
         # An upper bound on what recompute can take off the link under the cap: the tensors whose
-        # recipe alone fits, run at each unpack (a tensor saved twice: twice) and once at pack.
+        # recipe alone fits (each recomputed tensor runs once a step, with its segment).
         summary[f"at_{f:g}"] = {
             "cap_flops": cap,
-            "bytes_recomputable_alone_within_cap": sum(c.nbytes for c in cands if c.recomputable
-                                                       and (2 + uses[c.index]) * c.flops <= cap),
+            "bytes_recomputable_alone_within_cap": sum(c.nbytes for c in cands if c.recomputable and c.flops <= cap),
             "plan_recomputed_bytes": p.summary.recomputed_bytes, "plan_paged_bytes": p.summary.paged_bytes,
-            "plan_recompute_plus_verify_flops": p.summary.recompute_flops + p.summary.verify_flops}
+            "plan_recompute_flops": p.summary.recompute_flops}
     return {"model": model, "batch": batch, "autocast_bf16": autocast, "budget_fraction": budget_fraction,
             "forward": fwd, "summary": summary, "rows": rows}
 

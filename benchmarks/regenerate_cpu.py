@@ -67,6 +67,7 @@ FREE_EVICTABLE = "free under an evictable allocation"
 EVICT = "Eviction and paged training"
 OFFLOAD = "Offload training against every peer"
 RECOMPUTE = "Keep, page out or recompute under one byte budget (CPU)"
+SEGMENTS = "Segments against checkpointing (CPU; H100 modelled and predicted)"
 ATTACK = "The daemon under attack: another user's lease latency (host backend)"
 CHURN = "Churn: random-size tensors under a cap"
 EVICT_MODEL = "Predicted (host cost model): eviction on an H100"
@@ -75,6 +76,7 @@ TRACES = "Memory on real models' allocation traces"
 HELDOUT = "The same bounds on models that are not in the repo"
 SIM = "Beside PyTorch's allocator, simulated"
 SAVED = "Saved activations offloaded from shared pages"
+REGIONS = "Regions: pause and resume (host backend; predicted on an H100)"
 
 _SMOKE_RECOMPUTE = ("python benchmarks/bench_offload_training.py --cpu-smoke --models cnn "
                     "--configs native,vtalloc_off,vtalloc --budget-fraction 0.25 --steps 2 --warmup 1 --multiples 1")
@@ -123,6 +125,25 @@ COMMANDS: tuple[Command, ...] = (
             "--max-recompute-fraction 1.0 --out benchmarks/results/offload_training-recompute-cap1-cpu-{date}.json",
             _SMOKE_RECOMPUTE + " --max-recompute-fraction 1.0 "
             "--out benchmarks/results/offload_training-recompute-cap1-cpu-{date}.json", needs=HF),
+    Command("segments", SEGMENTS,
+            "python benchmarks/bench_offload_training.py --cpu-smoke --models tiny_transformer,gpt2,llama,resnet50 "
+            "--configs native,checkpoint,vtalloc_off,vtalloc --budget-fraction 0.25 --steps 4 --warmup 2 --multiples 1 "
+            "--batch resnet50=2 --out benchmarks/results/offload_training-segments-cpu-{date}.json",
+            "python benchmarks/bench_offload_training.py --cpu-smoke --models tiny_transformer "
+            "--configs native,checkpoint,vtalloc --budget-fraction 0.25 --steps 3 --warmup 2 --multiples 1 "
+            "--out benchmarks/results/offload_training-segments-cpu-{date}.json", needs=HF),
+    Command("check_overhead", SEGMENTS,
+            "python benchmarks/bench_check_overhead.py --out benchmarks/results/check_overhead-cpu-{date}.json",
+            "python benchmarks/bench_check_overhead.py --models tiny_transformer --repeats 10 --steps 3 "
+            "--out benchmarks/results/check_overhead-cpu-{date}.json", needs=HF, quick_needs=HF),
+    Command("predict_transformer", SEGMENTS,
+            "python benchmarks/predict_gpu_plan.py --model transformer "
+            "--out benchmarks/results/predicted_transformer_4x-h100-{date}.json",
+            None, skip_quick="records the 2048-wide transformer twice on CPU (minutes, several GiB)"),
+    Command("predict_resnet50", SEGMENTS,
+            "python benchmarks/predict_gpu_plan.py --model resnet50 "
+            "--out benchmarks/results/predicted_resnet50_4x-h100-{date}.json",
+            None, skip_quick="records ResNet-50 twice on CPU (minutes)"),
     Command("attack_latency", ATTACK,
             "python benchmarks/bench_attack_latency.py --out benchmarks/results/attack-latency-{date}.json",
             "python benchmarks/bench_attack_latency.py --only hello_storm --windows 1 --window 0.5 --seconds 0.5 "
@@ -190,6 +211,13 @@ COMMANDS: tuple[Command, ...] = (
             "--out benchmarks/results/saved_offload-host-heldout-{date}.json",
             "python benchmarks/bench_saved_offload.py --trace {heldout} "
             "--out benchmarks/results/saved_offload-host-heldout-{date}.json"),
+    Command("regions", REGIONS,
+            "python benchmarks/bench_regions.py --out benchmarks/results/regions-host-{date}.json",
+            "python benchmarks/bench_regions.py --quick --out benchmarks/results/regions-host-{date}.json"),
+    Command("regions_model", REGIONS,
+            "python benchmarks/bench_regions.py --cost-model h100 --out benchmarks/results/regions-host-h100-model-{date}.json",
+            "python benchmarks/bench_regions.py --cost-model h100 --quick "
+            "--out benchmarks/results/regions-host-h100-model-{date}.json"),
 )
 BY_NAME = {c.name: c for c in COMMANDS}
 

@@ -6,6 +6,10 @@ Exit codes (EXIT_CODES, also in --help and docs/service.md), the same for every 
 2 usage error (an unknown command or option, or a bad value: a size, a backend, a quota,
 also when the daemon answers INVALID_ARGUMENT; InvalidArgumentError is one); 130 interrupted.
 Errors go to stderr through `fail()`; `--debug` (before or after the command) shows tracebacks.
+Output: every console prints text as it is (markup=False: a path or name with "[...]" is never
+read as rich markup); styles come from Text objects built here. Signals (docs/service.md, "Exit
+codes"): Ctrl-C exits 130 from every command; a closed pipe (`vtalloc ... | head`) exits 141, as
+a process killed by SIGPIPE, quietly.
 """
 
 from __future__ import annotations
@@ -18,11 +22,13 @@ import typer
 from rich.console import Console
 from typer.core import TyperGroup
 from rich.table import Table
+from rich.text import Text
 
 from vtalloc.allocator import (BackendUnavailableError, InvalidArgumentError, VtallocError, backend_available,
                                format_size)
 from vtalloc.allocator.config import parse_size
 
+from .commands_common import EXIT_BROKEN_PIPE, EXIT_INTERRUPTED, error_line, quiet_broken_pipe
 from .commands_service import Backend
 from .commands_service import register as _register_service_commands
 from .render import rounding_note
@@ -43,7 +49,8 @@ _USAGE_ERRORS: tuple[type[Exception], ...] = tuple(
 )
 
 EXIT_CODES = {0: "ok", 1: "runtime failure (no daemon or GPU, a failed call or check, health not serving)",
-              2: "usage error (unknown command or option, bad value)", 130: "interrupted (Ctrl-C)"}
+              2: "usage error (unknown command or option, bad value)", EXIT_INTERRUPTED: "interrupted (Ctrl-C)",
+              EXIT_BROKEN_PIPE: "the reader of stdout went away (a closed pipe), quietly"}
 # Options of the whole program that may also be written after the command (`vtalloc stats --debug`).
 GLOBAL_FLAGS = ("--debug",)
 
@@ -70,23 +77,20 @@ app = typer.Typer(
     # and long words at 80 columns; click wraps the help and never cuts a name.
     rich_markup_mode=None,
 )
-console = Console()
-err_console = Console(stderr=True)
+console = Console(markup=False)
+err_console = Console(stderr=True, markup=False)
 _state = {"debug": False}
 
 
 def fail(message: str, code: int = 1) -> NoReturn:
-    err_console.print(f"[bold red]error:[/] {message}")
+    err_console.print(error_line(message))
     raise typer.Exit(code)
 
 
 def _version() -> str:
-    from importlib.metadata import PackageNotFoundError, version
+    from vtalloc import __version__
 
-    try:
-        return version("vtalloc")
-    except PackageNotFoundError:  # pragma: no cover - run from a source tree that was never installed
-        return "unknown"
+    return __version__
 
 
 def _print_version(value: bool) -> None:
@@ -104,7 +108,22 @@ def _main(
     _state["debug"] = debug
 
 
+def _pipe_safe(fn: Any) -> Any:
+    """A closed stdout inside a command exits quietly with 141 (click would exit 1)."""
+    import functools
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except BrokenPipeError:
+            quiet_broken_pipe()
+
+    return wrapper
+
+
 @app.command()
+@_pipe_safe
 def info(json_out: bool = typer.Option(False, "--json", help="Print JSON (schema vtalloc.info/v1).")) -> None:
     """Which backends can run here, and why not."""
     from dataclasses import asdict
@@ -134,6 +153,7 @@ def info(json_out: bool = typer.Option(False, "--json", help="Print JSON (schema
 
 
 @app.command()
+@_pipe_safe
 def demo(
     backend: Backend = typer.Option("auto", help="auto (cuda if usable, else host), host or cuda."),
     capacity: str = typer.Option(
@@ -170,7 +190,7 @@ def demo(
             doc["train"] = asdict(trained)
         print(json.dumps(doc))
     else:
-        console.rule("[bold]vtalloc demo: defragmentation by remapping pages")
+        console.rule(Text("vtalloc demo: defragmentation by remapping pages", style="bold"))
         for line in describe(report):
             console.print(line)
         t = Table("stat", "before the big allocation", "after")
@@ -182,7 +202,7 @@ def demo(
         if trained is not None:
             from .train_demo import PAGE_STAT_KEYS, describe_train
 
-            console.rule("[bold]vtalloc demo: training with vtalloc's memory")
+            console.rule(Text("vtalloc demo: training with vtalloc's memory", style="bold"))
             for line in describe_train(trained):
                 console.print(line)
             t = Table("page stat", "after training")
@@ -201,31 +221,43 @@ _register_service_commands(app, fail=fail, console=console, err_console=err_cons
 
 
 def main(argv: Optional[list[str]] = None) -> None:
-    """Console-script entry point: maps vtalloc errors to exit code 1 and a one-line message."""
+    """Console-script entry point: maps vtalloc errors to exit code 1 and a one-line message,
+    Ctrl-C to 130 and a closed stdout to a quiet 141 (EXIT_CODES)."""
+    try:
+        code = _run(argv)
+        sys.stdout.flush()  # what is still buffered: a closed pipe shows here, not at the interpreter's exit
+    except BrokenPipeError:
+        quiet_broken_pipe()
+    sys.exit(code)
+
+
+def _run(argv: Optional[list[str]]) -> int:
     try:
         # Outside standalone mode click *returns* the code of a typer.Exit raised by a command.
         code = app(args=argv, standalone_mode=False)
     except typer.Exit as e:
-        sys.exit(e.exit_code)
+        return e.exit_code
     except (typer.Abort, KeyboardInterrupt):
-        sys.exit(130)
+        return EXIT_INTERRUPTED
+    except BrokenPipeError:
+        raise
     except Exception as e:  # click usage errors carry their own exit code (2)
         if isinstance(e, _USAGE_ERRORS):
             usage: Any = e  # click's ClickException (vendored or not)
             usage.show()
-            sys.exit(usage.exit_code)
+            return usage.exit_code
         if _state["debug"]:
             raise
         if isinstance(e, InvalidArgumentError):  # a bad value given on the command line
-            err_console.print(f"[bold red]error:[/] {e}")
-            sys.exit(2)
+            err_console.print(error_line(str(e)))
+            return 2
         if isinstance(e, (VtallocError, OSError)):
-            err_console.print(f"[bold red]error:[/] {e}")
+            err_console.print(error_line(str(e)))
             if isinstance(e, BackendUnavailableError):
                 err_console.print("hint: `vtalloc info` lists the backends usable here; `--backend host` needs no GPU")
-            sys.exit(1)
+            return 1
         raise
-    sys.exit(code if isinstance(code, int) else 0)
+    return code if isinstance(code, int) else 0
 
 
 if __name__ == "__main__":

@@ -14,11 +14,14 @@ from __future__ import annotations
 import enum
 import functools
 import json
+import os
+import sys
 from dataclasses import dataclass
 from typing import Any, Callable, NoReturn, Optional
 
 import typer
 from rich.console import Console
+from rich.text import Text
 
 from vtalloc.allocator.config import BACKENDS
 from vtalloc.allocator.errors import InvalidArgumentError, VtallocError
@@ -26,7 +29,30 @@ from vtalloc.allocator.errors import InvalidArgumentError, VtallocError
 from .layout import natural_width
 
 __all__ = ["Backend", "PagesFormat", "CommandContext", "open_session", "emit_json", "socket_opt", "wide_opt",
-           "timeout_opt"]
+           "timeout_opt", "EXIT_INTERRUPTED", "EXIT_BROKEN_PIPE", "error_line", "quiet_broken_pipe"]
+
+# The shells' conventions for a process ended by a signal (128 + its number): Ctrl-C (SIGINT)
+# and a reader that went away (SIGPIPE: Python raises BrokenPipeError instead of dying).
+EXIT_INTERRUPTED = 128 + 2
+EXIT_BROKEN_PIPE = 128 + 13
+
+
+def error_line(message: str) -> Text:
+    """"error: MESSAGE" with the label styled and the message as it is (never read as markup)."""
+    return Text.assemble(("error:", "bold red"), " ", message)
+
+
+def quiet_broken_pipe() -> NoReturn:
+    """stdout's reader went away (`vtalloc ... | head`): exit 141 saying nothing, as a process
+    killed by SIGPIPE does. stdout is pointed at /dev/null first, so the interpreter's last
+    flush of what is still buffered cannot fail again on the way out."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError):
+        pass
+    raise SystemExit(EXIT_BROKEN_PIPE)
 
 # --backend's choices: argument parsing refuses others (exit code 2).
 Backend = enum.Enum("Backend", {b: b for b in BACKENDS}, type=str)  # type: ignore[misc]
@@ -67,6 +93,8 @@ class CommandContext:
                 return fn(*args, **kwargs)
             except (typer.Exit, typer.Abort, typer.BadParameter):
                 raise
+            except BrokenPipeError:
+                quiet_broken_pipe()
             except InvalidArgumentError as e:
                 if self.is_debug():
                     raise
@@ -92,7 +120,7 @@ class CommandContext:
         out = self.console
         if wide:
             out = Console(width=max([self.console.width, *(natural_width(t) for t in tables)]), file=self.console.file,
-                          force_terminal=self.console.is_terminal, no_color=self.console.no_color)
+                          force_terminal=self.console.is_terminal, no_color=self.console.no_color, markup=False)
         for n, t in enumerate(tables):
             if n:
                 out.print()

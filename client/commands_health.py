@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Optional
 
 import typer
+from rich.text import Text
 
 from vtalloc.allocator.errors import VtallocError
 
@@ -64,6 +65,7 @@ def register(app: typer.Typer, ctx: CommandContext) -> None:
             emit_json(doc)
         else:
             style = "green" if status == "SERVING" else "red"
-            ctx.console.print(f"[{style}]{status}[/] {UNIX_SCHEME}{path}" + (f"  ({side_error})" if side_error else ""))
+            ctx.console.print(Text.assemble((status, style), f" {UNIX_SCHEME}{path}",
+                                            f"  ({side_error})" if side_error else ""))
         if status != "SERVING":
             raise typer.Exit(1)

@@ -9,6 +9,7 @@ backend) exits 1.
 
 from __future__ import annotations
 
+import signal
 from typing import Any, Optional
 
 import typer
@@ -113,7 +114,7 @@ def register(app: typer.Typer, ctx: CommandContext) -> None:
                     ctx.err_console.print(line, highlight=False, soft_wrap=True)
 
         try:
-            run_daemon(config, log_level=log_level, then=note)
+            stopped_by = run_daemon(config, log_level=log_level, then=note)
         except InvalidArgumentError as e:  # an option the backend judged (page size, capacity, quotas)
             if ctx.is_debug():
                 raise
@@ -122,3 +123,5 @@ def register(app: typer.Typer, ctx: CommandContext) -> None:
             if ctx.is_debug():
                 raise
             ctx.fail(str(e), 1)
+        if stopped_by == signal.SIGINT:  # Ctrl-C: the shell's convention (128 + SIGINT), as every command
+            raise typer.Exit(130)

@@ -18,7 +18,8 @@ from rich.console import Group
 from vtalloc.allocator.errors import VtallocError
 
 from . import render
-from .commands_common import CommandContext, emit_json, open_session, socket_opt, timeout_opt, wide_opt
+from .commands_common import (EXIT_INTERRUPTED, CommandContext, emit_json, open_session, socket_opt, timeout_opt,
+                              wide_opt)
 
 __all__ = ["register"]
 
@@ -123,10 +124,13 @@ def register(app: typer.Typer, ctx: CommandContext) -> None:
                     ctx.show(render.stats_tables(doc, ctx.width(wide)), wide)
                     ctx.console.file.flush()
                 return
+            interrupted = False
             with Live(console=ctx.console, auto_refresh=False) as live:
                 try:
                     for doc in docs:
                         live.update(Group(head() + "  (Ctrl-C to quit)", *render.stats_tables(doc, ctx.width(wide))),
                                     refresh=True)
                 except KeyboardInterrupt:
-                    pass
+                    interrupted = True
+            if interrupted:  # after Live has put the terminal back
+                raise typer.Exit(EXIT_INTERRUPTED)

@@ -37,7 +37,7 @@ from vtalloc.allocator.errors import ClosedError, InvalidArgumentError, OutOfMem
 from vtalloc.allocator.page_source import PageSource
 from vtalloc.server.proto.vtalloc.v1 import pages_pb2
 from vtalloc.server.protocol.errors import ServiceError, ServiceUnavailableError
-from vtalloc.server.protocol.rpc import MAX_LEASE_PAGES
+from vtalloc.server.protocol.rpc import MAX_LEASE_PAGES, MAX_REPORT_REGIONS
 
 from .lease_threads import Link, start_threads
 from .pressure import engine_counters
@@ -181,6 +181,12 @@ class LeaseSource(Unique, PageSource):
         self._evictable.pop(address, None)
         if flag:
             self._evictable[address] = None
+
+    def after_pause(self, space: Any, page_bytes: int) -> None:
+        # The pages a paused region left hold nothing now: back to the node, where another client
+        # may lease them; the resume leases again (docs/regions.md).
+        if self._link is not None:
+            self.give_back(space, page_bytes // space.page_bytes)
 
     def trim(self, space: Any) -> int:
         space.synchronize()
@@ -351,8 +357,13 @@ class LeaseSource(Unique, PageSource):
             ids = {tag: pid for tag, (e, pid) in self._tags.items() if e == epoch}
         uses = [pages_pb2.PageUseReport(page_id=ids[p.tag], use=_PAGE_USE[p.state]) for p in pages
                 if p.tag in ids and p.state in _PAGE_USE]  # evicted virtual pages hold no leased page
+        regions = space.regions()
+        named = sorted(regions, key=lambda r: (-r.paused_bytes, -r.bytes, r.tag))[:MAX_REPORT_REGIONS]
         return pages_pb2.ClientReport(
             allocated_bytes=s.allocated_bytes, active_bytes=s.active_bytes, mapped_bytes=s.mapped_bytes,
             cached_bytes=s.cached_bytes, pages_total=s.pages_total, pages_resident=by_state["allocated"],
             pages_cached=by_state["cached"], pages_free=by_state["free"], ooms_total=s.num_ooms,
-            page_uses=uses, **engine_counters(s))
+            page_uses=uses, paused_bytes=sum(r.paused_bytes for r in regions),
+            regions=[pages_pb2.RegionReport(tag=r.tag, bytes=r.bytes, paused_bytes=r.paused_bytes,
+                                            host_bytes=r.host_bytes) for r in named if r.bytes or r.paused_bytes],
+            **engine_counters(s))

@@ -63,6 +63,7 @@ def _device(d: Any, sessions: list[dict[str, Any]]) -> dict[str, Any]:
         "inherited_pages": d.inherited_pages, "inherited_bytes": d.inherited_pages * page,
         "inherited_processes": d.inherited_processes,
         "evicted_pages": d.evicted_pages, "evicted_bytes": d.evicted_bytes,
+        "paused_bytes": d.paused_bytes,  # clients' allocations in paused regions (docs/regions.md)
         "host_capacity_bytes": d.host_capacity_bytes,
         "fragmentation": fragmentation(active, mapped, evicted),
     }
@@ -76,6 +77,9 @@ def _report(r: Any, page: int) -> dict[str, Any]:
         "unmapped_pages": r.pages_free, "evicted_pages": r.evicted_pages, "evicted_bytes": r.evicted_bytes,
         "evictions_total": r.evictions_total, "restores_total": r.restores_total, "ooms_total": r.ooms_total,
         "fragmentation": fragmentation(r.active_bytes, r.mapped_bytes, r.evicted_bytes),
+        "paused_bytes": r.paused_bytes,
+        "regions": [{"tag": x.tag, "bytes": x.bytes, "paused_bytes": x.paused_bytes, "host_bytes": x.host_bytes}
+                    for x in r.regions],
     }
 
 
@@ -161,8 +165,20 @@ def _pct(x: float) -> str:
 
 
 def _grid(title: str, spec: list[tuple[str, bool]], rows: list[list[str]], width: int | None,
-          short_title: str | None = None, *, record: bool = False) -> list[Table]:
-    return fit(title, [Column(h, key) for h, key in spec], rows, width, short_title=short_title, record=record)
+          short_title: str | None = None, *, record: bool = False, caption: str | None = None,
+          empty: str = "(none)") -> list[Table]:
+    return fit(title, [Column(h, key) for h, key in spec], rows, width, short_title=short_title, record=record,
+               caption=caption, empty=empty)
+
+
+# Under a table that shows "?" for what a session has not reported yet.
+NOT_REPORTED = ("?: not reported yet. A client reports its own page counts (resident, cached, evicted, "
+                "fragmentation) every report_interval_s (1 s by default); until its first report the daemon "
+                "knows only what it leased")
+
+
+def _not_reported_note(sessions: list[dict[str, Any]]) -> str | None:
+    return NOT_REPORTED if any(not s["reported"] for s in sessions) else None
 
 
 def stats_tables(doc: dict[str, Any], width: int | None = None) -> list[Table]:
@@ -181,14 +197,16 @@ def stats_tables(doc: dict[str, Any], width: int | None = None) -> list[Table]:
         rep = x["reported"]
         rows.append([x["session_id"], str(x["pid"]), x["principal"], str(x["leased_pages"]),
                      str(x["resident_pages"]) if rep else "?", str(x["cached_pages"]) if rep else "?",
-                     str(x["evicted_pages"]) if rep else "?",
+                     str(x["evicted_pages"]) if rep else "?", _b(x["paused_bytes"]) if rep else "?",
                      f"{_b(x['quota']['min_bytes'])}/{_b(x['quota']['max_bytes'])}",
                      _pct(x["fragmentation"]) if rep else "?", f"{x['evictions_per_s']:.1f}",
                      f"{x['restores_per_s']:.1f}", str(x["deadline_misses"])])
-    out += _grid(f"sessions{hidden} (pages; quota min/max; evictions and restores per second)",
+    out += _grid(f"sessions{hidden} (pages; paused bytes; quota min/max; evictions and restores per second)",
                  [("session", True), ("pid", False), ("principal", False), ("leased", False), ("resident", False),
-                  ("cached", False), ("evicted", False), ("quota", False), ("frag", False), ("ev/s", False),
-                  ("rs/s", False), ("misses", False)], rows, width, "sessions")
+                  ("cached", False), ("evicted", False), ("paused", False), ("quota", False), ("frag", False),
+                  ("ev/s", False), ("rs/s", False), ("misses", False)], rows, width, "sessions",
+                 caption=_not_reported_note(doc["sessions"]), empty="(no sessions)")
+    out += _regions_table(doc["sessions"], width)
     c = doc["counters"]
     keys = ("leases_total", "pages_leased_total", "pages_returned_total", "quota_rejections_total",
             "evict_requests_total", "deadline_misses_total", "kills_total", "reclaims_total", "reclaimed_pages_total")
@@ -196,6 +214,17 @@ def stats_tables(doc: dict[str, Any], width: int | None = None) -> list[Table]:
         "leases", "pages leased", "returned", "quota refusals", "evict requests", "misses", "kills", "reclaims",
         "reclaimed pages")], [[str(c[k]) for k in keys]], width, record=True)
     return out
+
+
+def _regions_table(sessions: list[dict[str, Any]], width: int | None) -> list[Table]:
+    """Each session's regions, one row per tag (none when no session reported one)."""
+    rows = [[x["session_id"], str(x["pid"]), r["tag"], _b(r["bytes"]), _b(r["paused_bytes"]), _b(r["host_bytes"])]
+            for x in sessions if x["reported"] for r in x["regions"]]
+    if not rows:
+        return []
+    return _grid("regions (docs/regions.md: paused bytes are off the device until resumed)",
+                 [("session", True), ("pid", False), ("region", True), ("bytes", False), ("paused", False),
+                  ("host", False)], rows, width, "regions")
 
 
 def _ranges(ids: list[int]) -> str:
@@ -224,12 +253,13 @@ def pages_tables(doc: dict[str, Any], width: int | None = None) -> list[Table]:
                      str(sum(p["state"] == "delivering" for p in mine)),
                      str(s["resident_pages"]) if rep else "?", str(s["cached_pages"]) if rep else "?",
                      str(s["unmapped_pages"]) if rep else "?", str(s["evicted_pages"]) if rep else "?",
-                     _ranges([p["page_id"] for p in mine]) or "-"])
+                     _b(s["paused_bytes"]) if rep else "?", _ranges([p["page_id"] for p in mine]) or "-"])
     return _grid(f"page map: {d['capacity_pages']} pages of {_b(d['page_bytes'])}, {d['free_pages']} free"
                  + (f", {doc['hidden_pages']} of other users hidden" if doc["hidden_pages"] else ""),
                  [("session", True), ("principal", False), ("pid", False), ("pages", False), ("delivering", False),
                   ("resident", False), ("cached", False), ("unmapped", False), ("evicted", False),
-                  ("page ids", False)], rows, width, "page map")
+                  ("paused", False), ("page ids", False)], rows, width, "page map",
+                 caption=_not_reported_note(doc["sessions"]), empty="(no session holds a page)")
 
 
 def quota_tables(doc: dict[str, Any], width: int | None = None) -> list[Table]:

@@ -88,12 +88,16 @@ class SessionHello:
     evict_deadline_s: float
 
 
-def _unavailable(path: str, e: OSError) -> VtallocError:
+def _unavailable(socket_path: str, where: str, e: OSError) -> VtallocError:
+    """The error for a daemon that cannot be reached at ``socket_path`` (the address the user gave),
+    naming ``where`` it failed when that is another file (the side channel beside it)."""
+    at = socket_path if where == socket_path else f"{socket_path} (its side channel {where})"
     if e.errno in (errno.EACCES, errno.EPERM):
         return PermissionDeniedError(
-            f"cannot reach the vtalloc daemon at {path}: permission denied (the socket directory lets in "
+            f"cannot reach the vtalloc daemon at {at}: permission denied (the socket directory lets in "
             "only its owner and group; ask for the group given to `vtalloc serve --group`)")
-    return ServiceUnavailableError(f"no vtalloc daemon answers at {path} ({e.strerror or e}); start one with `vtalloc serve`")
+    return ServiceUnavailableError(f"no vtalloc daemon answers at {at} ({e.strerror or e}); start one with "
+                                   "`vtalloc serve`")
 
 
 def _connect_trusted(socket_path: str, side_path: str, trusted: frozenset[int], timeout_s: float) -> socket.socket:
@@ -101,10 +105,10 @@ def _connect_trusted(socket_path: str, side_path: str, trusted: frozenset[int], 
     ancestors), both socket files, and the uid of the process behind each socket (the gRPC
     socket through a connection opened and closed for the check; nobody else can replace the
     socket after it, since nobody else can write the directory). Nothing has been sent yet."""
-    where = side_path
+    where = socket_path  # what the user gave: its directory, then the sockets
     try:
         check_directory(os.path.dirname(socket_path), trusted)
-        for where in (side_path, socket_path):
+        for where in (socket_path, side_path):
             check_socket(where, trusted)
         where = side_path
         sock = connect(side_path, timeout_s)
@@ -121,7 +125,7 @@ def _connect_trusted(socket_path: str, side_path: str, trusted: frozenset[int], 
     except UntrustedRendezvousError:
         raise
     except OSError as e:
-        raise _unavailable(where, e) from None
+        raise _unavailable(socket_path, where, e) from None
     return sock
 
 

@@ -23,6 +23,9 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from vtalloc.allocator import AddressSpace, BackendUnavailableError, InvalidArgumentError, backend_available, format_size
+from vtalloc.allocator.extras import import_torch
+
+_NEEDS_TORCH = "vtalloc demo's training (--no-train skips it)"
 
 __all__ = ["TrainReport", "run_train_demo", "describe_train", "report_dict", "PAGE_STAT_KEYS"]
 
@@ -79,7 +82,7 @@ def _place_parameters(space: AddressSpace, model: Any, torch: Any) -> None:
 
 
 def _train_on_host(capacity: int | str, steps: int) -> TrainReport:
-    import torch
+    torch = import_torch(_NEEDS_TORCH)
 
     torch.manual_seed(0)
     plain = _model(torch)
@@ -176,7 +179,7 @@ def _train_on_gpu(steps: int) -> TrainReport:
 
 
 def _torch_cuda() -> tuple[bool, str]:
-    import torch
+    torch = import_torch(_NEEDS_TORCH)
 
     if not torch.cuda.is_available():
         return False, f"torch {torch.__version__} reports torch.cuda.is_available() == False"

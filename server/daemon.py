@@ -152,8 +152,8 @@ def _sd_notify(message: str) -> None:
 
 
 async def serve(config: DaemonConfig, *, on_ready: Callable[[dict], None] | None = None,
-                stop: asyncio.Event | None = None) -> None:
-    """Run the daemon until ``stop`` is set (or SIGTERM/SIGINT)."""
+                stop: asyncio.Event | None = None, stopped_by: list[int] | None = None) -> None:
+    """Run the daemon until ``stop`` is set (or SIGTERM/SIGINT: the signal is appended to ``stopped_by``)."""
     loop = asyncio.get_running_loop()
     sock_path = Path(config.socket_path)
     gid = config.group_gid
@@ -246,9 +246,14 @@ async def serve(config: DaemonConfig, *, on_ready: Callable[[dict], None] | None
             metrics_url = f"http://{config.metrics_addr}:{metrics[0].server_port}/metrics"
 
         stop = stop or asyncio.Event()
+        def on_signal(sig: int, stop: asyncio.Event = stop) -> None:
+            if stopped_by is not None:
+                stopped_by.append(sig)
+            stop.set()
+
         for sig in (signal.SIGTERM, signal.SIGINT):
             try:
-                loop.add_signal_handler(sig, stop.set)
+                loop.add_signal_handler(sig, on_signal, sig)
             except (NotImplementedError, RuntimeError):  # not the main thread (tests): stop via the event
                 pass
         ready = {"event": "ready", "pid": os.getpid(), "control": UNIX_SCHEME + config.socket_path,
@@ -311,9 +316,10 @@ async def serve(config: DaemonConfig, *, on_ready: Callable[[dict], None] | None
 
 
 def run_daemon(config: DaemonConfig, *, log_level: str = "INFO",
-               then: Callable[[dict], None] | None = None) -> None:
+               then: Callable[[dict], None] | None = None) -> int | None:
     """Blocking entry point of ``vtalloc serve``: logs to stderr, prints the ready line as JSON on
-    stdout, then calls ``then(ready)`` (the CLI's notes on it)."""
+    stdout, then calls ``then(ready)`` (the CLI's notes on it). Returns the signal that stopped
+    it (SIGTERM or SIGINT), if one did: the CLI exits 130 after Ctrl-C, 0 after SIGTERM."""
     logging.basicConfig(level=log_level.upper(), stream=sys.stderr,
                         format="%(asctime)s vtalloc-serve %(levelname)s %(message)s")
 
@@ -322,4 +328,6 @@ def run_daemon(config: DaemonConfig, *, log_level: str = "INFO",
         if then:
             then(ready)
 
-    asyncio.run(serve(config, on_ready=on_ready))
+    stopped_by: list[int] = []
+    asyncio.run(serve(config, on_ready=on_ready, stopped_by=stopped_by))
+    return stopped_by[0] if stopped_by else None

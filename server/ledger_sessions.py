@@ -28,7 +28,7 @@ from .protocol.errors import (
 )
 from .quota import check_principal, pod_principal
 from .records import SESSION_KINDS, Session
-from .reports import ReportedUses, check_report, check_uses_count, take_report
+from .reports import ReportedUses, check_regions_count, check_report, check_uses_count, take_report
 from .views import ClientReport
 
 __all__ = ["LedgerSessions"]
@@ -125,10 +125,11 @@ class LedgerSessions(LedgerBooks):
 
 
     # -- reports ----------------------------------------------------------------------------
-    def admit_report(self, s: Session, uses: int) -> None:
-        """Whether ``s`` may send a report naming ``uses`` page uses: checked before anything is
-        done with it (a client session, live, naming at most the pages it holds: reports.py);
-        a refusal counts as a protocol error."""
+    def admit_report(self, s: Session, uses: int, regions: int = 0) -> None:
+        """Whether ``s`` may send a report naming ``uses`` page uses and ``regions`` regions:
+        checked before anything is done with it (a client session, live, naming at most the
+        pages it holds and MAX_REPORT_REGIONS regions: reports.py); a refusal counts as a
+        protocol error."""
         with self._lock:
             if s.kind != "client":
                 raise FailedPreconditionError("an observer session has no pages to report")
@@ -136,6 +137,7 @@ class LedgerSessions(LedgerBooks):
                 raise NotFoundError(f"session {s.session_id} has ended")
             try:
                 check_uses_count(uses, len(s.pages), self.geometry.max_return_pages)
+                check_regions_count(regions)
             except InvalidArgumentError:
                 self._counters.protocol_errors_total += 1
                 raise

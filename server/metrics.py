@@ -25,7 +25,7 @@ import struct
 import threading
 import time
 from socketserver import ThreadingMixIn
-from typing import Iterator
+from typing import Iterable, Iterator
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 from prometheus_client import ProcessCollector
@@ -36,10 +36,12 @@ from vtalloc.allocator.errors import InternalError
 
 from .ledger import Ledger
 from .protocol.rpc import NODE_COUNTERS
+from .reports import saturating_sum
+from .views import SessionView
 
 __all__ = ["LedgerCollector", "make_registry", "start_metrics_server", "version", "NODE_LABELS",
-           "METRICS_MAX_CONNECTIONS", "METRICS_PER_PEER", "METRICS_IDLE_TIMEOUT_S", "METRICS_REQUEST_DEADLINE_S",
-           "tcp_peer"]
+           "METRICS_MAX_REGIONS", "OTHER_REGIONS", "regions_paused", "METRICS_MAX_CONNECTIONS", "METRICS_PER_PEER",
+           "METRICS_IDLE_TIMEOUT_S", "METRICS_REQUEST_DEADLINE_S", "tcp_peer"]
 
 log = logging.getLogger("vtalloc.server")
 
@@ -77,6 +79,23 @@ if sorted(key for key, _, _ in _COUNTERS) != sorted(NODE_COUNTERS):
 
 
 NODE_LABELS = ("backend", "device")
+# Region tags come from clients: the exporter labels at most this many of them, those with the most
+# paused bytes, and sums the others under OTHER_REGIONS (no tag can be spelled so: tags have no
+# parentheses), so whoever reports tags cannot grow the label set past METRICS_MAX_REGIONS + 1.
+METRICS_MAX_REGIONS = 32
+OTHER_REGIONS = "(other)"
+
+
+def regions_paused(sessions: Iterable[SessionView]) -> list[tuple[str, int]]:
+    """(tag, paused bytes summed over sessions) for the METRICS_MAX_REGIONS tags with the most, by
+    size then name, and OTHER_REGIONS for the rest (when there is any); sums saturate."""
+    totals: dict[str, int] = {}
+    for s in sessions:
+        for r in s.report.regions:
+            totals[r.tag] = saturating_sum((totals.get(r.tag, 0), r.paused_bytes))
+    ranked = sorted(totals.items(), key=lambda kv: (-kv[1], kv[0]))
+    shown, rest = ranked[:METRICS_MAX_REGIONS], ranked[METRICS_MAX_REGIONS:]
+    return shown + ([(OTHER_REGIONS, saturating_sum(n for _, n in rest))] if rest else [])
 
 
 def version() -> str:
@@ -129,6 +148,14 @@ class LedgerCollector(Collector):
             reported.add_metric([state, *node], sum(getattr(s.report, key) for s in view.sessions))
         yield reported
         yield gauge("vtalloc_client_sessions", "Live client sessions.", len(view.sessions))
+        yield gauge("vtalloc_client_paused_bytes", "Bytes of clients' allocations in paused regions (their reports): "
+                    "off the device until resumed.", d.paused_bytes)
+        regions = gauge("vtalloc_region_paused_bytes", "Bytes of clients' allocations paused, by region tag, summed "
+                        f"over sessions; past {METRICS_MAX_REGIONS} tags the smaller ones are summed as "
+                        f"region=\"{OTHER_REGIONS}\".", labels=("region",))
+        for tag, n in regions_paused(view.sessions):
+            regions.add_metric([tag, *node], n)
+        yield regions
         principal = ("principal",)
         leased = gauge("vtalloc_principal_leased_bytes", "Bytes of pages leased to a principal's sessions.",
                        labels=principal)

@@ -20,27 +20,53 @@ import dataclasses
 from collections.abc import Sequence
 from typing import Any, Callable, Iterable, Iterator, Mapping
 
+from vtalloc.allocator.checks import space_name
 from vtalloc.allocator.errors import InvalidArgumentError
 
 from .protocol.errors import echo
-from .protocol.rpc import MAX_REPORT_VALUE
+from .protocol.rpc import MAX_REPORT_REGIONS, MAX_REPORT_VALUE
 from .records import NodeCounters, Session
-from .views import PAGE_USES, ClientReport, PageUseReport
+from .views import PAGE_USES, ClientReport, PageUseReport, RegionReport
 
-__all__ = ["UINT64_MAX", "ANY_SESSION_IDS", "check_report", "check_uses_count", "saturating_sum", "take_report", "ReportedUses"]
+__all__ = ["UINT64_MAX", "ANY_SESSION_IDS", "check_report", "check_regions_count", "check_uses_count", "saturating_sum", "take_report", "ReportedUses"]
 
 UINT64_MAX = (1 << 64) - 1
-_VALUES = tuple(f.name for f in dataclasses.fields(ClientReport) if f.name != "page_uses")
+_LISTS = ("page_uses", "regions")
+_VALUES = tuple(f.name for f in dataclasses.fields(ClientReport) if f.name not in _LISTS)
+_REGION_VALUES = tuple(f.name for f in dataclasses.fields(RegionReport) if f.name != "tag")
+
+
+def _check_value(what: str, value: object) -> None:
+    if type(value) is not int or not 0 <= value <= MAX_REPORT_VALUE:
+        raise InvalidArgumentError(
+            f"report field {what} is {echo(value)}; a report value must be an integer from 0 to {MAX_REPORT_VALUE}")
 
 
 def check_report(report: ClientReport) -> None:
-    """InvalidArgumentError naming the first value out of 0..MAX_REPORT_VALUE (the report is refused whole)."""
+    """InvalidArgumentError naming the first value out of 0..MAX_REPORT_VALUE, or a region list
+    that is too long, names a tag twice or a tag off the rule (the report is refused whole)."""
     for name in _VALUES:
-        value = getattr(report, name)
-        if type(value) is not int or not 0 <= value <= MAX_REPORT_VALUE:
-            raise InvalidArgumentError(
-                f"report field {name} is {echo(value)}; a report value must be an integer from 0 to "
-                f"{MAX_REPORT_VALUE}")
+        _check_value(name, getattr(report, name))
+    check_regions_count(len(report.regions))
+    tags: set[str] = set()
+    for r in report.regions:
+        try:
+            space_name(r.tag, "region tag")  # the allocator's rule for tags: a bounded label, safe to print
+        except InvalidArgumentError:
+            raise InvalidArgumentError(f"report region tag {echo(r.tag)}: a tag is 1 to 64 letters, digits and "
+                                       ". _ - : / @ +, a letter or digit first") from None
+        if r.tag in tags:
+            raise InvalidArgumentError(f"a report lists region {r.tag!r} twice")
+        tags.add(r.tag)
+        for name in _REGION_VALUES:
+            _check_value(f"regions.{name}", getattr(r, name))
+
+
+def check_regions_count(count: int) -> None:
+    """InvalidArgumentError when a report lists more than MAX_REPORT_REGIONS regions: checked
+    before any of them is read."""
+    if count > MAX_REPORT_REGIONS:
+        raise InvalidArgumentError(f"a report lists {count} regions; at most {MAX_REPORT_REGIONS}")
 
 
 # Page ids any request may name whatever its session holds: so few cost nothing, and an

@@ -20,13 +20,13 @@ from .protocol.rpc import session_token
 from .quota import Quota
 from .records import Session
 from .reports import ReportedUses
-from .views import PAGE_STATES, PAGE_USES, ClientReport, PageUseReport
+from .views import PAGE_STATES, PAGE_USES, ClientReport, PageUseReport, RegionReport
 
 __all__ = ["PagesService", "AdminService", "to_message"]
 
 _USE_VALUES = {name: pages_pb2.PageUse.Value("PAGE_USE_" + name.upper()) for name in PAGE_USES}
 _USE_NAMES = {v: k for k, v in _USE_VALUES.items()}  # an unknown enum number reads as "unknown"
-_REPORT_COUNTS = tuple(f for f in dataclasses.fields(ClientReport) if f.name != "page_uses")
+_REPORT_COUNTS = tuple(f for f in dataclasses.fields(ClientReport) if f.name not in ("page_uses", "regions"))
 _STATE_VALUES = {name: pages_pb2.PageState.Value("PAGE_STATE_" + name.upper())
                  for name in PAGE_STATES}
 
@@ -91,9 +91,11 @@ class PagesService(pages_pb2_grpc.PagesServicer):
     async def Report(self, request: pages_pb2.ReportRequest, context) -> pages_pb2.ReportReply:
         s = _session(self.ledger, context)
         r = request.report
-        self.ledger.admit_report(s, len(r.page_uses))  # bounded before any work (reports.py)
+        self.ledger.admit_report(s, len(r.page_uses), len(r.regions))  # bounded before any work (reports.py)
         counts = {f.name: getattr(r, f.name) for f in _REPORT_COUNTS}
-        self.ledger.record_report(s, ClientReport(**counts), ReportedUses(r.page_uses, _page_use, s.pages))
+        regions = tuple(RegionReport(x.tag, x.bytes, x.paused_bytes, x.host_bytes) for x in r.regions)
+        report = ClientReport(**counts, regions=regions)
+        self.ledger.record_report(s, report, ReportedUses(r.page_uses, _page_use, s.pages))
         return pages_pb2.ReportReply()
 
     async def Watch(self, request: pages_pb2.WatchRequest, context) -> AsyncIterator[pages_pb2.Event]:

@@ -33,9 +33,11 @@ def device_view(g: NodeGeometry, sessions: Iterable[Session], owned: int, inheri
     delivering = sum(1 for s in sessions for st in s.pages.values() if st == "delivering")
     evicted_pages = saturating_sum(s.report.evicted_pages for s in sessions if s.report)
     evicted_bytes = saturating_sum(s.report.evicted_bytes for s in sessions if s.report)
+    paused_bytes = saturating_sum(s.report.paused_bytes for s in sessions if s.report)
     free = max(0, g.capacity_pages - owned - inherited_pages)
     return DeviceView(g.backend, g.device, g.page_bytes, g.capacity_pages, owned - delivering, delivering, free,
-                      evicted_pages, evicted_bytes, g.host_capacity_bytes, inherited_pages, inherited_processes)
+                      evicted_pages, evicted_bytes, g.host_capacity_bytes, inherited_pages, inherited_processes,
+                      paused_bytes)
 
 
 def _report(s: Session) -> ClientReport:

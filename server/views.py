@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from .quota import Quota
 
 __all__ = [
-    "PAGE_STATES", "PAGE_USES", "PageUseReport", "ClientReport", "SessionInfoView", "SessionView", "PrincipalView",
+    "PAGE_STATES", "PAGE_USES", "PageUseReport", "RegionReport", "ClientReport", "SessionInfoView", "SessionView", "PrincipalView",
     "DeviceView", "NodeView", "PageView", "SessionPagesView", "PageMapView",
 ]
 
@@ -29,6 +29,16 @@ PAGE_USES = ("unknown", "resident", "cached", "unmapped", "in_flight")
 class PageUseReport:
     page_id: int
     use: str  # a PAGE_USES value
+
+
+@dataclass(frozen=True)
+class RegionReport:
+    """One region of a client (docs/regions.md): the allocations it made under one tag."""
+
+    tag: str
+    bytes: int = 0
+    paused_bytes: int = 0  # off the device until the client resumes the region
+    host_bytes: int = 0
 
 
 @dataclass(frozen=True)
@@ -49,6 +59,8 @@ class ClientReport:
     restores_total: int = 0
     ooms_total: int = 0
     page_uses: tuple[PageUseReport, ...] = ()  # per leased page; pages the session does not hold are dropped
+    paused_bytes: int = 0            # bytes of its allocations in paused regions
+    regions: tuple[RegionReport, ...] = ()  # one per tag, at most MAX_REPORT_REGIONS
 
 
 @dataclass(frozen=True)
@@ -112,6 +124,7 @@ class DeviceView:
     host_capacity_bytes: int
     inherited_pages: int = 0           # held by live clients of a previous daemon (not leasable)
     inherited_processes: int = 0
+    paused_bytes: int = 0              # reported by clients: bytes of their paused regions
 
 
 @dataclass(frozen=True)

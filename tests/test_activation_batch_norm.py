@@ -19,7 +19,7 @@ from vtalloc.allocator import SourceChangedError  # noqa: E402
 from vtalloc.allocator.torch import paged_activations  # noqa: E402
 from vtalloc.allocator.torch.activation_recompute import Recipe  # noqa: E402
 from vtalloc.allocator.torch.activation_recorder import writes_running_stats  # noqa: E402
-from test_activation_recipes import SLOW_LINK, recomputed_exactly, recomputed_ops, space  # noqa: E402
+from test_activation_recipes import SLOW_LINK, every_recipe_planned, recomputed_exactly, recomputed_ops, space  # noqa: E402
 
 
 class Block(nn.Module):
@@ -120,8 +120,8 @@ def test_unpack_never_touches_running_statistics():
     # Each backward (recomputing BN/ReLU outputs at unpack) leaves the running statistics and
     # num_batches_tracked its forward wrote exactly as they were: values and versions.
     model, x = net()
-    with space() as sp:
-        pager = paged_activations(sp, budget=64 * 1024, max_recompute_fraction=2.0, cost_model=SLOW_LINK)
+    with space() as sp, every_recipe_planned():
+        pager = paged_activations(sp, budget=64 * 1024, cost_model=SLOW_LINK)
         opt = torch.optim.SGD(model.parameters(), lr=0.1)
         for _ in range(4):
             opt.zero_grad(set_to_none=True)
@@ -177,8 +177,8 @@ def test_eval_mode_batch_norm_is_recomputed_only_from_packed_running_statistics(
     m.eval()
     x = torch.randn(4, 3, 8, 8)
     reference = train(copy.deepcopy(m), x, contextlib.nullcontext(), steps=3)
-    with space() as sp:
-        pager = paged_activations(sp, budget=16 * 1024, max_recompute_fraction=2.0, cost_model=SLOW_LINK)
+    with space() as sp, every_recipe_planned():
+        pager = paged_activations(sp, budget=16 * 1024, cost_model=SLOW_LINK)
         assert same(train(m, x, pager, steps=3), reference)
         assert ("native_batch_norm" in recomputed_ops(pager)) == (channels >= 256), str(pager.plan())
         del pager

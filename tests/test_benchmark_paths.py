@@ -139,6 +139,38 @@ def test_evict_checks_fail_on_another_mode_or_nothing_moved():
 
 # -- bench_churn.py, bench_saved_offload.py, bench_trace.py ------------------------------------------
 
+def test_churn_enables_vtalloc_before_anything_initializes_torchs_cuda_allocator(monkeypatch):
+    """On the H200 (2026-11-28) the vtalloc run of bench_churn.py --backend cuda never ran: it read
+    torch.cuda.get_device_properties() (which initializes torch's CUDA allocator) before enable(),
+    which is then refused. With a fake torch that records the order, enable() comes first and a
+    cap in % is resolved from the driver's figure."""
+    import types
+
+    import vtalloc.allocator.device_info as device_info
+    import vtalloc.allocator.torch as vt
+
+    churn = load_script("bench_churn")
+    order: list[str] = []
+    props = types.SimpleNamespace(total_memory=80 << 30, name="fake")
+    cuda = types.SimpleNamespace(get_device_properties=lambda i: order.append("torch initialized") or props,
+                                 set_per_process_memory_fraction=lambda f, d: order.append(f"fraction {f:.2f}"))
+    fake_torch = types.SimpleNamespace(cuda=cuda)
+
+    def enable(**options):
+        if "torch initialized" in order:
+            raise RuntimeError("PyTorch's CUDA allocator is already initialized")
+        order.append(f"enable {options['capacity']}")
+
+    monkeypatch.setattr(vt, "enable", enable)
+    monkeypatch.setattr(device_info, "device_info",
+                        lambda device=0: types.SimpleNamespace(total_bytes=40 << 30))
+    cap, got = churn.start_allocator("vtalloc", "50%", {}, fake_torch)
+    assert got is vt and cap == 20 << 30 and order == [f"enable {20 << 30}"]
+    order.clear()
+    cap, got = churn.start_allocator("native", "25%", {}, fake_torch)
+    assert got is None and cap == 20 << 30 and order == ["torch initialized", "fraction 0.25"]
+
+
 def test_churn_host_check_fails_when_the_cap_was_never_reached():
     churn = load_script("bench_churn")
     res = {"allocs": 10, "stats_delta": {"num_allocs": 10, "num_frees": 10, "num_page_reclaims": 3}}

@@ -84,10 +84,10 @@ def check_paths(record: dict, rows: int) -> None:
     assert all(c["passed"] for c in pc["checks"])
 
 
-def quick_recompute_bench(tmp_path, models: str) -> dict:
+def quick_recompute_bench(tmp_path, models: str, *extra: str) -> dict:
     out = tmp_path / "recompute.json"
     p = run_bench("bench_offload_training.py", "--cpu-smoke", "--models", models, "--configs",
-                  "native,vtalloc_off,vtalloc", "--budget-fraction", "0.25", "--steps", "3", "--warmup", "2",
+                  "native,checkpoint,vtalloc_off,vtalloc", *extra, "--budget-fraction", "0.25", "--steps", "3", "--warmup", "2",
                   "--multiples", "1", "--out", str(out), timeout=480)
     record = json.loads(out.read_text())
     check_provenance(record)
@@ -111,7 +111,8 @@ def check_recompute_record(record: dict, models: list[str]) -> None:
         assert auto["budget_bytes"] == off["budget_bytes"]  # the same byte budget
         assert off["bytes_paged"] > 0 and off["bytes_recomputed"] == 0 and off["recompute_flops"] == 0, off
         assert auto["bytes_paged"] <= off["bytes_paged"], (auto, off)
-        assert set(auto["targets_met"]) == {"bytes_paged_le_0.6x", "recompute_flops_le_5pct", "grads_bit_identical"}
+        assert set(auto["targets_met"]) == {"modelled_le_checkpoint", "grads_bit_identical"}
+        assert auto["checkpoint_modelled_h100_s"] > 0 and auto["modelled_step_h100_s"] > 0, auto
     assert record["vtalloc_grads_bit_identical"] is True
     for c in record["grad_checks"]:
         assert c["reference"] == "native" and c["tensors"] > 0
@@ -121,7 +122,9 @@ def test_offload_training_recompute_quick_is_exact_and_moves_no_more_than_offloa
     record = quick_recompute_bench(tmp_path, "cnn,tiny_transformer")
     check_recompute_record(record, ["cnn", "tiny_transformer"])
     auto = next(w for w in record["recompute"] if w["model"] == "tiny_transformer" and w["config"] == "vtalloc")
-    assert auto["bytes_recomputed"] > 0  # the transformer has cheap saved tensors: some were recomputed
+    # Modelled on the H100 (deterministic: the recorded shapes and operations): no more than
+    # per-block checkpointing's recompute adds (2026-11-28: 0.29 against 0.45 ms).
+    assert auto["targets_met"]["modelled_le_checkpoint"], auto
 
 
 def test_offload_training_recompute_quick_transformers_gpt2_with_dropout(tmp_path):
@@ -131,10 +134,25 @@ def test_offload_training_recompute_quick_transformers_gpt2_with_dropout(tmp_pat
         import transformers.models.gpt2.modeling_gpt2  # noqa: F401
     except Exception as e:  # noqa: BLE001 - ImportError, or torchvision's RuntimeError
         pytest.skip(f"transformers' GPT-2 does not import here: {type(e).__name__}: {e}")
-    record = quick_recompute_bench(tmp_path, "gpt2")
+    record = quick_recompute_bench(tmp_path, "gpt2", "--cost-model", "h100-link-priced-out")
     check_recompute_record(record, ["gpt2"])
     auto = next(w for w in record["recompute"] if w["config"] == "vtalloc")
-    assert auto["bytes_recomputed"] > 0  # dropout (p=0.1) among them: RNG replayed bit-exact
+    # the link priced out: segments recomputed (dropout, p=0.1, among them: RNG replayed bit-exact)
+    assert auto["bytes_recomputed"] > 0 and auto["segments"] > 0 and auto["recompute_fallbacks_total"] == 0, auto
+
+
+def test_offload_training_checkpoint_offload_peer_moves_what_checkpointing_keeps(tmp_path):
+    # The checkpointing peer that fits ResNet-50 at 4x on a GPU: per-block (reentrant)
+    # checkpointing whose kept inputs go to host memory; exact, and it moved bytes.
+    out = tmp_path / "peer.json"
+    run_bench("bench_offload_training.py", "--cpu-smoke", "--models", "tiny_transformer", "--configs",
+              "native,checkpoint_offload", "--steps", "2", "--warmup", "1", "--multiples", "1", "--out", str(out),
+              timeout=300)
+    record = json.loads(out.read_text())
+    peer = next(r for r in record["runs"] if r["config"] == "checkpoint_offload")
+    assert peer["status"] == "ok" and peer["bytes_moved_per_step"] > 0, peer
+    assert record["losses_match"] and peer["grads_vs_native"]["bit_identical"], peer
+    check_paths(record, len(record["runs"]))
 
 
 def test_churn_host_default_sequence_has_no_oom(tmp_path):

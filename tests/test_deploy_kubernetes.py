@@ -156,3 +156,13 @@ def test_the_containerfile_follows_the_basics():
     assert "groupadd --gid 2300 vtalloc" in text  # the DaemonSet's --group and supplementalGroups
     ignore = (DEPLOY / "Containerfile.dockerignore").read_text().split()
     assert ".git" in ignore and ".venv" in ignore
+
+
+def test_the_daemon_image_installs_no_torch():
+    """The image pulled torch (GBs) for a daemon that never uses it; torch and cuda-python are
+    extras now, and the image installs the wheel without them (tests/test_without_torch.py runs
+    the daemon and the CLI with neither importable)."""
+    text = (DEPLOY / "Containerfile").read_text()
+    lines = [ln.strip() for ln in re.sub(r"\\\n", " ", text).splitlines() if ln.strip() and not ln.startswith("#")]
+    installs = [ln for ln in lines if "pip install" in ln]
+    assert installs and not [ln for ln in installs if re.search(r"\btorch\b|cuda-python|vtalloc-\S*\[", ln)], installs

@@ -151,7 +151,7 @@ def test_descriptors_sent_on_the_grpc_socket_do_not_stall_other_calls():
     each lease and return took 2 s, 3 in 3 s; the issue measured 1.5 s for 20 s)."""
     with Daemon(capacity="16MiB") as d, ServiceSession(d.address, timeout_s=30) as s, contextlib.ExitStack() as stack:
         lease_and_return(s)                                      # warm: channel connected
-        sockets = [stack.enter_context(lingering_socket(linger_s=10)) for _ in range(60)]
+        sockets = [stack.enter_context(lingering_socket(linger_s=10))[0] for _ in range(60)]
         for i in range(6):
             # Ten lingering sockets in the unread datagram of a Unix socket, itself sent on the
             # gRPC socket: whoever drops that socket's last reference closes the ten (ours go now).

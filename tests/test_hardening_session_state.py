@@ -351,3 +351,26 @@ def test_the_rpc_limiter_charges_each_caller_its_handlers_loop_time_and_paces_on
 
     asyncio.run(main())
     assert CALL_COST_S > 0
+
+
+def test_a_report_listing_too_many_regions_is_refused_before_any_region_is_read(monkeypatch):
+    """Reports gained regions (at most MAX_REPORT_REGIONS) beside this round's bound on page uses;
+    the count is checked with the page uses', before the handler builds anything of them. Before:
+    the handler built every region (100,000 here) and only then was the report refused."""
+    import types
+
+    from vtalloc.server import service
+    from vtalloc.server.protocol.rpc import MAX_REPORT_REGIONS, SESSION_KEY
+
+    built: list[object] = []
+    monkeypatch.setattr(service, "RegionReport", lambda *fields: built.append(fields))
+    ledger = Ledger(NodeGeometry("host", 0, PAGE, 16, 0, 1.0))
+    s = ledger.open_session(10, 1, 1, "client")
+    pages = service.PagesService(types.SimpleNamespace(ledger=ledger))
+    context = types.SimpleNamespace(invocation_metadata=lambda: ((SESSION_KEY, s.token),))
+    n = 100 * MAX_REPORT_REGIONS
+    request = pages_pb2.ReportRequest(report=pages_pb2.ClientReport(
+        regions=[pages_pb2.RegionReport(tag=f"t{i}") for i in range(n)]))
+    with pytest.raises(InvalidArgumentError, match=f"lists {n} regions; at most {MAX_REPORT_REGIONS}"):
+        asyncio.run(pages.Report(request, context))
+    assert built == [] and ledger.counters()["protocol_errors_total"] == 1

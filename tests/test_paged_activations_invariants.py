@@ -20,7 +20,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 
 from vtalloc.allocator import AddressSpace  # noqa: E402
 from vtalloc.allocator.torch.activation_paging import PagedActivations, HostPager  # noqa: E402
-from vtalloc.allocator.torch import paged_activations  # noqa: E402
+from vtalloc.allocator.torch import PagerWarning, paged_activations  # noqa: E402
 from helpers.sizes import MiB  # noqa: E402
 
 KiB = 1024
@@ -92,7 +92,7 @@ class HeldIsResident(RuleBasedStateMachine):
         self.space.close()
 
 
-TestHeldIsResident = HeldIsResident.TestCase
+TestHeldIsResident = pytest.mark.filterwarnings("ignore::vtalloc.allocator.torch.PagerWarning")(HeldIsResident.TestCase)
 TestHeldIsResident.settings = settings(max_examples=40, stateful_step_count=40, deadline=None,
                                        suppress_health_check=[HealthCheck.too_slow])
 
@@ -179,7 +179,8 @@ def test_a_saved_tensor_larger_than_the_space_is_left_to_autograd():
     with AddressSpace(backend="host", capacity=4 * MiB) as space:
         pager = paged_activations(space, budget=1 * MiB)
         for _ in range(2):  # the recorded iteration, then one that follows the schedule
-            got = step(pager)
+            with pytest.warns(PagerWarning, match="no room in the space") if _ == 0 else contextlib.nullcontext():
+                got = step(pager)  # never silent: warned once (and counted)
             assert torch.equal(got[0], reference[0]) and torch.equal(got[1], reference[1])
         st_ = pager.stats()
         assert st_.passed_through_no_room >= 2 and st_.fallback_iterations == 0

@@ -144,7 +144,11 @@ def test_symlinked_sockets_are_refused(daemon, tmp_path):
     os.mkdir(run, 0o750)
     (run / "vtalloc.sock").symlink_to(daemon.socket)
     (run / "vtalloc.fd.sock").symlink_to(daemon.ready["side_channel"])
-    with pytest.raises(UntrustedRendezvousError, match="vtalloc.fd.sock is a symbolic link"):
+    with pytest.raises(UntrustedRendezvousError, match=r"vtalloc\.sock is a symbolic link"):
+        open_session(str(run / "vtalloc.sock"))      # the socket given is checked first, then its side channel
+    (run / "vtalloc.sock").unlink()
+    os.link(daemon.socket, run / "vtalloc.sock")     # the daemon's own socket (a hard link is the socket)
+    with pytest.raises(UntrustedRendezvousError, match=r"vtalloc\.fd\.sock is a symbolic link"):
         open_session(str(run / "vtalloc.sock"))
 
 

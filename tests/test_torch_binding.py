@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 from helpers.shim_crossings import count_shim_calls
+from helpers.subproc import run_python
 
 import vtalloc.allocator.torch as vt
 from vtalloc.allocator import _native
@@ -130,14 +131,47 @@ def test_binding_sources_use_no_stream_formatting():
         "\n".join(offending)
 
 
-def test_a_built_binding_that_formats_numbers_is_refused(build_env, monkeypatch):
-    """build() reads the library it built: one that writes numbers into streams (a newer torch's
-    headers could inline such code) is never loaded; enable() then falls back to pluggable."""
+def test_loading_the_binding_makes_the_processs_cxx_runtime_global():
+    """The mechanism of the crash of 2026-11-28: torch loads libstdc++ into a local scope, and a
+    library loaded with RTLD_LOCAL resolves its own references to libstdc++'s templates to its
+    own weak copies first (on the H200 image the built binding carried num_put's members and the
+    guard of its facet id; with the binding of 63cd8d0 an OOM was a SIGSEGV, and the same library
+    loaded after libstdc++ was made global raised torch.OutOfMemoryError: BENCHMARKS.md). Before
+    the binding is loaded, libstdc++ is made global. Shown first with libstdc++ loaded locally, as
+    Python's extension loading does (torch's CPU wheels leave it so; the CUDA wheels of torch 2.15
+    already make it global through their global dependencies), then with torch itself."""
+    out = run_python("""
+        import ctypes, json, os
+        from vtalloc.allocator.torch import binding_build
+        ctypes.CDLL("libstdc++.so.6", mode=os.RTLD_LOCAL)
+        before = hasattr(ctypes.CDLL(None), "_ZNSt6localeC1Ev")
+        shared = binding_build.share_cxx_runtime()
+        after = hasattr(ctypes.CDLL(None), "_ZNSt6localeC1Ev")
+        print(json.dumps({"before": before, "shared": shared, "after": after}))
+    """)
+    assert out == {"before": False, "shared": "libstdc++.so.6", "after": True}
+    out = run_python("""
+        import ctypes, json
+        import torch
+        from vtalloc.allocator.torch import binding_build
+        shared = binding_build.share_cxx_runtime()
+        print(json.dumps({"shared": shared, "after": hasattr(ctypes.CDLL(None), "_ZNSt6localeC1Ev")}))
+    """)
+    assert out == {"shared": "libstdc++.so.6", "after": True}
+
+
+def test_a_binding_with_stream_code_is_not_loaded_without_the_shared_runtime(monkeypatch, tmp_path):
+    """Where the runtime cannot be made global, a library that formats numbers through streams is
+    refused (kind stream-formatting: enable() falls back to pluggable); one that formats none loads."""
+    monkeypatch.setattr(_torch_binding, "share_cxx_runtime", lambda: None)
     monkeypatch.setattr(_torch_binding, "number_formatting_symbols", lambda path: ("_ZNSo9_M_insertIlEERSoT_",))
     with pytest.raises(_torch_binding.BindingBuildError) as info:
-        _torch_binding.build(fake_torch(), build_env)
-    assert info.value.failure.kind == "stream-formatting"
-    assert "_M_insert" in str(info.value) and not list(Path(build_env["VTALLOC_CACHE_DIR"]).glob("*.so"))
+        _torch_binding.load(tmp_path / "torch_binding-x.so")
+    assert info.value.failure.kind == "stream-formatting" and "_M_insert" in str(info.value)
+    monkeypatch.setattr(_torch_binding, "number_formatting_symbols", lambda path: ())
+    with pytest.raises(_torch_binding.BindingBuildError) as info:  # nothing to refuse: the load itself fails
+        _torch_binding.load(tmp_path / "torch_binding-x.so")
+    assert info.value.failure.kind == "load-error"
 
 
 def test_core_library_does_not_compile_the_binding():
@@ -166,12 +200,34 @@ def test_no_cuda_headers_is_a_typed_failure(build_env, monkeypatch):
     assert "CUDA_HOME" in info.value.failure.detail
 
 
-@pytest.mark.parametrize("version,cuda", [("2.10.1+cu128", "12.8"), ("2.14.0", "13.0"), ("2.13.0+cpu", None)])
+@pytest.mark.parametrize("version,cuda", [("2.10.1+cu128", "12.8"), ("2.16.0", "13.2"), ("3.0.0+cu140", "14.0"),
+                                          ("2.13.0+cpu", None)])
 def test_unsupported_torch_is_a_typed_failure(build_env, version, cuda):
     with pytest.raises(_torch_binding.BindingBuildError) as info:
         _torch_binding.build(fake_torch(version, cuda), build_env)
     assert info.value.failure.kind == "unsupported-torch"
     assert version in info.value.failure.detail
+
+
+@pytest.mark.parametrize("version,std", [("2.11.0+cu130", "-std=c++17"), ("2.13.0+cu130", "-std=c++17"),
+                                         ("2.14.1+cu130", "-std=c++20"), ("2.15.0+cu132", "-std=c++20")])
+def test_checked_torch_versions_build_with_the_standard_their_headers_need(build_env, version, std):
+    """2.14 and 2.15 are built (their C++20 headers refused -std=c++17: std::strong_ordering)."""
+    path, seconds = _torch_binding.build(fake_torch(version), build_env)
+    assert path.exists() and seconds != "cached"
+    assert _torch_binding.cxx_standard(fake_torch(version)) == std
+
+
+def test_a_torch_newer_than_the_checked_ones_falls_back_with_one_warning_saying_why(build_env, fresh_warning):
+    """torch 2.16 is not refused at install (no cap in the requirements): enable()'s "auto" takes the
+    pluggable binding, warning once that the native one was not checked against this torch."""
+    newer = fake_torch("2.16.0+cu132", "13.2")
+    with pytest.warns(vt.BindingFallbackWarning) as record:
+        chosen, lib = _torch_install.prepare(newer, "auto", build=lambda t: _torch_binding.build(t, build_env))
+        again, _ = _torch_install.prepare(newer, "auto", build=lambda t: _torch_binding.build(t, build_env))
+    assert len(record) == 1 and "newer than the versions" in str(record[0].message)
+    assert chosen.kind == again.kind == "pluggable" and lib is None
+    assert chosen.reason.startswith("unsupported-torch: torch 2.16.0+cu132 is newer")
 
 
 def test_compile_error_carries_the_compiler_output_tail(build_env, tmp_path):
@@ -279,11 +335,15 @@ def test_auto_uses_a_native_build_that_loads(monkeypatch):
 # -- enable() and binding() ----------------------------------------------------------------------
 
 @pytest.fixture
-def enable_without_gpu(monkeypatch, fresh_warning):
-    """enable() with the CUDA checks and torch's allocator switch faked; state restored after."""
+def enable_without_gpu(monkeypatch, fresh_warning, tmp_path):
+    """enable() with the CUDA checks and torch's allocator switch faked, as on a CPU-only torch
+    (torch.version.cuda None, so the native binding is "unsupported-torch" whichever torch build
+    runs the tests: CI's is a CUDA build); state restored after."""
     saved = (state.mode, state.config, state.allocator, state.binding, state.original_record_stream)
     original = torch.Tensor.record_stream
     monkeypatch.setattr(enabling, "_require_cuda", lambda t: None)
+    monkeypatch.setattr(torch.version, "cuda", None)
+    monkeypatch.setenv("VTALLOC_CACHE_DIR", str(tmp_path / "binding-cache"))
     installed = []
     monkeypatch.setattr(_torch_install, "install", lambda t, b, lib, plug: installed.append(b) or None)
     monkeypatch.delenv("VTALLOC_TORCH_BINDING", raising=False)
@@ -291,6 +351,22 @@ def enable_without_gpu(monkeypatch, fresh_warning):
     torch.Tensor.record_stream = original
     state.mode, state.config, state.allocator, state.binding, state.original_record_stream = saved
     _torch_shim.release()
+
+
+@pytest.mark.skipif(torch.version.cuda is None, reason="a CPU-only torch has no libc10_cuda to build against")
+def test_the_native_binding_builds_and_loads_against_the_installed_cuda_torch(tmp_path):
+    """On a CUDA build of torch (CI installs the newest from PyPI) the binding is compiled and
+    linked as enable() does, then loaded into this process beside torch's own libraries: every
+    symbol it imports resolves, and its ABI matches the core's. Installing it needs a GPU."""
+    env = {**os.environ, "VTALLOC_CACHE_DIR": str(tmp_path)}
+    if not _torch_binding.cuda_include_dirs(env, torch.version.cuda):
+        pytest.skip("no CUDA headers found")
+    path, seconds = _torch_binding.build(torch, env)
+    assert seconds != "cached" and path.exists()
+    lib = _torch_binding.load(path)
+    assert lib.vta_torch_binding_torch_version() == 100 * int(torch.__version__.split(".")[0]) + int(
+        torch.__version__.split(".")[1])
+    assert _torch_binding.number_formatting_symbols(path) == ()
 
 
 def test_binding_before_enable_is_none():
@@ -361,3 +437,54 @@ def test_cuda_headers_of_torchs_cuda_major_come_first(tmp_path, monkeypatch):
     dirs = _torch_binding.cuda_include_dirs(env, "13.0")
     assert dirs[0] == str(tmp_path / "cuda13" / "include")
     assert _torch_binding.cuda_include_dirs(env, "12.8")[0] == str(tmp_path / "cuda12" / "include")
+
+
+# -- the allocator interface (scripts/check_torch_binding_abi.py, run per torch wheel by hand) ---------
+
+def _abi_check():
+    import importlib.util
+
+    path = Path(__file__).resolve().parents[1] / "scripts" / "check_torch_binding_abi.py"
+    spec = importlib.util.spec_from_file_location("check_torch_binding_abi", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_binding_overrides_every_virtual_of_the_installed_torchs_allocator_but_the_listed_ones():
+    """What the ABI check does for each wheel, here against the installed torch's headers: no pure
+    virtual is left and nothing is inherited from torch's CUDAAllocator that is not listed on purpose."""
+    if not _torch_binding.cuda_include_dirs():
+        pytest.skip("no CUDA headers found")
+    check = _abi_check()
+    slots = check.vtable_slots(torch, _torch_binding.cuda_include_dirs())
+    assert any("VtaAllocator::recordHistory" in s for s in slots) and any("VtaAllocator::snapshot" in s for s in slots)
+    assert not [s for s in slots if "__cxa_pure_virtual" in s]
+    assert set(check.inherited(slots)) <= check.INHERITED_ON_PURPOSE
+
+
+def test_the_vtable_check_reports_a_virtual_a_newer_torch_would_add():
+    check = _abi_check()
+    slots = ["(int (*)(...))0", "(int (*)(...))(& _ZTIN9vta_torch12VtaAllocatorE)",
+             "(int (*)(...))vta_torch::VtaAllocator::allocate",
+             "(int (*)(...))c10::cuda::CUDACachingAllocator::CUDAAllocator::markCaptureBegin",
+             "(int (*)(...))c10::cuda::CUDACachingAllocator::CUDAAllocator::someNewHook"]
+    inherited = check.inherited(slots)
+    assert inherited == ["c10::cuda::CUDACachingAllocator::CUDAAllocator::markCaptureBegin",
+                         "c10::cuda::CUDACachingAllocator::CUDAAllocator::someNewHook"]
+    assert [s for s in inherited if s not in check.INHERITED_ON_PURPOSE] == [inherited[1]]
+
+
+@pytest.mark.parametrize("version", ["2.11.0_cu130", "2.12.0_cu130", "2.13.0_cu130", "2.14.1_cu130", "2.15.0_cu132"])
+def test_each_supported_torch_wheel_was_checked_and_passed(version):
+    """The committed results of the ABI check (docs/torch.md lists the command), one per torch the
+    binding supports: built, linked, every import exported, the vtable as meant."""
+    import json
+
+    result = json.loads((Path(__file__).resolve().parents[1] / "benchmarks" / "results" /
+                         f"torch_binding_abi-{version}.json").read_text())
+    assert result["ok"] is True and result["checks"]["compiled_and_linked"]
+    assert result["checks"]["imports_unresolved"] == [] and result["checks"]["number_formatting"] == []
+    assert result["checks"]["inherited_unexpected"] == [] and result["checks"]["pure_virtual_left"] == []
+    lo, hi = _torch_binding.SUPPORTED_TORCH
+    assert lo <= tuple(int(x) for x in version.split("_")[0].split(".")[:2]) <= hi

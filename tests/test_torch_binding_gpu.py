@@ -293,3 +293,70 @@ def test_empty_cache_memory_fraction_and_ipc_refusal(env):
         assert r["after_lift"] > 0
     assert native["ipc"] == "shared"
     assert "CUDA IPC of vtalloc memory is not supported" in vta["ipc"]
+
+
+HISTORY = """
+import pickle, tempfile
+torch.cuda.memory._record_memory_history(max_entries=10000)
+
+def make_activations():
+    return [torch.empty(n, device="cuda") for n in (1 << 10, 1 << 20, 3 << 20)]
+
+xs = make_activations()
+del xs[1]
+path = tempfile.mktemp(suffix=".pickle")
+torch.cuda.memory._dump_snapshot(path)
+snap = pickle.load(open(path, "rb"))
+torch.cuda.memory._record_memory_history(enabled=None)
+trace = snap["device_traces"][torch.cuda.current_device()]
+allocs = [e for e in trace if e["action"] == "alloc"]
+print(json.dumps({
+    "enabled_seen": True,
+    "actions": sorted({e["action"] for e in trace}),
+    "alloc_frames": [[f["name"] for f in e["frames"]] for e in allocs],
+    "freed": sum(e["action"] == "free_completed" for e in trace),
+    "live_block_frames": [[f["name"] for f in b["frames"]] for s in snap["segments"] for b in s["blocks"]
+                          if b["state"] == "active_allocated" and b["frames"]],
+    "path": path,
+}))
+"""
+
+
+def test_record_memory_history_records_vtallocs_allocations_with_stacks_for_memory_viz(env):
+    """Issue 39: under enable(), torch's _record_memory_history records vtalloc's allocations and
+    frees with their stacks, and _dump_snapshot's pickle opens in memory_viz (checked as
+    MemoryViz.js reads it: tests/helpers/memory_viz.py). Not yet run on a GPU."""
+    import pickle
+
+    from helpers import memory_viz
+
+    native, vta = both(HISTORY, env)
+    for out in (native, vta):
+        assert {"alloc", "free_requested", "free_completed"} <= set(out["actions"]), out["actions"]
+        assert out["freed"] >= 1
+        assert any("make_activations" in names for names in out["alloc_frames"]), out["alloc_frames"]
+        assert any("make_activations" in names for names in out["live_block_frames"])
+    with open(vta["path"], "rb") as f:
+        snap = pickle.load(f)
+    timeline = memory_viz.check(snap)
+    assert timeline.elements >= 3
+    from torch.cuda import _memory_viz
+
+    assert "Active Memory Timeline" in _memory_viz.trace_plot(snap)
+
+
+PLUGGABLE_HISTORY = """
+import vtalloc.allocator.torch as vt
+vt.enable(binding="pluggable")
+try:
+    torch.cuda.memory._record_memory_history()
+    print(json.dumps({"raised": None}))
+except RuntimeError as e:
+    print(json.dumps({"raised": str(e)}))
+"""
+
+
+def test_record_memory_history_under_the_pluggable_binding_is_torchs_refusal(env):
+    """PyTorch's CUDAPluggableAllocator refuses recordHistory (docs/torch.md): said, not hidden."""
+    out = run_python("import json, torch\n" + PLUGGABLE_HISTORY, env=env)
+    assert out["raised"] and "recordHistory" in out["raised"]

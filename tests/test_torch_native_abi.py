@@ -184,6 +184,43 @@ def test_limit_and_largest_allocatable(host):
     native.free(b)
 
 
+@pytest.fixture
+def big_host():
+    shim.configure(Config(backend="host", capacity=1024 * MiB, page_size=2 * MiB), shim.FAIL_RETURN_NULL)
+    yield
+    shim.release()
+
+
+@pytest.mark.parametrize("after_an_oom", [False, True])
+def test_a_lowered_limit_is_never_exceeded_by_cached_pages(big_host, after_an_oom):
+    """torch.cuda.set_per_process_memory_fraction under pages vtalloc holds cached: on the H200
+    (2026-11-28) a 768 MiB allocation passed a 512 MiB limit after an OOM, by reusing pages held
+    already (a freed block's extents, and one a failed allocation had made), which no capacity
+    check counts. Cached pages over the limit are now given back first, as PyTorch does."""
+    x = native.malloc(512 * MiB)
+    if after_an_oom:
+        with pytest.raises(OutOfMemoryError):
+            native.malloc(1024 * MiB)
+    native.free(x)
+    native.set_limit(0, 512 * MiB)
+    with pytest.raises(OutOfMemoryError) as info:
+        native.malloc(768 * MiB)
+    assert "limited to 512.00 MiB" in str(info.value)
+    assert shim.device_stats(0).mapped_bytes <= 512 * MiB
+    y = native.malloc(500 * MiB)  # under the limit: served
+    native.free(y)
+    # Lowered under live memory: once freed, its cached pages cannot carry a new block past it.
+    native.set_limit(0, 0)
+    z = native.malloc(700 * MiB)
+    native.set_limit(0, 256 * MiB)
+    native.free(z)
+    with pytest.raises(OutOfMemoryError):
+        native.malloc(600 * MiB)
+    assert shim.device_stats(0).mapped_bytes <= 256 * MiB
+    native.set_limit(0, 0)  # lifted
+    native.free(native.malloc(900 * MiB))
+
+
 def test_blocks_listing_in_address_order(host):
     ps = [native.malloc(n) for n in (1000, 3 * MiB, 512)]
     listed = native.blocks(0)

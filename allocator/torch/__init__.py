@@ -6,10 +6,13 @@ below, re-exported from the modules that own them, one concept each:
 (statistics and maintenance under torch.cuda's names), ``failure_reports`` (what the allocator
 could not do, and how an out-of-memory reaches Python), ``offloading`` (offload / prefetch of a
 tensor), ``activation_paging`` (saved activations kept, paged to host or recomputed: the
-schedule), with ``activation_pagers`` (where paged ones live), ``activation_records`` (what
+schedule), with ``activation_pagers`` (where paged ones live), ``activation_room`` (room made in
+the space when it has none, what a step needs), ``activation_hooks`` (the hooks as torch.compile
+must see them), ``activation_census`` (what one forward saves), ``activation_records`` (what
 autograd holds per saved tensor, the counters), ``activation_recorder`` (what made each saved
 tensor, in the recorded iteration), ``activation_recompute`` (recipes, run again bit-exact) and
-``activation_replay`` (recipes bound and verified in later iterations), ``process_mode``
+``activation_replay`` (recipes bound and verified in later iterations), ``regions`` (tensors
+made under a tag, paused and resumed together at the same addresses), ``process_mode``
 (the process's mode and the glue's errors), ``shim`` and ``native_abi`` (ctypes faces of the
 core's torch shim and torch-native C ABI), ``binding_choice`` and ``binding_build`` (which
 binding enable() installs, and building the torch-native one), ``stat_keys`` (the memory_stats
@@ -20,7 +23,8 @@ Invariants: importing this package never imports torch (only ``activation_record
 
 from __future__ import annotations
 
-from .activation_paging import PagedActivations, PagedStats, paged_activations
+from .activation_census import SavedCensus, saved_census
+from .activation_paging import PagedActivations, PagedStats, PagerWarning, paged_activations
 from .binding_choice import Binding, BindingFallbackWarning
 from .enabling import binding, enable, is_enabled, mempool, mode, resolve_config
 from .failure_reports import OomBinding, failures, oom_binding, oom_exception
@@ -42,6 +46,7 @@ from .memory import (
 )
 from .offloading import offload, prefetch
 from .process_mode import AllocatorConflictError, UnsupportedError
+from .regions import pause, region, regions, resume
 
 __all__ = [
     "enable", "is_enabled", "mode", "binding", "Binding", "BindingFallbackWarning", "mempool", "resolve_config",
@@ -50,5 +55,6 @@ __all__ = [
     "reset_accumulated_memory_stats", "mem_get_info", "memory_summary", "empty_cache", "failures", "oom_exception",
     "oom_binding", "OomBinding",
     "AllocatorConflictError", "UnsupportedError",
-    "paged_activations", "PagedActivations", "PagedStats", "offload", "prefetch", "publish_stats",
+    "paged_activations", "PagedActivations", "PagedStats", "PagerWarning", "saved_census", "SavedCensus", "offload", "prefetch", "publish_stats",
+    "region", "pause", "resume", "regions",
 ]

@@ -6,10 +6,22 @@ space: a saved CPU tensor is copied into the space on pack, as ``save_on_cpu`` c
 an expanded tensor, a stride of 0, is copied at the size of its storage) and
 :class:`DevicePager` (CUDA training with vtalloc as torch's allocator, ``enable(evict_mode=
 "mapped")``: the saved tensor's own allocation is paged in place: no copy, no new tensor, same
-address).
-Invariants: ``unpack`` returns the bytes ``pack`` was given and leaves them not evictable
-(autograd holds the value; neither pressure nor the offload of a neighbour sharing a page may
-move it) until ``release``; a pager never holds a tensor alive beyond its handle.
+address). What crossed the link is read from the space's own counters (``moved_bytes``), never
+estimated from the tensors' sizes.
+
+Dense packing (HostPager): a copy is an allocation of exactly its bytes and stays *not
+evictable* while resident, so the space places the copies of consecutive packs side by side
+(its blocks keep off pages that evictable allocations hold, not off pinned ones) and small
+saved tensors share pages instead of taking a page each. ``offload`` marks a copy evictable and
+evicts it: a page it shares with a neighbour still resident stays (the neighbour is not
+evictable), and moves with that neighbour's own offload. So a page crosses the link once, when
+every copy on it has left, and the bytes moved are the bytes saved, not whole pages per tensor.
+
+Invariants: ``unpack`` returns the bytes ``pack`` was given, as a fresh alias of them, and
+leaves them not evictable; ``in_use`` is True while any tensor other than the pager's own
+handle shares their storage (the alias autograd holds, a view a backward formula made), and
+only a copy not in use is ever offloaded to make room; a pager never holds a tensor alive
+beyond its handle.
 """
 
 from __future__ import annotations
@@ -33,10 +45,15 @@ class Pager(Protocol):
     def prefetch(self, handle: Any) -> None: ...
     def is_resident(self, handle: Any) -> bool: ...
     def unpack(self, handle: Any) -> Any: ...                   # waits; -> tensor (not evictable)
-    def release(self, handle: Any) -> None: ...                 # evictable again (after a borrow)
+    def release(self, handle: Any) -> None: ...                 # after a borrow: back to how pack left it
+    def in_use(self, handle: Any) -> bool: ...                  # a tensor besides the handle holds its bytes
     def value_changed(self, handle: Any, version: int) -> bool: ...  # written in place since it was packed
+    def moved_bytes(self) -> int | None: ...                    # bytes the space copied out and back so far
+    def room(self) -> dict[str, int]: ...                        # capacity, page, host pool: for messages
     # Optional: unmap the device pages offloaded tensors still hold; -> bytes released.
     def release_offloaded(self, wait: bool = False) -> int: ...
+    # Optional: (capacity, bytes its memory holds now), for the default budget (activation_budget).
+    def footprint(self) -> tuple[int, int] | None: ...
 
 
 def _storage_span(tensor: Any) -> int:
@@ -46,8 +63,44 @@ def _storage_span(tensor: Any) -> int:
     return 1 + sum((n - 1) * st for n, st in zip(tensor.shape, tensor.stride()))
 
 
+def _storage_uses(tensor: Any) -> int:
+    """Tensors (and storage objects) sharing ``tensor``'s storage, this call's own included."""
+    import torch
+
+    return int(torch._C._storage_Use_Count(tensor.untyped_storage()._cdata))
+
+
+def _alias(tensor: Any) -> Any:
+    """A new tensor object over the same bytes, laid out the same (no copy)."""
+    return tensor.as_strided(tuple(tensor.shape), tuple(tensor.stride()), tensor.storage_offset())
+
+
+class Held:
+    """A pager's handle: the tensor whose bytes it pages, their allocation, and the storage's
+    users when it was packed or last unpacked (``in_use`` compares against it)."""
+
+    __slots__ = ("tensor", "address", "device", "uses")
+
+    def __init__(self, tensor: Any, address: int, device: int = 0) -> None:
+        self.tensor, self.address, self.device = tensor, address, device
+        self.uses = _storage_uses(tensor)  # at pack: the pager's handle, and what the forward still holds
+
+    def lend(self) -> Any:
+        """The value autograd gets: a fresh alias, so ``in_use`` sees when it (and its views) died."""
+        self.uses = _storage_uses(self.tensor)
+        return _alias(self.tensor)
+
+    def in_use(self) -> bool:
+        return _storage_uses(self.tensor) > self.uses
+
+
+def _moved(stats: Any) -> int:
+    return int(stats.bytes_evicted_total + stats.bytes_restored_total)
+
+
 class HostPager:
-    """Saved CPU tensors copied into a host-backend :class:`AddressSpace` and paged there."""
+    """Saved CPU tensors copied into a host-backend :class:`AddressSpace`, packed densely, and
+    paged there (module docstring)."""
 
     def __init__(self, space: Any, min_bytes: int = DEFAULT_MIN_BYTES) -> None:
         if space.backend != "host":
@@ -76,33 +129,47 @@ class HostPager:
         else:
             copy = self.space.tensor(tuple(src.shape), src.dtype)
             copy.copy_(src)
-        address = copy.untyped_storage().data_ptr()
-        self.space.set_evictable(address)
-        return (copy, address), min(span, src.numel()) * copy.element_size()
+        # Not evictable while resident (module docstring: the next copy goes beside it).
+        return Held(copy, copy.untyped_storage().data_ptr()), min(span, src.numel()) * copy.element_size()
 
     def offload(self, handle: Any) -> int:
-        return self.space.offload(handle[1])
+        self.space.set_evictable(handle.address)
+        return self.space.offload(handle.address)
 
     def prefetch(self, handle: Any) -> None:
-        self.space.prefetch(handle[1])
+        self.space.prefetch(handle.address)
 
     def is_resident(self, handle: Any) -> bool:
-        return self.space.residency(handle[1]) == "resident"
+        return self.space.residency(handle.address) == "resident"
 
     def release_offloaded(self, wait: bool = False) -> int:
         return self.space.release_offloaded(wait)
 
+    def footprint(self) -> tuple[int, int]:
+        st = self.space.stats()
+        return st.capacity_bytes, st.active_bytes - st.evicted_bytes
+
     def unpack(self, handle: Any) -> Any:
-        # Resident, and not evictable any more: autograd holds the value now, and neither pressure
-        # nor the offload of a neighbour sharing a page with it may move it.
-        self.space.set_evictable(handle[1], False)
-        return handle[0]
+        # Resident (restored first if it was away), and not evictable: autograd holds the value now.
+        self.space.set_evictable(handle.address, False)
+        return handle.lend()
 
     def release(self, handle: Any) -> None:
-        self.space.set_evictable(handle[1])
+        pass  # a resident copy is not evictable: nothing to give back after a borrow
+
+    def in_use(self, handle: Any) -> bool:
+        return handle.in_use()
 
     def value_changed(self, handle: Any, version: int) -> bool:
         return False  # the value is our copy: later in-place changes of the original do not reach it
+
+    def moved_bytes(self) -> int | None:
+        return None if self.space.closed else _moved(self.space.stats())
+
+    def room(self) -> dict[str, int]:
+        s = self.space.stats()
+        return dict(capacity_bytes=s.capacity_bytes, page_bytes=s.page_bytes,
+                    host_pool_capacity_bytes=s.host_pool_capacity_bytes, host_pool_used_bytes=s.host_pool_used_bytes)
 
 
 class DevicePager:
@@ -145,7 +212,7 @@ class DevicePager:
         storage = tensor.untyped_storage()
         address = storage.data_ptr()
         self._shim.residency_op(device, self._shim.OP_SET_EVICTABLE, address)
-        return (tensor, address, device), storage.nbytes()
+        return Held(tensor, address, device), storage.nbytes()
 
     def _stream(self, device: int) -> int:
         import torch
@@ -153,26 +220,45 @@ class DevicePager:
         return torch.cuda.current_stream(device).cuda_stream
 
     def offload(self, handle: Any) -> int:
-        return self._shim.offload_bytes(handle[2], handle[1])
+        self._shim.residency_op(handle.device, self._shim.OP_SET_EVICTABLE, handle.address)
+        return self._shim.offload_bytes(handle.device, handle.address)
 
     def prefetch(self, handle: Any) -> None:
-        self._shim.residency_op(handle[2], self._shim.OP_PREFETCH, handle[1], self._stream(handle[2]))
+        self._shim.residency_op(handle.device, self._shim.OP_PREFETCH, handle.address, self._stream(handle.device))
 
     def is_resident(self, handle: Any) -> bool:
-        return self._shim.residency_op(handle[2], self._shim.OP_RESIDENCY, handle[1]) == "resident"
+        return self._shim.residency_op(handle.device, self._shim.OP_RESIDENCY, handle.address) == "resident"
 
     def release_offloaded(self, wait: bool = False) -> int:
         return self._shim.release_offloaded(wait=wait)
 
+    def footprint(self) -> tuple[int, int] | None:
+        devices = self._shim.devices()
+        if not devices:
+            return None
+        st = self._shim.device_stats(min(self._checked, default=devices[0]))
+        return st.capacity_bytes, st.active_bytes - st.evicted_bytes
+
     def unpack(self, handle: Any) -> Any:
-        self._shim.residency_op(handle[2], self._shim.OP_ENSURE_RESIDENT, handle[1], self._stream(handle[2]))
+        self._shim.residency_op(handle.device, self._shim.OP_ENSURE_RESIDENT, handle.address, self._stream(handle.device))
         # Not evictable any more: autograd holds the value now, and neither pressure nor the
         # offload of a neighbour sharing a page with it may move it.
-        self._shim.residency_op(handle[2], self._shim.OP_CLEAR_EVICTABLE, handle[1])
-        return handle[0]
+        self._shim.residency_op(handle.device, self._shim.OP_CLEAR_EVICTABLE, handle.address)
+        return handle.lend()
 
     def release(self, handle: Any) -> None:
-        self._shim.residency_op(handle[2], self._shim.OP_SET_EVICTABLE, handle[1])
+        self._shim.residency_op(handle.device, self._shim.OP_SET_EVICTABLE, handle.address)
+
+    def in_use(self, handle: Any) -> bool:
+        return handle.in_use()
 
     def value_changed(self, handle: Any, version: int) -> bool:
-        return handle[0]._version != version  # paged in place: the value is the tensor itself
+        return handle.tensor._version != version  # paged in place: the value is the tensor itself
+
+    def moved_bytes(self) -> int | None:
+        return sum(_moved(self._shim.device_stats(d)) for d in self._shim.devices())
+
+    def room(self) -> dict[str, int]:
+        s = self._shim.device_stats(min(self._checked, default=0))
+        return dict(capacity_bytes=s.capacity_bytes, page_bytes=s.page_bytes,
+                    host_pool_capacity_bytes=s.host_pool_capacity_bytes, host_pool_used_bytes=s.host_pool_used_bytes)

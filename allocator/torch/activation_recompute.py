@@ -3,9 +3,11 @@
 Owns: the recipe (:class:`Recipe`) compiled for a saved tensor from the recorder's nodes
 (``activation_recorder``), whose leaves are tensors that stay available (another saved tensor
 the pager holds, or a parameter); the recipe's template (:class:`RecipeTemplate`: the same
-program with its leaves named by pack index, parameter and RNG capture point), which later
-iterations, run without the recorder, bind to their own saved tensors; running a recipe; the
-bitwise comparison that decides whether a recipe may be used; why a tensor has no recipe.
+program with its leaves named by pack index and parameter, its operations by position, and
+what the trace check must see at each position: where every tensor argument came from), which
+later iterations, run without the recorder, bind to their own saved tensors; running a recipe;
+the bitwise comparison that decides, in the recorded iteration, whether a recipe may be used;
+why a tensor has no recipe.
 
 What is recomputed: any chain of operations from saved tensors and parameters, multi-output
 operations included (``native_layer_norm``'s output from its saved input, weight and bias;
@@ -19,9 +21,9 @@ a call that writes batch norm's running statistics, whatever its schema says (re
 compile time and again when it runs); operations tagged ``nondeterministic_bitwise``;
 ``empty*`` values not overwritten; anything reading a tensor the pager does not hold that is
 neither a parameter nor recomputable within the bounds (a model input, a buffer); random
-operations whose RNG state was not captured, or (in later iterations) that have no capture
-point; anything not verified bit-exact (in the recorded iteration, and in every later one at
-pack: see docs/activation-plan.md).
+operations whose RNG state was not captured; anything not verified bit-exact in the recorded
+iteration, and in a later one anything the trace check did not see run the same way
+(docs/activation-plan.md).
 Invariants: a recipe runs under no_grad with autocast off (the dispatch level already sees
 cast arguments) and restores the RNG state it changed; its result has the saved tensor's
 shape, strides, dtype and device, and shares no memory with its sources; it never writes in
@@ -39,15 +41,14 @@ import torch
 from torch.utils._python_dispatch import _disable_current_modes
 from torch.utils._pytree import tree_flatten, tree_map_only
 
-from ..activation_plan import MAX_CHAIN
 from ..errors import SourceChangedError
 from .activation_recorder import Node, Recorder, node_of, rng_as, writes_running_stats
 
 __all__ = ["Recorder", "Recipe", "RecipeTemplate", "Node", "compile_recipe", "bitwise_equal", "SourceChangedError"]
 
 _OVERWRITE = {"bernoulli_", "uniform_", "normal_", "fill_", "zero_", "random_", "exponential_", "copy_"}
-MAX_STEPS = 4 * MAX_CHAIN  # operations that compute (views aside) one recipe may run
-MAX_DEPTH = 2 * MAX_CHAIN  # operations that compute (views aside), nested, from the tensor to a leaf
+MAX_STEPS = 16             # operations that compute (views aside) one recipe may run
+MAX_DEPTH = 8              # operations that compute (views aside), nested, from the tensor to a leaf
 MAX_ENTRIES = 96           # program entries in all, views and leaves included
 
 
@@ -71,13 +72,14 @@ def _is_param(t: Any) -> bool:
 class Recipe:
     """A saved tensor's value as a short program over leaves that stay available."""
 
-    prog: list            # ("saved", record) | ("param", weakref, version) |
-    #                       ("op", func, args, kwargs, out, rng, rng_point): op arguments name earlier entries as _Slot(i)
+    prog: list            # ("saved", record, node) | ("param", weakref, version, node) |
+    #                       ("op", func, args, kwargs, out, rng, position, node): op arguments name earlier entries as _Slot(i)
     meta: tuple           # (shape, stride, dtype, device)
-    signature: tuple      # operations and leaves, to check a later iteration repeats the verified recipe
+    signature: tuple      # operations and leaves
     flops: int
     touched: int
-    ops: int
+    ops: int              # operations it runs, views included (each costs the host one launch)
+    flops_at: dict = dataclasses.field(default_factory=dict)  # position -> FLOPs of its operation
 
     @property
     def op(self) -> str:
@@ -86,29 +88,40 @@ class Recipe:
     def sources(self) -> list:
         return [e[1] for e in self.prog if e[0] == "saved"]
 
-    def template(self, why: list[str] | None = None) -> "RecipeTemplate | None":
-        """The program with its leaves named so a later iteration can bind its own; None (and the
-        reason in ``why``) if a random operation in it has no capture point."""
+    def shares(self) -> bool:
+        """Whether its results may be shared with other recipes of a segment (it writes nothing in place)."""
+        return not any(e[0] == "op" and e[1]._schema.is_mutable for e in self.prog)
+
+    def template(self, calls: list) -> "RecipeTemplate":
+        """The program with its leaves named so a later iteration can bind its own, and, for each
+        position it runs, where the call's tensor arguments come from (``calls``: the recorder's,
+        per position): ("saved", pack index) | ("val", position, output) | ("param", weakref) |
+        ("ext", weakref) | ("any",) (an ``empty_like``'s input: only the output's layout counts)."""
         prog: list = []
+        leaves = {id(e[2]): e[1].index for e in self.prog if e[0] == "saved"}
+        trace: dict[int, tuple] = {}
         for e in self.prog:
             if e[0] == "saved":
                 prog.append(("saved", e[1].index))
             elif e[0] == "param":
                 prog.append(("param", e[1]))
             else:
-                _, func, args, kwargs, out, rng, point = e
-                if rng is not None and point is None:
-                    if why is not None and not why:
-                        why.append(f"random {_name(func)} with no capture point (another random operation "
-                                   "ran since the last saved tensor)")
-                    return None
-                prog.append(("op", func, args, kwargs, out, None if rng is None else (point, rng[0], rng[1])))
-        return RecipeTemplate(tuple(prog), self.meta, self.signature, self.flops, self.touched, self.ops)
+                _, func, args, kwargs, out, rng, pos, _node = e
+                prog.append(("op", func, args, kwargs, out, None if rng is None else (rng[0], rng[1]), pos))
+                trace[pos] = _sources_of(calls[pos], leaves)
+        top = self.prog[-1]
+        return RecipeTemplate(tuple(prog), self.meta, self.signature, self.flops, self.touched, self.ops,
+                              tuple(sorted(trace.items())), (top[6], top[4]), dict(self.flops_at))
 
-    def run(self, value_of: Callable[[Any], torch.Tensor]) -> torch.Tensor:
-        """The value again. ``value_of(record)`` gives a saved leaf's value, readable during the call."""
+    def run(self, value_of: Callable[[Any], torch.Tensor], memo: dict | None = None) -> torch.Tensor:
+        """The value again. ``value_of(record)`` gives a saved leaf's value, readable during the
+        call. ``memo``: results by position of the other recipes run in the same segment (a
+        multi-output operation two of them end in runs once); a recipe that writes in place
+        neither reads nor fills it."""
         vals: list[Any] = []
         leaf_storage = set()
+        if not self.shares():
+            memo = None
         with _disable_current_modes(), torch.no_grad(), _no_autocast():
             for e in self.prog:
                 if e[0] == "saved":
@@ -120,15 +133,19 @@ class Recipe:
                             "a parameter this saved activation is recomputed from changed in place (or was freed) "
                             "between forward and backward; autograd would refuse it too")
                 else:
-                    _, func, args, kwargs, out, rng, _point = e
+                    _, func, args, kwargs, out, rng = e[:6]
                     a, k = tree_map_only(_Slot, lambda s: vals[s.i], (args, kwargs))
                     if func._schema.is_mutable and a and isinstance(a[0], torch.Tensor) and a[0].numel() \
                             and a[0].untyped_storage().data_ptr() in leaf_storage:
                         raise SourceChangedError("a recipe would write in place into a value it does not own")
                     if writes_running_stats(func, a, k):
                         raise SourceChangedError("a recipe would write batch norm's running statistics")
-                    with (rng_as(rng) if rng is not None else contextlib.nullcontext()):
-                        r = func(*a, **k)
+                    r = memo.get(e[6]) if memo is not None else None
+                    if r is None:
+                        with (rng_as(rng) if rng is not None else contextlib.nullcontext()):
+                            r = func(*a, **k)
+                        if memo is not None:
+                            memo[e[6]] = r
                     vals.append(r[out] if out is not None else r)
                     continue
                 if v.numel():
@@ -141,10 +158,31 @@ class Recipe:
         return res
 
 
+def _sources_of(call: tuple, leaves: dict[int, int]) -> tuple:
+    """Where each tensor argument of a recorded call comes from, for the trace check."""
+    func, flat = call
+    refs: list[tuple] = []
+    for x in flat:
+        if not isinstance(x, Node):
+            continue
+        if func is torch.ops.aten.empty_like.default:
+            refs.append(("any",))
+        elif id(x) in leaves:
+            refs.append(("saved", leaves[id(x)]))
+        elif x.func is not None:
+            refs.append(("val", x.pos, x.out))
+        else:
+            t = x.ext() if x.ext is not None else None
+            refs.append(("param" if t is not None and _is_param(t) else "ext", x.ext))
+    return tuple(refs)
+
+
 @dataclasses.dataclass(frozen=True)
 class RecipeTemplate:
     """A verified recipe with its leaves named, not held: ("saved", pack index) | ("param",
-    weakref) | ("op", func, args, kwargs, out, (capture point, generator kind, index) or None)."""
+    weakref) | ("op", func, args, kwargs, out, generator (kind, index) or None, position); and
+    what the trace check must see: per position it runs, the sources of the call's tensor
+    arguments (:meth:`Recipe.template`), and the position and output that made the tensor."""
 
     prog: tuple
     meta: tuple
@@ -152,36 +190,45 @@ class RecipeTemplate:
     flops: int
     touched: int
     ops: int
+    trace: tuple = ()                 # ((position, sources of its tensor arguments), ...)
+    top: tuple = (-1, None)           # (position, output) of the saved tensor
+    flops_at: dict = dataclasses.field(default_factory=dict)  # position -> FLOPs of its operation
 
-    def points(self) -> set[tuple]:
-        """The RNG capture points its random operations start from: (point, kind, index)."""
-        return {e[5] for e in self.prog if e[0] == "op" and e[5] is not None}
+    def positions(self) -> set[int]:
+        """Positions the trace check must observe: the recipe's own, and those a source names."""
+        got = {p for p, _ in self.trace}
+        got.update(r[1] for _, refs in self.trace for r in refs if r[0] == "val")
+        return got
 
-    def bind(self, record_at: Callable[[int], Any], rng_at: Callable[[tuple], Any]) -> tuple[Recipe | None, str]:
+    def random(self) -> dict[int, tuple]:
+        """Position -> generator of the random operations it replays."""
+        return {e[6]: e[5] for e in self.prog if e[0] == "op" and e[5] is not None}
+
+    def bind(self, record_at: Callable[[int], Any], rng_at: Callable[[int], Any]) -> tuple[Recipe | None, str]:
         """This iteration's recipe: its records at the pack indices, the parameters' versions now,
-        the RNG states captured at the points. (None, why) if one is missing. The result must
-        still be verified against the tensor (a later iteration may compute it otherwise)."""
+        the RNG states the trace check noted at its random operations' positions. (None, why) if
+        one is missing. The trace check must still prove it (activation_check)."""
         prog: list = []
         for e in self.prog:
             if e[0] == "saved":
                 rec = record_at(e[1])
                 if rec is None:
                     return None, f"saved tensor #{e[1]} it reads is not held this iteration"
-                prog.append(("saved", rec))
+                prog.append(("saved", rec, None))
             elif e[0] == "param":
                 p = e[1]()
                 if p is None:
                     return None, "a parameter it reads was freed"
-                prog.append(("param", e[1], p._version))
+                prog.append(("param", e[1], p._version, None))
             else:
-                _, func, args, kwargs, out, point = e
+                _, func, args, kwargs, out, gen, pos = e
                 rng = None
-                if point is not None:
-                    rng = rng_at(point)
+                if gen is not None:
+                    rng = rng_at(pos)
                     if rng is None:
-                        return None, "no RNG state captured at its point"
-                prog.append(("op", func, args, kwargs, out, rng, None if point is None else point[0]))
-        return Recipe(prog, self.meta, self.signature, self.flops, self.touched, self.ops), ""
+                        return None, "no RNG state noted at its position"
+                prog.append(("op", func, args, kwargs, out, rng, pos, None))
+        return Recipe(prog, self.meta, self.signature, self.flops, self.touched, self.ops, self.flops_at), ""
 
 
 def _no_autocast() -> Any:
@@ -235,17 +282,18 @@ def _compile(t: torch.Tensor, record_of: Callable[[Node], Any], fail: Callable[[
     sig: list = []
     memo: dict[int, tuple[int, bool]] = {}  # id(node) -> (slot, the value is the recipe's own)
     cost = [0, 0, 0]
+    flops_at: dict[int, int] = {}
 
     def leaf(n: Node) -> tuple[int, bool] | None:
         rec = record_of(n)
         if rec is not None:
-            prog.append(("saved", rec))
+            prog.append(("saved", rec, n))
             sig.append(("saved", rec.index))
             return len(prog) - 1, False
         if n.func is None:
             p = n.ext() if n.ext is not None else None
             if p is not None and _is_param(p):
-                prog.append(("param", n.ext, n.version))
+                prog.append(("param", n.ext, n.version, n))
                 sig.append(("param", tuple(p.shape)))
                 return len(prog) - 1, False
         return None
@@ -295,9 +343,10 @@ def _compile(t: torch.Tensor, record_of: Callable[[Node], Any], fail: Callable[[
             # only by an operation that overwrites all of it.
             if not (got_args and got_args[0][1]):
                 return fail(f"{_name(n.func)} writes in place into a value the recipe does not own")
-        prog.append(("op", n.func, a, k, n.out, n.rng, n.rng_point))
+        prog.append(("op", n.func, a, k, n.out, n.rng, n.pos, n))
         sig.append((_name(n.func), n.out))
         cost[0] += n.flops
+        flops_at[n.pos] = n.flops
         cost[1] += n.touched
         cost[2] += 0 if n.view else 1
         own = (got_args[0][1] if got_args else True) if n.view else True
@@ -329,7 +378,9 @@ def _compile(t: torch.Tensor, record_of: Callable[[Node], Any], fail: Callable[[
                       and any(isinstance(x, _Slot) and x.i == target.i for x in tree_flatten((r[2], r[3]))[0])]
             if others:
                 return fail(f"{_name(e[1])}'s target is read by another operation of the recipe")
-    return Recipe(prog, (tuple(t.shape), tuple(t.stride()), t.dtype, t.device), tuple(sig), cost[0], cost[1], cost[2])
+    # priced at one launch of host time per operation, views included (as the recorder's forward clock)
+    return Recipe(prog, (tuple(t.shape), tuple(t.stride()), t.dtype, t.device), tuple(sig), cost[0], cost[1], len(ops),
+                  flops_at)
 
 
 def bitwise_equal(a: torch.Tensor, b: torch.Tensor) -> bool:

@@ -34,7 +34,7 @@ from ..errors import BackendUnavailableError
 __all__ = [
     "BuildFailure", "BindingBuildError", "FAILURE_KINDS", "SUPPORTED_TORCH", "CompileCheck", "build", "cache_dir",
     "cache_key", "find_compiler", "cuda_include_dirs", "source_files", "compile_check", "number_formatting_symbols",
-    "load", "install",
+    "load", "install", "cxx_standard", "CXX20_FROM",
 ]
 
 log = logging.getLogger("vtalloc.allocator")
@@ -43,7 +43,9 @@ FAILURE_KINDS = ("no-compiler", "no-cuda-headers", "unsupported-torch", "compile
                  "load-error", "abi-mismatch")
 # (major, minor) range of torch whose allocator interface the binding implements
 # (TORCH_BINDING_MIN / MAX in csrc/torch_binding/vta_allocator.hpp).
-SUPPORTED_TORCH = ((2, 11), (2, 13))
+SUPPORTED_TORCH = ((2, 11), (2, 15))
+# torch 2.14's headers need C++20 (std::strong_ordering, std::bit_width); before it, C++17 as built and checked.
+CXX20_FROM = (2, 14)
 ESTIMATED_BUILD_S = 40
 _TAIL_CHARS = 2000
 
@@ -141,14 +143,23 @@ def torch_version_tuple(torch: Any) -> tuple[int, int]:
 
 
 def check_torch(torch: Any) -> None:
-    """Refuse a torch outside :data:`SUPPORTED_TORCH` or built without CUDA."""
+    """Refuse a torch outside :data:`SUPPORTED_TORCH` or built without CUDA. A newer torch than
+    the binding was checked against is refused too (its allocator interface may have changed:
+    scripts/check_torch_binding_abi.py checks a new one), so "auto" falls back to the pluggable binding."""
     version = torch_version_tuple(torch)
     lo, hi = SUPPORTED_TORCH
-    if not lo <= version <= hi:
+    checked = f"{lo[0]}.{lo[1]} to {hi[0]}.{hi[1]}"
+    if version > hi:
         raise BindingBuildError(
             "unsupported-torch",
-            f"torch {torch.__version__} is outside the versions the binding supports "
-            f"({lo[0]}.{lo[1]} to {hi[0]}.{hi[1]}); use one of those, or binding='pluggable'")
+            f"torch {torch.__version__} is newer than the versions this vtalloc's torch-native binding was built and "
+            f"checked against ({checked}); its allocator interface may differ, so PyTorch's pluggable interface is "
+            "used instead. A vtalloc release that lists this torch brings the native binding back")
+    if version < lo:
+        raise BindingBuildError(
+            "unsupported-torch",
+            f"torch {torch.__version__} is older than the versions the binding supports ({checked}); use one of "
+            "those, or binding='pluggable'")
     if torch.version.cuda is None:
         raise BindingBuildError("unsupported-torch", f"torch {torch.__version__} is a CPU-only build")
 
@@ -189,11 +200,16 @@ def cache_key(torch_version: str, cuda_version: str | None, cxx11_abi: int, sour
 
 # -- the compiler ----------------------------------------------------------------------------
 
+def cxx_standard(torch: Any) -> str:
+    """The -std flag torch's headers need: c++20 from torch 2.14, c++17 before."""
+    return "-std=c++20" if torch_version_tuple(torch) >= CXX20_FROM else "-std=c++17"
+
+
 def _compile_args(torch: Any, cuda_includes: list[str], *, extra_includes: Sequence[str] = ()) -> list[str]:
     includes, _ = _torch_dirs(torch)
     # -DNDEBUG as torch's own extension builds: torch's debug-only asserts (c10::Device::validate)
     # format numbers through c10::str, which the binding must never link (raise.hpp).
-    args = ["-std=c++17", "-fPIC", "-fvisibility=hidden", "-DNDEBUG", f"-D_GLIBCXX_USE_CXX11_ABI={_cxx11_abi(torch)}",
+    args = [cxx_standard(torch), "-fPIC", "-fvisibility=hidden", "-DNDEBUG", f"-D_GLIBCXX_USE_CXX11_ABI={_cxx11_abi(torch)}",
             f"-I{_source_root()}", f"-I{_source_root() / 'include'}"]
     for d in [*includes, *extra_includes, *cuda_includes]:
         args.append(f"-isystem{d}")
@@ -303,17 +319,6 @@ def build(torch: Any, environ: Mapping[str, str] | None = None) -> tuple[Path, f
                 "compile-error",
                 f"{cxx} exited {proc.returncode} building against torch {torch.__version__}; its output ends:\n"
                 f"{_tail(proc.stdout + proc.stderr)}")
-        try:
-            offending = number_formatting_symbols(tmp)
-        except ValueError:  # not an ELF library at all: load() says so
-            offending = ()
-        if offending:  # a newer torch's headers may inline such code; never load it
-            tmp.unlink(missing_ok=True)
-            raise BindingBuildError(
-                "stream-formatting",
-                f"built against torch {torch.__version__}, the binding writes numbers into C++ streams "
-                f"({', '.join(offending[:4])}), which crashed processes on GPU machines (docs/design.md, "
-                "\"No iostreams in the core or the binding\"); report it with your torch version")
         os.replace(tmp, target)
     log.info("vtalloc: built the torch-native binding in %.1f s: %s", seconds, target)
     return target, round(seconds, 1)
@@ -332,6 +337,23 @@ def _core_abi() -> int | None:
     return int(fn())
 
 
+def share_cxx_runtime() -> str | None:
+    """Put the C++ runtime torch already loaded (libstdc++) in the process's global symbol scope,
+    before the binding is loaded: a compiler that instantiates libstdc++'s stream templates in
+    the binding (Ubuntu's g++ 13.3 on the GPU image of 2026-11-28) gives it weak copies of their
+    static state (a facet's locale::id among them), and a library loaded with RTLD_LOCAL resolves
+    its own references to its own copies first; with libstdc++ global they resolve to the one
+    runtime, as in any C++ program linked against it. Loads nothing new (RTLD_NOLOAD); the soname
+    made global, or None where none is loaded."""
+    for name in ("libstdc++.so.6",):
+        try:
+            ctypes.CDLL(name, mode=os.RTLD_NOLOAD | os.RTLD_GLOBAL)
+            return name
+        except OSError:
+            continue
+    return None
+
+
 def load(path: Path | str) -> ctypes.CDLL:
     """Load the built binding and check it against the core library (loaded first: the binding
     uses the very same one). Changes nothing of torch's."""
@@ -339,6 +361,20 @@ def load(path: Path | str) -> ctypes.CDLL:
     if core_abi is None:
         raise BindingBuildError("abi-mismatch", f"the core library {_native.library_path()} has no torch-native ABI "
                                                 "(vta_torch_native_abi): reinstall vtalloc")
+    if str(path) not in _loaded and share_cxx_runtime() is None:
+        # The binding's own code formats nothing through streams (csrc/torch_binding/raise.hpp);
+        # a toolchain may still put stream code in it (docs/design.md): without the one shared
+        # runtime, such a library is never loaded.
+        try:
+            offending = number_formatting_symbols(path)
+        except (OSError, ValueError):
+            offending = ()  # not a library: the load below says so
+        if offending:
+            raise BindingBuildError(
+                "stream-formatting",
+                f"{path} writes numbers into C++ streams ({', '.join(offending[:4])}) and the process's C++ runtime "
+                "(libstdc++.so.6) could not be made global before loading it, which crashed processes at their "
+                "first out-of-memory on GPU machines (docs/design.md, \"No iostreams in the core or the binding\")")
     try:
         lib = _loaded.get(str(path)) or ctypes.CDLL(str(path))
     except OSError as e:

@@ -16,6 +16,7 @@ import dataclasses
 import threading
 from typing import Any
 
+from .. import extras
 from ..config import Config, format_size
 from ..errors import VtallocError
 
@@ -47,9 +48,9 @@ lock = threading.RLock()
 
 
 def import_torch() -> Any:
-    import torch  # deferred on purpose: importing vtalloc.allocator must not import torch
-
-    return torch
+    """torch, imported now (deferred on purpose: importing vtalloc.allocator must not import torch);
+    MissingDependencyError naming the extra when it is not installed."""
+    return extras.import_torch()
 
 
 

@@ -103,6 +103,10 @@ class Failures:
 
 _P = ctypes.POINTER
 _PROTOTYPES: _cabi.Prototypes = {
+    "vta_torch_set_region": (i32, [u32, _P(u32)]),
+    "vta_torch_region_pause": (i32, [i32, u32, u32, _P(u64)]),
+    "vta_torch_region_resume": (i32, [i32, u32, u32, _P(u64)]),
+    "vta_torch_regions": (i32, [i32, _P(_native.VtaRegionInfo), u64, _P(u64)]),
     "vta_torch_last_error": (ctypes.c_char_p, []),
     "vta_torch_configure": (i32, [_P(VtaTorchConfig), _P(VtaTorchConfig)]),
     "vta_torch_get_config": (i32, [_P(VtaTorchConfig), _P(i32)]),

@@ -66,7 +66,9 @@ AllocPolicy::Request AllocPolicy::request(uint64_t nbytes) {
 
 AllocPolicy::Step AllocPolicy::begin_allocate(Placement& p) {
   const Request& r = p.request_;
+  region_ = r.region;
   if (!uses_.empty()) poll_uses(false);
+  if (pages_.pages_held() > pages_.capacity_pages()) shed_over_limit();
   retried_ = false;
   // Neither needs an event nor a driver call: a block this stream freed, or free memory that is
   // mapped already.
@@ -84,6 +86,7 @@ AllocPolicy::Step AllocPolicy::begin_allocate(Placement& p) {
 
 AllocPolicy::Step AllocPolicy::resume(Placement& p, bool freed) {
   VTA_INVARIANT(p.at_ != 0 && p.run_ < p.runs_.size());
+  region_ = p.request_.region;
   // Not freed: as if take_handle had nothing for good. The run's handles go back, and the fit
   // with them (a refusal alone falls back to one-page handles, and this was none).
   if (!freed && !run_failed(p, false)) drop_fit(p);
@@ -158,7 +161,9 @@ AllocPolicy::Step AllocPolicy::make_live(Placement& p) {
   p.run_ = 0;
   p.address_ = address;
   if (retried_) num_alloc_retries_++;
-  live_.add(address, Allocation{r.rounded, r.requested, p.stream_, r.small});
+  Allocation a{r.rounded, r.requested, p.stream_, r.small};
+  a.region = r.region;
+  live_.add(address, a);
   // Only its first and last pages can hold other allocations, whose pages the victim policy may list.
   if (live_.evictable_bytes()) {
     port_->note_use(address, 1);
@@ -233,6 +238,16 @@ bool AllocPolicy::reclaim_one_handle() {
   return true;
 }
 
+// A limit lowered below the pages held (torch's set_per_process_memory_fraction) leaves cached
+// pages over it, and a cached page is reused without a capacity check (it is held already): an
+// allocation could then end above the limit, as one did on the H200 (2026-11-28). The cached
+// pages go first, as PyTorch frees its cached blocks before it lets an allocation pass its cap.
+void AllocPolicy::shed_over_limit() {
+  settle();  // frees whose streams are done become cached; one still running stays (its stream may reuse it)
+  unmap_cached();
+  pages_.release_free_pages();
+}
+
 void AllocPolicy::unmap_cached() {
   int32_t id = -1;
   while (cached_.take_oldest(0, [&](int32_t h) { return is_cached(h); }, &id))
@@ -286,6 +301,30 @@ bool AllocPolicy::evictable(uintptr_t va, uint64_t bytes, uintptr_t except) cons
   return any && all;
 }
 
+void AllocPolicy::live_ranges(uintptr_t va, uint64_t bytes, std::vector<ByteRange>* out) const {
+  out->clear();
+  live_.for_each_in(va, bytes, [&](uintptr_t address, const Allocation& a) {
+    uint64_t lo = std::max<uint64_t>(address, va);
+    uint64_t hi = std::min<uint64_t>(address + (a.kept ? a.size : std::max<uint64_t>(a.requested, 1)), va + bytes);
+    if (hi <= lo) return;
+    if (!out->empty() && out->back().offset + out->back().bytes >= lo - va) {
+      ByteRange& last = out->back();
+      last.bytes = std::max(last.offset + last.bytes, hi - va) - last.offset;
+    } else {
+      out->push_back({lo - va, hi - lo});
+    }
+  });
+}
+
+bool AllocPolicy::pausable(uintptr_t va, uint64_t bytes, uint32_t region) const {
+  bool any = false, all = true;
+  live_.for_each_in(va, bytes, [&](uintptr_t, const Allocation& a) {
+    any = true;
+    all = all && a.region == region;
+  });
+  return any && all;
+}
+
 void AllocPolicy::keep(uintptr_t address) {
   auto it = live_.find_live(address);
   const Allocation a = it->second;
@@ -297,6 +336,9 @@ void AllocPolicy::keep(uintptr_t address) {
 bool AllocPolicy::unkeep(uintptr_t address, uint64_t requested) {
   auto it = live_.find_kept(address);
   if (uses_.waiting(address)) return false;
+  if (port_->any_away())  // a kept block is never evicted: away means its region is paused
+    for (uintptr_t va = page_of(address); va < address + it->second.size; va += page_bytes_)
+      if (port_->is_away(va)) return false;
   live_.unkeep(it, requested);
   return true;
 }
@@ -363,8 +405,11 @@ void AllocPolicy::release_block(uintptr_t address, uint64_t size) {
   uint64_t touched = touched_pages() * page_bytes_;
   uint64_t idle = mapped > cached + touched ? mapped - cached - touched : 0;
   std::string msg = "vtalloc out of memory: " + std::string(why ? why : "tried to allocate") + " " + mib(requested) +
-                    " (" + std::to_string(requested) + " bytes); capacity " + mib(capacity_) + ", " +
-                    mib(live_.active_bytes()) + " held by live allocations (" + mib(live_.evictable_bytes()) +
+                    " (" + std::to_string(requested) + " bytes); capacity " + mib(capacity_) +
+                    (limit_bytes_ && limit_bytes_ < capacity_
+                         ? " (limited to " + mib(limit_bytes_) + " by a memory fraction or limit)"
+                         : std::string()) +
+                    ", " + mib(live_.active_bytes()) + " held by live allocations (" + mib(live_.evictable_bytes()) +
                     " evictable), " + mib(mapped) + " mapped (" + mib(cached) + " of it cached, " + mib(touched) +
                     " on pages blocks touch";
   if (idle)

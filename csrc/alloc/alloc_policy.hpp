@@ -18,8 +18,9 @@
 //      mapped pages of at most twice the request (no event, no driver call); only when neither is
 //      there are the open frees of every stream sealed (one event each) and polled;
 //   1. best fit in the free virtual space, whatever is mapped under it: the smallest free range
-//      that has room, at its lowest usable address (not over a page that is away, and not on a
-//      cached extent it would cover less than half of: see "Extents" below); the pages under it
+//      that has room, at its lowest usable address (not over a page that is away, not on a
+//      cached extent it would cover less than half of: see "Extents" below, and not on a handle
+//      that a block of another region, or of no region, holds: see "Regions" below); the pages under it
 //      that are not mapped yet are mapped, run by run, from free handles, handles created under
 //      capacity, cached handles reclaimed (unmapped, oldest first), frees pending on their streams
 //      waited for (take_handle, in that order). When those are spent the step ends with
@@ -61,6 +62,12 @@
 // An extent stays mapped while any block touches any of its pages (the driver maps a handle
 // whole); only at the edge of an OOM is it split (step 4), never on the way to one.
 //
+// Regions: a block carries the region tag it was allocated under (region_tags.hpp). While any
+// record carries one, a new block is not placed on a page or extent (at either of its ends) that
+// a block of another region, or of none, holds: a region's pages are its own, so pausing it
+// (docs/regions.md) moves all of them and no other block's bytes. A graph pool's kept block that
+// is paused is not handed back to its pool (unkeep) until it is resumed.
+//
 // Invariants: every address is 512-byte aligned; a freed allocation's memory is reused on its
 // own stream at once, and by anything else (another stream, a remap, the eviction engine) only
 // after an event recorded on its stream after the free completed; a virtual page that is away is
@@ -101,6 +108,7 @@ class AllocPolicy final : public PageUsers {
     uint64_t requested;
     uint64_t rounded;  // whole 512-byte blocks
     bool small;        // at or under small_threshold: PyTorch's small pool in the statistics
+    uint32_t region = 0;  // the region tag the block will carry (region_tags.hpp); 0: none
   };
 
   // Validates small_threshold; throws InvalidArgument. backend_kind: for the capture check
@@ -184,7 +192,8 @@ class AllocPolicy final : public PageUsers {
   void record_stream(uintptr_t address, StreamHandle stream);
   // Graph pools: free the live block at `address` into a kept block; make a kept block live
   // again for `requested` bytes (false, nothing changed, while it waits for recorded
-  // streams); free a kept block for good (its memory to the pending frees, as free() does).
+  // streams or lies on a page that is away: a paused region's); free a kept block for good (its
+  // memory to the pending frees, as free() does).
   void keep(uintptr_t address);
   bool unkeep(uintptr_t address, uint64_t requested);
   void release_kept(uintptr_t address);
@@ -206,12 +215,18 @@ class AllocPolicy final : public PageUsers {
   // asks here, asks the engine itself when spent, and hands the handle to the engine, so
   // neither an allocation nor a restore goes through the policy into the engine.
   Take take_handle(uint32_t npages, int32_t* id);
+  // The handle sizes (in pages) a run of `npages` pages under one region gets when it is resumed:
+  // extents of the size classes, largest first, as for a new block that covers them whole (one-page
+  // handles without extents, or for a run shorter than the smallest extent run).
+  std::vector<uint32_t> plan_handles(size_t npages) const { return handle_plan(npages, false, false); }
   // No extents from now on (a leased space's pages are the service's one-page pages).
   void disable_extents() { extent_max_pages_ = 0; }
   // Unmap the cached handle that has been cached longest; false when there is none.
   bool reclaim_one_handle();
   // Unmap every cached handle (trim).
   void unmap_cached();
+  // Pages held above the capacity (a limit lowered under them): cached ones unmapped and released.
+  void shed_over_limit();
   // At the edge of an OOM: split the extents blocks use only in part (alloc_policy_split.cpp)
   // until `npages` pages fit under capacity (a restore's handle, for `stream`, its consumer).
   // Whether any was split; none while `stream` captures a graph (a split waits for the device).
@@ -224,6 +239,8 @@ class AllocPolicy final : public PageUsers {
   void add_live_streams(uintptr_t va, uint64_t bytes, std::vector<StreamHandle>* streams) const override;
   void add_freed_streams(const std::vector<uintptr_t>& vas, std::vector<StreamHandle>* streams) const override;
   bool evictable(uintptr_t va, uint64_t bytes, uintptr_t except = 0) const override;
+  void live_ranges(uintptr_t va, uint64_t bytes, std::vector<ByteRange>* out) const override;
+  bool pausable(uintptr_t va, uint64_t bytes, uint32_t region) const override;
 
   LiveAllocations& live() { return live_; }
   const LiveAllocations& live() const { return live_; }
@@ -386,6 +403,7 @@ class AllocPolicy final : public PageUsers {
   uint64_t num_extent_splits_staged_ = 0;  // of those, staged through host memory
   uint64_t extent_split_pages_ = 0;        // touched pages whose bytes a split copied
   bool retried_ = false;  // this allocation reclaimed cached pages or waited for frees
+  uint32_t region_ = 0;   // the region of the placement in progress (begin_allocate, resume): blocked_until reads it
   uint64_t limit_bytes_ = 0;
 };
 

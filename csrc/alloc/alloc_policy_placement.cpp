@@ -3,7 +3,7 @@
 // Owns: the good fits taken before any event is recorded (a pending free of the request's own
 // stream, a free range over mapped pages), the best fit over the free space and its rules
 // (nothing away under a block, no idle extent covered less than half, off the handles evictable
-// allocations hold), the fewest-pages place when the best fit cannot get its pages, and the
+// allocations and blocks of other regions hold), the fewest-pages place when the best fit cannot get its pages, and the
 // mapping of what is missing under a new block (runs of unmapped pages, their handle plans), in
 // steps that end where a handle only the eviction engine could free is wanted (needs_page).
 // Invariants: those of alloc_policy.hpp; a placement taken from the free space and not mapped
@@ -119,17 +119,22 @@ uintptr_t AllocPolicy::blocked_until(uintptr_t at, uint64_t bytes, Fit fit) cons
       uint64_t span = 0;
       if (port_->away_span(va, &first, &span)) return first + span;
     }
-  if (live_.evictable_bytes()) {
+  bool evictable = live_.evictable_bytes() != 0, regions = live_.tagged() != 0 || region_ != 0;
+  if (evictable || regions) {
     // Not on a handle an evictable allocation holds (a page, or an extent, at either end of the
     // block): a handle moves whole, so it would stay resident, with the evictable bytes on it, as
     // long as the new block lives (saved activations being paged out behind the forward pass).
+    // Nor on one a block of another region (or of none) holds: a paused region's handles move
+    // whole too, so sharing one would keep it on the device (or pause another's bytes).
     for (uintptr_t edge : {at, end - 1}) {
       int32_t id = pages_.page_at(edge);
       uintptr_t h = id >= 0 ? pages_.address_of(id) : page_of(edge);
       uint64_t hb = id >= 0 ? pages_.bytes_of(id) : page_bytes_;
       if (at <= h && h + hb <= end) continue;  // the block covers it whole
       bool held = false;
-      live_.for_each_in(h, hb, [&](uintptr_t, const Allocation& a) { held = held || a.evictable; });
+      live_.for_each_in(h, hb, [&](uintptr_t, const Allocation& a) {
+        held = held || (evictable && a.evictable) || (regions && a.region != region_);
+      });
       if (held) return h + hb;
     }
   }

@@ -14,6 +14,7 @@ namespace vta {
 
 void LiveAllocations::add(uintptr_t address, const Allocation& a) {
   map_[address] = a;
+  if (a.region) tagged_++;
   allocated_bytes_ += a.requested;
   active_bytes_ += a.size;
   peak_allocated_bytes_ = std::max(peak_allocated_bytes_, allocated_bytes_);
@@ -26,6 +27,7 @@ void LiveAllocations::add(uintptr_t address, const Allocation& a) {
 Allocation LiveAllocations::erase(Map::iterator it) {
   const Allocation a = it->second;
   map_.erase(it);
+  if (a.region) tagged_--;
   if (a.evictable) evictable_bytes_ -= a.size;
   allocated_bytes_ -= a.requested;
   active_bytes_ -= a.size;
@@ -41,6 +43,7 @@ void LiveAllocations::keep(Map::iterator it) {
   a.kept = true;
   a.evictable = false;
   map_[address] = a;
+  if (a.region) tagged_++;  // erase() counted it out
   kept_++;
   kept_bytes_ += a.size;
 }
@@ -49,6 +52,7 @@ void LiveAllocations::unkeep(Map::iterator it, uint64_t requested) {
   Allocation a = it->second;
   uintptr_t address = it->first;
   map_.erase(it);
+  if (a.region) tagged_--;  // add() counts it in again
   kept_--;
   kept_bytes_ -= a.size;
   a.kept = false;
@@ -59,6 +63,7 @@ void LiveAllocations::unkeep(Map::iterator it, uint64_t requested) {
 Allocation LiveAllocations::erase_kept(Map::iterator it) {
   const Allocation a = it->second;
   map_.erase(it);
+  if (a.region) tagged_--;
   kept_--;
   kept_bytes_ -= a.size;
   return a;

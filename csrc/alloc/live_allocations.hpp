@@ -1,7 +1,8 @@
 // LiveAllocations: what malloc returned and free has not yet taken back.
 //
-// Owns: one Allocation record per live address, the bytes marked evictable, and the
-// allocation counters of the stats (allocated/active bytes and their peaks, allocs, frees).
+// Owns: one Allocation record per live address, the bytes marked evictable, the records that
+// carry a region tag, and the allocation counters of the stats (allocated/active bytes and their
+// peaks, allocs, frees).
 // Invariants: records never overlap; every record is 512-byte aligned and its size a whole
 // number of 512-byte blocks (pages are shared between records); evictable_bytes() is the sum of
 // the rounded sizes of the records marked evictable; an address that is not the start of a
@@ -26,6 +27,7 @@ struct Allocation {
   bool small;          // at or under small_threshold: PyTorch's small pool in the statistics
   bool evictable = false;
   bool kept = false;  // freed by its owner but kept out of reuse (a graph pool's: keep())
+  uint32_t region = 0;  // the region tag it was allocated under (alloc/region_tags.hpp); 0: none
 };
 
 class LiveAllocations {
@@ -64,12 +66,14 @@ class LiveAllocations {
   const Map& all() const { return map_; }  // kept records included
   uint64_t kept_bytes() const { return kept_bytes_; }
   uint64_t evictable_bytes() const { return evictable_bytes_; }
+  // Records (kept ones too) that carry a region tag: while there are none, no placement looks at regions.
+  uint64_t tagged() const { return tagged_; }
   uint64_t active_bytes() const { return active_bytes_; }
   void fill_stats(vta_stats_t* s) const;
   void reset_peak();
   void clear() {
     map_.clear();
-    kept_ = kept_bytes_ = 0;
+    kept_ = kept_bytes_ = tagged_ = 0;
   }
 
  private:
@@ -81,6 +85,7 @@ class LiveAllocations {
   uint64_t peak_allocated_bytes_ = 0, peak_active_bytes_ = 0;
   uint64_t num_allocs_ = 0, num_frees_ = 0;
   uint64_t kept_ = 0, kept_bytes_ = 0;
+  uint64_t tagged_ = 0;
   uint64_t allocated_total_ = 0, freed_total_ = 0, requested_total_ = 0, requested_freed_total_ = 0;
 };
 

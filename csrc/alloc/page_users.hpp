@@ -14,6 +14,12 @@
 
 namespace vta {
 
+// Bytes [offset, offset + bytes) of a handle, from its first virtual page.
+struct ByteRange {
+  uint64_t offset;
+  uint64_t bytes;
+};
+
 class PageUsers {
  public:
   // Add every stream that may touch the live allocations over [va, va + bytes): each one's own
@@ -25,6 +31,13 @@ class PageUsers {
   // Some live allocation lies on [va, va + bytes), and every live allocation there other than
   // the one at `except` (0: none) may be evicted: marked evictable and not kept by a graph pool.
   virtual bool evictable(uintptr_t va, uint64_t bytes, uintptr_t except = 0) const = 0;
+  // The bytes of [va, va + bytes) that hold data: each live allocation's requested bytes (a kept
+  // block's whole size) clipped to the range, in address order, adjacent ones merged. What an
+  // eviction copies: the rest of the handle holds nothing anyone may read.
+  virtual void live_ranges(uintptr_t va, uint64_t bytes, std::vector<ByteRange>* out) const = 0;
+  // Some live allocation lies on [va, va + bytes), and every one there (graph pools' kept blocks
+  // included) carries region tag `region`: pausing the region may take these pages.
+  virtual bool pausable(uintptr_t va, uint64_t bytes, uint32_t region) const = 0;
 
  protected:
   ~PageUsers() = default;

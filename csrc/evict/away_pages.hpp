@@ -16,6 +16,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "alloc/page_users.hpp"
 #include "backend/backend.hpp"
 #include "evict/host_pool.hpp"
 
@@ -29,10 +30,16 @@ struct AwayPage {
   State state;
   uint32_t npages = 1;
   HostPool::Slots slots;       // where the bytes are, or are going (npages pages; mapped mode: one)
+  std::vector<ByteRange> live;  // the bytes copied out and back (live data at the eviction); empty: all
   int32_t device_page = -1;    // restoring/restored: the page being filled
   bool device_held = false;    // evicted: the device page is still mapped at the address
   bool host_mapped = false;    // mapped mode: slots[0].page is mapped at the virtual pages
   bool window_mapped = false;  // mapped mode restore: device_page mapped at `window`
+  // A region's page paused (residency_pause.cpp): evicted, its address unmapped (no host copy
+  // mapped there in either mode) until the region is resumed, and restored by nothing else.
+  // While a resume is under way, device_page is the handle it took for the page (not mapped yet).
+  bool paused = false;
+  bool discarded = false;      // paused with no copy: no slots, the bytes are gone (pause's discard)
   uintptr_t window = 0;
   EventHandle event = 0;                // completes the in-flight copy
   std::vector<StreamHandle> consumers;  // restoring/restored: streams ordered after the copy
@@ -60,10 +67,17 @@ class AwayPages {
   void clear();
   bool empty() const { return map_.empty(); }
   uint64_t bytes_of(const AwayPage& p) const { return uint64_t{p.npages} * page_bytes_; }
+  // The bytes its copies move each way: its live ranges, or the whole handle.
+  uint64_t copied_bytes_of(const AwayPage& p) const {
+    if (p.live.empty()) return bytes_of(p);
+    uint64_t n = 0;
+    for (const ByteRange& r : p.live) n += r.bytes;
+    return n;
+  }
   // The first pages of the away pages that `pred` picks (a copy: callers change the pages).
   template <typename F>
   std::vector<uintptr_t> where(F&& pred) const;
-  // Pages (not handles) evicted, of them with the device page still held, and restored.
+  // Pages (not handles) evicted (paused ones too), of them with the device page still held, and restored.
   void count(uint64_t* evicted, uint64_t* held, uint64_t* restored) const;
   // By first page, in no particular order (the stats' page listing).
   Map::const_iterator begin() const { return map_.begin(); }

@@ -15,7 +15,7 @@ constexpr uint64_t kChunkBytes = 64ull << 20;  // pinned memory is allocated 64 
 }
 
 // The machine's memory comes from sysconf, never from an iostream: the core must not touch
-// the C++ locale machinery (see docs/design.md, "No iostreams in the core").
+// the C++ locale machinery (see docs/design.md, "No iostreams in the core or the binding").
 uint64_t HostPool::default_capacity(uint64_t device_capacity) {
   long pages = sysconf(_SC_PHYS_PAGES);
   long page_size = sysconf(_SC_PAGESIZE);

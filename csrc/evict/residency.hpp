@@ -136,8 +136,46 @@ class Residency final : public ResidencyPort {
   bool next_to_restore(uintptr_t* cursor, uintptr_t end, StreamHandle consumer, uintptr_t* first, uint32_t* npages);
   void restore_page(uintptr_t first, int32_t id, StreamHandle consumer);
   void finish_restore(uintptr_t start, uint64_t bytes);
-  int residency_of(uintptr_t start, uint64_t bytes) const;  // VTA_RESIDENT / VTA_EVICTED / VTA_IN_FLIGHT
+  int residency_of(uintptr_t start, uint64_t bytes) const;  // VTA_RESIDENT / VTA_EVICTED / VTA_IN_FLIGHT / VTA_PAUSED
   uint64_t away_bytes(uintptr_t start, uint64_t bytes) const;  // bytes of [start, start + bytes) on away pages
+
+  // Regions (residency_pause.cpp): a region's pages paused (off the device, their addresses
+  // unmapped in both modes, the bytes in host slots or discarded) and resumed (back at the same
+  // addresses), a batch at a time: its copies go as copy runs (copy_runs.hpp) on the copy stream,
+  // then one wait; its mapping changes come after one quiesce.
+  // pause(): every handle under `spans` (a region's allocations, in address order: start, bytes)
+  // that only blocks of `region` hold leaves the device: copied to host slots (none if
+  // `discard`), then unmapped; its ids are appended to *freed (the space releases them, or gives
+  // them back). Away pages there (offloaded before) join the pause (discard drops their copies).
+  // Nothing changes until the copies completed: a host pool too small (HostPoolExhausted) or a
+  // refused copy leaves every page resident, with its bytes.
+  struct PauseResult {
+    uint64_t page_bytes = 0;    // device page bytes the pause took off the device (unmapped)
+    uint64_t copied_bytes = 0;  // bytes copied to host slots
+    uint64_t kept_bytes = 0;    // allocation bytes on handles shared with other regions' blocks (stay resident)
+  };
+  PauseResult pause(const std::vector<std::pair<uintptr_t, uint64_t>>& spans, uint32_t region, bool discard,
+                    std::vector<int32_t>* freed);
+  // Resume, in two steps (the engine obtains no memory itself): paused_stretches() lists the
+  // paused away pages under `spans` as stretches of adjacent virtual pages (a paused page whose
+  // device page was never unmapped is resident again at once, with no copy); the space takes
+  // handles for each stretch (any sizes that add up to it: extents where it is long enough, so a
+  // region whose small blocks had one-page handles comes back on a few extents); resume() maps
+  // each stretch's handles back to back (one set-access per stretch), copies the bytes back (copy
+  // runs; none for a discarded page), waits once and makes the pages resident: the device page
+  // bytes brought back. The handles are the engine's from the call on: on an error they go back
+  // to the free handles and every page stays paused.
+  struct Stretch {
+    uintptr_t va;
+    uint32_t npages;
+  };
+  std::vector<Stretch> paused_stretches(const std::vector<std::pair<uintptr_t, uint64_t>>& spans);
+  uint64_t resume(const std::vector<Stretch>& stretches, const std::vector<std::vector<int32_t>>& ids);
+  // Some page of [start, start + bytes) is paused (touching it before a resume is refused).
+  bool paused_over(uintptr_t start, uint64_t bytes) const;
+  // The bytes of [start, start + bytes) on paused pages, and of those on discarded ones.
+  void paused_bytes(uintptr_t start, uint64_t bytes, uint64_t* paused, uint64_t* discarded) const;
+  uint64_t paused_pages() const { return paused_pages_; }
 
   const AwayPages& away() const { return away_; }  // by first page
   // The away page over virtual page `va` (any of its pages), its first page in *first; or null.
@@ -158,6 +196,46 @@ class Residency final : public ResidencyPort {
   };
   uintptr_t page_of(uintptr_t a) const { return a - a % page_bytes_; }
   uint64_t bytes_of(const AwayPage& p) const { return away_.bytes_of(p); }
+
+  // Before the pages of an allocation move again (offload, pause): the away page over `va` with
+  // its copy completed and, restored, sent back to evicted. True while it is still away (evicting
+  // or evicted: its first page and bytes in *first, *span); false when `va` is resident (never
+  // away, or a copy-mode restore that completed).
+  bool settled_away(uintptr_t va, uintptr_t* first, uint64_t* span);
+  // Walk the handles under [start, start + bytes) in address order, each settled first
+  // (settled_away): on_away(first) for an away page, on_handle(id, first page, bytes) for a
+  // resident handle (the one before it may be the same: neighbours share handles).
+  template <typename OnAway, typename OnHandle>
+  void for_each_handle_to_move(uintptr_t start, uint64_t bytes, OnAway&& on_away, OnHandle&& on_handle) {
+    for (uintptr_t va = page_of(start); va < start + bytes;) {
+      uintptr_t first = 0;
+      uint64_t span = 0;
+      if (settled_away(va, &first, &span)) {
+        on_away(first);
+        va = first + span;
+        continue;
+      }
+      int32_t id = pages_.page_at(va);
+      VTA_INVARIANT(id >= 0);
+      va = pages_.address_of(id) + pages_.bytes_of(id);
+      on_handle(id, pages_.address_of(id), pages_.bytes_of(id));
+    }
+  }
+  // f(first, page) for each away page over [start, start + bytes), in address order, until f
+  // returns false.
+  template <typename F>
+  void for_each_away(uintptr_t start, uint64_t bytes, F&& f) const {
+    for (uintptr_t va = page_of(start); va < start + bytes;) {
+      uintptr_t first = 0;
+      const AwayPage* p = away_at(va, &first);
+      if (!p) {
+        va += page_bytes_;
+        continue;
+      }
+      va = first + bytes_of(*p);
+      if (!f(first, *p)) return;
+    }
+  }
 
   // Transitions (residency.cpp).
   // Evict one resident page; false (nothing changed) when the host pool is full.
@@ -181,6 +259,8 @@ class Residency final : public ResidencyPort {
   void unrestore(AwayPage& p);
   // The page is resident again: forget it as away, a victim candidate again if evictable.
   void finish_resident(uintptr_t va);
+  // A paused page whose device page was never unmapped (a pause that failed part-way) is resident again.
+  void unpause_held(uintptr_t va);
 
   // Victim choice (residency_victims.cpp): which pages are candidates is decided here, their
   // order by victims_.
@@ -200,6 +280,7 @@ class Residency final : public ResidencyPort {
   AwayPages away_;
   EvictionCounters counters_;
   uint64_t in_flight_ = 0;  // pages of away pages being evicted or restored
+  uint64_t paused_pages_ = 0;  // pages of paused away pages
   std::unique_ptr<VictimPolicy> victims_ = std::make_unique<LruPolicy>(page_bytes_);  // the candidates, best victim first
 };
 

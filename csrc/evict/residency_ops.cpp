@@ -17,17 +17,12 @@ namespace vta {
 void Residency::begin_restore(uintptr_t start, uint64_t bytes) {
   // Pages whose device page was never released come back first, for free: restoring the
   // others may need memory, and must not release these to get it.
-  for (uintptr_t va = page_of(start); va < start + bytes;) {
-    uintptr_t first = 0;
-    const AwayPage* p = away_at(va, &first);
-    if (!p) {
-      va += page_bytes_;
-      continue;
-    }
-    uintptr_t next = first + bytes_of(*p);
-    if (p->state == State::evicted && p->device_held) unevict_held(first);  // p is gone after this
-    va = next;
-  }
+  std::vector<uintptr_t> held;
+  for_each_away(start, bytes, [&](uintptr_t first, const AwayPage& p) {
+    if (p.state == State::evicted && p.device_held) held.push_back(first);
+    return true;
+  });
+  for (uintptr_t first : held) unevict_held(first);
 }
 
 bool Residency::next_to_restore(uintptr_t* cursor, uintptr_t end, StreamHandle consumer, uintptr_t* first,
@@ -40,6 +35,7 @@ bool Residency::next_to_restore(uintptr_t* cursor, uintptr_t end, StreamHandle c
     }
     if (away_.at(va).state == State::evicting) finish_inflight(va, true);
     AwayPage& q = away_.at(va);
+    if (q.paused) fail(VTA_ERR_PAUSED, "the page at " + std::to_string(va) + " belongs to a paused region: resume it first");
     uintptr_t next = va + bytes_of(q);
     if (q.state == State::restoring || q.state == State::restored) {
       if (std::find(q.consumers.begin(), q.consumers.end(), consumer) == q.consumers.end()) {
@@ -80,33 +76,18 @@ void Residency::finish_restore(uintptr_t start, uint64_t bytes) {
 
 uint64_t Residency::offload(uintptr_t start, uint64_t bytes) {
   // Handle by handle: one shared with an allocation not marked evictable stays resident.
-  uint64_t end = start + bytes;
   bool kept_back = false;
-  for (uintptr_t va = page_of(start); va < end;) {
-    uintptr_t first = 0;
-    uint64_t span = 0;
-    if (away_span(va, &first, &span)) {
-      finish_inflight(first, true);  // a restore still running completes first
-      AwayPage* p = away_.find(first);
-      if (p && p->state == State::restored) unrestore(*p);
-      if (away_.starts_at(first)) {  // evicting or evicted
-        va = first + span;
-        continue;
-      }
-    }
-    int32_t id = pages_.page_at(va);
-    VTA_INVARIANT(id >= 0);
-    uintptr_t h = pages_.address_of(id);
-    uint64_t hb = pages_.bytes_of(id);
-    if (!users_.evictable(h, hb, start)) {
-      kept_back = true;
-    } else if (!evict_page(h, false)) {
-      fail(VTA_ERR_HOST_POOL_EXHAUSTED, "host pool exhausted: " + std::to_string(host_pool_.used_bytes()) + " of " +
-                                            std::to_string(host_pool_.capacity_bytes()) +
-                                            " bytes hold evicted pages (raise host_capacity)");
-    }
-    va = h + hb;
-  }
+  for_each_handle_to_move(
+      start, bytes, [](uintptr_t) {},  // evicting or evicted already
+      [&](int32_t, uintptr_t h, uint64_t hb) {
+        if (!users_.evictable(h, hb, start)) {
+          kept_back = true;
+        } else if (!evict_page(h, false)) {
+          fail(VTA_ERR_HOST_POOL_EXHAUSTED, "host pool exhausted: " + std::to_string(host_pool_.used_bytes()) +
+                                                " of " + std::to_string(host_pool_.capacity_bytes()) +
+                                                " bytes hold evicted pages (raise host_capacity)");
+        }
+      });
   uint64_t moved = away_bytes(start, bytes);
   if (moved == 0 && kept_back)
     fail(VTA_ERR_INVALID_ARGUMENT, "cannot offload: every page of this allocation is shared with an allocation "
@@ -116,20 +97,23 @@ uint64_t Residency::offload(uintptr_t start, uint64_t bytes) {
 
 uint64_t Residency::away_bytes(uintptr_t start, uint64_t bytes) const {
   uint64_t n = 0, end = start + bytes;
-  for (uintptr_t va = page_of(start); va < end;) {
-    uintptr_t first = 0;
-    uint64_t span = 0;
-    if (!away_span(va, &first, &span)) {
-      va += page_bytes_;
-      continue;
-    }
-    n += std::min<uint64_t>(end, first + span) - std::max<uint64_t>(start, first);
-    va = first + span;
-  }
+  for_each_away(start, bytes, [&](uintptr_t first, const AwayPage& p) {
+    n += std::min<uint64_t>(end, first + bytes_of(p)) - std::max<uint64_t>(start, first);
+    return true;
+  });
   return n;
 }
 
+bool Residency::settled_away(uintptr_t va, uintptr_t* first, uint64_t* span) {
+  if (!away_span(va, first, span)) return false;
+  finish_inflight(*first, true);  // an eviction or a restore still copying completes first
+  AwayPage* p = away_.find(*first);
+  if (p && p->state == State::restored) unrestore(*p);
+  return away_.starts_at(*first);
+}
+
 int Residency::residency_of(uintptr_t start, uint64_t bytes) const {
+  if (paused_over(start, bytes)) return VTA_PAUSED;
   bool evicted = false;
   for (uintptr_t va = page_of(start); va < start + bytes; va += page_bytes_) {
     const AwayPage* p = away_at(va);
@@ -157,6 +141,7 @@ void Residency::copy_bytes(uintptr_t va, uintptr_t host, uint64_t n, StreamHandl
       if (q && to_va && q->state == State::restored) swap_restored();
       uintptr_t first = 0;
       q = away_at(page, &first);
+      if (q && q->paused) fail(VTA_ERR_PAUSED, "these bytes belong to a paused region: resume it first");
       if (q) {
         const AwayPage& p = *q;
         uintptr_t slot = host_pool_.address_at(p.slots, at - first);  // a page never crosses two slots

@@ -6,6 +6,8 @@
 // the order PageUsers names the streams.
 #include "evict/stream_order.hpp"
 
+#include <algorithm>
+
 namespace vta {
 
 StreamHandle StreamOrder::stream() {
@@ -16,31 +18,61 @@ StreamHandle StreamOrder::stream() {
   return stream_;
 }
 
-void StreamOrder::copy_slots(uintptr_t va, const HostPool::Slots& slots, bool to_host, StreamHandle stream) {
-  uintptr_t at = va;
+void StreamOrder::copy_slots(uintptr_t va, const HostPool::Slots& slots, const std::vector<ByteRange>& live,
+                             bool to_host, StreamHandle stream) {
+  uint64_t at = 0;  // the handle's offset of this slot's first byte
   for (const HostPool::Slot& s : slots) {
     uint64_t n = uint64_t{s.npages} * page_bytes_;
-    check(to_host ? backend_.copy(s.addr, at, n, stream) : backend_.copy(at, s.addr, n, stream));
+    auto copy = [&](uint64_t lo, uint64_t hi) {  // handle offsets inside this slot
+      uintptr_t host = s.addr + (lo - at), dev = va + lo;
+      check(to_host ? backend_.copy(host, dev, hi - lo, stream) : backend_.copy(dev, host, hi - lo, stream));
+    };
+    if (live.empty()) {
+      copy(at, at + n);
+    } else {
+      for (const ByteRange& r : live) {
+        uint64_t lo = std::max(r.offset, at), hi = std::min(r.offset + r.bytes, at + n);
+        if (lo < hi) copy(lo, hi);
+      }
+    }
     at += n;
   }
 }
 
-EventHandle StreamOrder::copy_out(uintptr_t va, uint64_t bytes, const HostPool::Slots& slots) {
+EventHandle StreamOrder::copy_out(uintptr_t va, uint64_t bytes, const HostPool::Slots& slots,
+                                  const std::vector<ByteRange>& live) {
   StreamHandle cs = stream();
   // Order the copy after the last use: an event on every stream of the handle's allocations
   // (their own and those recorded on them with record_stream).
   std::vector<StreamHandle> streams;
   if (!broken(VTA_DEBUG_BREAK_COPY_ORDER)) users_.add_live_streams(va, bytes, &streams);
   for (StreamHandle s : streams) events_.record_then_wait(s, cs);
-  copy_slots(va, slots, /*to_host=*/true, cs);
+  copy_slots(va, slots, live, /*to_host=*/true, cs);
   // The copy is queued; if no event records its end, wait for it so the slot is not reused under it.
   return events_.record_after_copy(cs);
 }
 
-EventHandle StreamOrder::copy_in(uintptr_t dst, const HostPool::Slots& slots) {
+EventHandle StreamOrder::copy_in(uintptr_t dst, const HostPool::Slots& slots, const std::vector<ByteRange>& live) {
   StreamHandle cs = stream();
-  copy_slots(dst, slots, /*to_host=*/false, cs);
+  copy_slots(dst, slots, live, /*to_host=*/false, cs);
   return events_.record_after_copy(cs);
+}
+
+void StreamOrder::copy_runs(const std::vector<CopyRuns::Run>& runs, bool to_host,
+                            const std::vector<std::pair<uintptr_t, uint64_t>>& after) {
+  StreamHandle cs = stream();
+  if (to_host && !broken(VTA_DEBUG_BREAK_COPY_ORDER)) {
+    std::vector<StreamHandle> streams;
+    for (auto [va, bytes] : after) users_.add_live_streams(va, bytes, &streams);
+    for (StreamHandle s : streams) events_.record_then_wait(s, cs);
+  }
+  for (const CopyRuns::Run& r : runs) {
+    Status s = to_host ? backend_.copy(r.host, r.va, r.bytes, cs) : backend_.copy(r.va, r.host, r.bytes, cs);
+    if (!s.is_ok()) {
+      (void)backend_.stream_synchronize(cs);  // the copies queued before it end before their memory is reused
+      check(s);
+    }
+  }
 }
 
 Status StreamOrder::consumer_after(StreamHandle consumer, EventHandle copy) {

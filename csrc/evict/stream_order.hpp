@@ -18,6 +18,7 @@
 
 #include "alloc/page_users.hpp"
 #include "backend/backend.hpp"
+#include "evict/copy_runs.hpp"
 #include "evict/host_pool.hpp"
 #include "vmm/event_pool.hpp"
 #include "vtalloc/vtalloc.h"
@@ -33,12 +34,18 @@ class StreamOrder {
 
   // The copy stream, created on the first call (throws when it cannot be).
   StreamHandle stream();
-  // An eviction's copy of [va, va + bytes) into `slots` (one copy per slot), queued after the
-  // last use of those pages: an event recorded now on every stream of their allocations. The
-  // event that completes it.
-  EventHandle copy_out(uintptr_t va, uint64_t bytes, const HostPool::Slots& slots);
-  // A restore's copy from `slots` into [dst, ...), one per slot; the event that completes it.
-  EventHandle copy_in(uintptr_t dst, const HostPool::Slots& slots);
+  // An eviction's copy of [va, va + bytes) into `slots`, queued after the last use of those
+  // pages: an event recorded now on every stream of their allocations. Only the `live` ranges
+  // are copied (empty: all), one copy per range and slot they meet. The event that completes it.
+  EventHandle copy_out(uintptr_t va, uint64_t bytes, const HostPool::Slots& slots, const std::vector<ByteRange>& live);
+  // A restore's copy of the same ranges from `slots` into [dst, ...); the event that completes it.
+  EventHandle copy_in(uintptr_t dst, const HostPool::Slots& slots, const std::vector<ByteRange>& live);
+  // A batch's copies (copy runs, copy_runs.hpp), one per run, queued on the copy stream: to the
+  // host after the last use of the pages `after` names (an event recorded now on every stream of
+  // their allocations, each stream once), or back from it (`to_host` false; `after` unused). The
+  // caller waits for them (synchronize); on a refused copy, those queued are waited for first.
+  void copy_runs(const std::vector<CopyRuns::Run>& runs, bool to_host,
+                 const std::vector<std::pair<uintptr_t, uint64_t>>& after);
   // `consumer` waits (on the device) for the copy `copy` completes; nothing when it is the copy
   // stream itself.
   Status consumer_after(StreamHandle consumer, EventHandle copy);
@@ -72,7 +79,8 @@ class StreamOrder {
 
  private:
   // Queue copies between the pages at `va` and `slots`, one per slot.
-  void copy_slots(uintptr_t va, const HostPool::Slots& slots, bool to_host, StreamHandle stream);
+  void copy_slots(uintptr_t va, const HostPool::Slots& slots, const std::vector<ByteRange>& live, bool to_host,
+                  StreamHandle stream);
 
   Backend& backend_;
   EventPool& events_;

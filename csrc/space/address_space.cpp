@@ -56,7 +56,8 @@ AddressSpace::AddressSpace(std::unique_ptr<Backend> backend, const vta_config_t&
       pages_(*backend_, page_bytes, capacity),
       events_(*backend_),
       policy_(config, *backend_, pages_, events_, capacity),  // validates small_threshold first
-      residency_(config, *backend_, pages_, events_, policy_, capacity) {
+      residency_(config, *backend_, pages_, events_, policy_, capacity),
+      regions_(page_bytes) {
   policy_.set_port(&residency_);
   if (config.flags & VTA_CONFIG_LEASED) {
     leased_ = true;
@@ -78,11 +79,13 @@ void AddressSpace::check_open_locked() const {
   if (closed_) fail(VTA_ERR_CLOSED, "the address space is closed");
 }
 
-uintptr_t AddressSpace::malloc(uint64_t nbytes, StreamHandle stream, bool allow_evict, bool count_oom) {
+uintptr_t AddressSpace::malloc(uint64_t nbytes, StreamHandle stream, bool allow_evict, bool count_oom,
+                              uint32_t region) {
   std::lock_guard<std::mutex> lk(mu_);
   check_open_locked();
   check(backend_->check_stream(stream));  // the host backend refuses an unknown stream; cuda cannot tell
   AllocPolicy::Request r = policy_.request(nbytes);
+  r.region = region;
   residency_.drain_inflight(false);  // pending frees: the policy polls them only when it needs them
   // "Need a page", as for a restore: the policy places the block in steps, and each time its own
   // sources of handles are spent the engine frees a device page (never under the block, which is
@@ -113,6 +116,7 @@ void AddressSpace::write(uintptr_t address, uint64_t offset, const void* src, ui
   check_open_locked();
   const Allocation& a = policy_.live().find_range(address, offset, nbytes);
   if (nbytes == 0) return;
+  check_not_paused_locked(address + offset, nbytes, "write");
   residency_.copy_bytes(address + offset, reinterpret_cast<uintptr_t>(src), nbytes, a.stream, true);
 }
 
@@ -121,6 +125,7 @@ void AddressSpace::read(uintptr_t address, uint64_t offset, void* dst, uint64_t 
   check_open_locked();
   const Allocation& a = policy_.live().find_range(address, offset, nbytes);
   if (nbytes == 0) return;
+  check_not_paused_locked(address + offset, nbytes, "read");
   residency_.copy_bytes(address + offset, reinterpret_cast<uintptr_t>(dst), nbytes, a.stream, false);
 }
 
@@ -205,6 +210,7 @@ void AddressSpace::close() {
   user_streams_.clear();
   events_.destroy_all();
   policy_.clear();
+  regions_.clear();
   try {
     pages_.release_all();
   } catch (const Error& e) {

@@ -4,7 +4,7 @@
 // Owns: the backend (wrapped in a CallCountingBackend, then a FaultInjectingBackend), the PageTable and the EventPool of
 // one space; the allocation policy (csrc/alloc: live allocations, pending frees, the free
 // virtual space and the cached handles) and the eviction engine (csrc/evict: away pages, victim policy, host pool, copy
-// stream); the streams the test hooks created; and the one mutex that guards all of it. Every
+// stream); the regions' totals; the streams the test hooks created; and the one mutex that guards all of it. Every
 // public method takes the mutex, so no part below is ever entered by two threads; no call
 // ever enters Python. The policy's order is in alloc/alloc_policy.hpp, the residency states
 // and the ordering rule (invariant 4) in evict/residency.hpp.
@@ -27,6 +27,7 @@
 #include "backend/testing/cost_model.hpp"
 #include "backend/testing/fault_injection.hpp"
 #include "evict/residency.hpp"
+#include "space/regions.hpp"
 #include "vmm/event_pool.hpp"
 #include "vmm/page_table.hpp"
 #include "vtalloc/vtalloc.h"
@@ -44,7 +45,9 @@ class AddressSpace {
   // count_oom false: a try (VTA_MALLOC_TRY): running short of pages throws OutOfMemory without
   // counting an OOM, the shortage a leased space's page source answers (a request over capacity
   // is an OOM all the same).
-  uintptr_t malloc(uint64_t nbytes, StreamHandle stream, bool allow_evict = true, bool count_oom = true);
+  // region: the region tag the allocation carries (alloc/region_tags.hpp; 0: none).
+  uintptr_t malloc(uint64_t nbytes, StreamHandle stream, bool allow_evict = true, bool count_oom = true,
+                   uint32_t region = 0);
   // free, size_of and the eviction calls take the start address malloc returned; read and
   // write take any address inside a live allocation, and [address + offset, + nbytes) must
   // lie inside its requested bytes (an interior address is an error everywhere else).
@@ -72,6 +75,12 @@ class AddressSpace {
   // Test support: deliberately break one ordering rule (VTA_DEBUG_BREAK_* bits), to show
   // that the stress tests catch it. Never set outside tests.
   void break_ordering(uint32_t mask);
+  // Regions (csrc/space/address_space_regions.cpp; docs/regions.md): the allocations carrying
+  // one tag paused (off the device, addresses kept; discard: no copy) and resumed (all or
+  // nothing; count_oom false: a try, as for malloc). The device page bytes moved.
+  uint64_t pause_region(uint32_t region, bool discard);
+  uint64_t resume_region(uint32_t region, bool count_oom = true);
+  std::vector<vta_region_info_t> region_infos();
   // Test hooks (csrc/space/address_space_test_hooks.cpp): streams of this space's own and
   // test kernels on them (host backend only; see backend/host_kernels.hpp).
   StreamHandle create_stream();
@@ -133,6 +142,12 @@ class AddressSpace {
   // policy, the copies from the engine (prefetch); ensure_resident_locked() also waits for them.
   void restore_locked(uintptr_t start, uint64_t bytes, StreamHandle consumer, bool count_oom = true);
   void ensure_resident_locked(uintptr_t start, uint64_t bytes, StreamHandle consumer, bool count_oom = true);
+  // Refuse (VTA_ERR_PAUSED) an entry point that would touch the allocation [start, + bytes) while
+  // a page of it is paused; `what` names the entry point.
+  void check_not_paused_locked(uintptr_t start, uint64_t bytes, const char* what) const;
+  // Check open, complete the copies that finished, and list the allocations carrying `region`;
+  // refused while a stream of theirs captures a CUDA graph (`what`: the entry point).
+  std::vector<std::pair<uintptr_t, uint64_t>> settled_region_locked(uint32_t region, const char* what);
 
   mutable std::mutex mu_;
   bool closed_ = false;
@@ -147,6 +162,7 @@ class AddressSpace {
   EventPool events_;
   AllocPolicy policy_;    // needs pages_, events_
   Residency residency_;   // needs policy_; the policy's ResidencyPort
+  Regions regions_;       // the regions' totals (the tags are on the allocations, the paused pages the engine's)
   std::vector<StreamHandle> user_streams_;  // test hooks: created by create_stream()
 };
 

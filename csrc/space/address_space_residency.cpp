@@ -44,6 +44,7 @@ void AddressSpace::set_evictable(uintptr_t address, bool evictable) {
   std::lock_guard<std::mutex> lk(mu_);
   auto it = settled_live_locked(address);
   const Allocation& a = it->second;
+  check_not_paused_locked(it->first, a.size, "set_evictable");
   if (!evictable) ensure_resident_locked(it->first, a.size, a.stream);
   policy_.live().set_evictable(it, evictable);
   residency_.note_use(it->first, a.size);
@@ -52,6 +53,7 @@ void AddressSpace::set_evictable(uintptr_t address, bool evictable) {
 uint64_t AddressSpace::offload(uintptr_t address) {
   std::lock_guard<std::mutex> lk(mu_);
   auto it = settled_live_locked(address);
+  check_not_paused_locked(it->first, it->second.size, "offload");
   return residency_.offload(it->first, it->second.size);
 }
 
@@ -59,6 +61,7 @@ void AddressSpace::prefetch(uintptr_t address, const StreamHandle* stream, bool 
   std::lock_guard<std::mutex> lk(mu_);
   auto it = settled_live_locked(address);
   if (stream) check(backend_->check_stream(*stream));
+  check_not_paused_locked(it->first, it->second.size, "prefetch");
   restore_locked(it->first, it->second.size, stream ? *stream : it->second.stream, count_oom);
 }
 
@@ -66,6 +69,7 @@ void AddressSpace::ensure_resident(uintptr_t address, const StreamHandle* stream
   std::lock_guard<std::mutex> lk(mu_);
   auto it = settled_live_locked(address);
   if (stream) check(backend_->check_stream(*stream));
+  check_not_paused_locked(it->first, it->second.size, "ensure_resident");
   ensure_resident_locked(it->first, it->second.size, stream ? *stream : it->second.stream, count_oom);
 }
 

@@ -1,7 +1,9 @@
 // A multithreaded stress driver for the C ABI, meant to be built with -fsanitize=thread
 // (or address): threads malloc, write, offload, prefetch, ensure_resident, read and free on
-// one address space while the host backend's copy-stream worker runs the copies. Every read
-// checks the bytes last written. Exits 0 when all checks passed and nothing leaked.
+// one address space while the host backend's copy-stream worker runs the copies; each thread
+// also makes some allocations in a region of its own and pauses and resumes it (docs/regions.md).
+// Every read checks the bytes last written; a paused allocation must refuse to be read.
+// Exits 0 when all checks passed and nothing leaked.
 // Not part of the library build (setup.py skips csrc/tests/); see docs/design.md.
 #include <atomic>
 #include <cstdio>
@@ -14,6 +16,7 @@
 
 namespace {
 std::atomic<int> g_failures{0};
+std::atomic<int> g_pauses{0}, g_resumes{0};  // that moved pages
 
 void fill(std::vector<unsigned char>& buf, uint64_t seed) {
   std::mt19937_64 rng(seed);
@@ -24,8 +27,14 @@ void worker(vta_space_t* space, int id, int steps) {
   std::mt19937 rng(id * 7919 + 1);
   struct Live {
     uint64_t addr, size, seed;
+    bool tagged;
   };
   std::vector<Live> live;
+  char name[16];
+  std::snprintf(name, sizeof name, "t%d", id);
+  uint32_t tag = 0;
+  if (vta_region_tag(name, &tag) != VTA_OK) ++g_failures;
+  bool paused = false;  // this thread's region; its allocations refuse reads while it is
   const uint64_t sizes[] = {512, 5000, 300000, 2u << 20, (3u << 20) + 7};
   std::vector<unsigned char> buf, got;
   for (int step = 0; step < steps; ++step) {
@@ -36,22 +45,48 @@ void worker(vta_space_t* space, int id, int steps) {
       buf.resize(l.size);
       got.resize(l.size);
       fill(buf, l.seed);
-      if (vta_read(space, l.addr, 0, got.data(), l.size) != VTA_OK || memcmp(buf.data(), got.data(), l.size) != 0) {
+      if (l.tagged && paused) {
+        if (vta_read(space, l.addr, 0, got.data(), l.size) != VTA_ERR_PAUSED) ++g_failures;
+      } else if (vta_read(space, l.addr, 0, got.data(), l.size) != VTA_OK ||
+                 memcmp(buf.data(), got.data(), l.size) != 0) {
         std::fprintf(stderr, "thread %d: bytes differ at %llx\n", id, (unsigned long long)l.addr);
         ++g_failures;
       }
       if (vta_free(space, l.addr) != VTA_OK) ++g_failures;
       live.erase(live.begin() + i);
     } else if (!live.empty() && r < 45) {
-      vta_status_t s = vta_offload(space, live[rng() % live.size()].addr);
-      if (s != VTA_OK && s != VTA_ERR_INVALID_ARGUMENT && s != VTA_ERR_HOST_POOL_EXHAUSTED) ++g_failures;
+      const Live& l = live[rng() % live.size()];
+      vta_status_t s = vta_offload(space, l.addr);
+      if (l.tagged && paused ? s != VTA_ERR_PAUSED
+                             : s != VTA_OK && s != VTA_ERR_INVALID_ARGUMENT && s != VTA_ERR_HOST_POOL_EXHAUSTED)
+        ++g_failures;
     } else if (!live.empty() && r < 60) {
-      uint64_t a = live[rng() % live.size()].addr;
-      vta_status_t s = (rng() % 2) ? vta_prefetch(space, a, 0, 0) : vta_ensure_resident(space, a, 0, 0);
-      if (s != VTA_OK && s != VTA_ERR_OUT_OF_MEMORY) ++g_failures;
+      const Live& l = live[rng() % live.size()];
+      vta_status_t s = (rng() % 2) ? vta_prefetch(space, l.addr, 0, 0) : vta_ensure_resident(space, l.addr, 0, 0);
+      if (l.tagged && paused ? s != VTA_ERR_PAUSED : s != VTA_OK && s != VTA_ERR_OUT_OF_MEMORY) ++g_failures;
+    } else if (r < 65) {
+      uint64_t moved = 0;
+      vta_status_t s = vta_region_pause(space, tag, 0, &moved);
+      if (s == VTA_OK) {
+        paused = true;
+        if (moved) ++g_pauses;
+      }
+      else if (s != VTA_ERR_HOST_POOL_EXHAUSTED)  // a full host pool moves nothing
+        ++g_failures;
+    } else if (r < 70) {
+      uint64_t moved = 0;
+      vta_status_t s = vta_region_resume(space, tag, 0, &moved);
+      if (s == VTA_OK) {
+        paused = false;
+        if (moved) ++g_resumes;
+      }
+      else if (s != VTA_ERR_OUT_OF_MEMORY)  // no room: all or nothing, still paused
+        ++g_failures;
     } else {
       uint64_t n = sizes[rng() % 5], a = 0;
-      vta_status_t s = vta_malloc(space, n, 0, &a);
+      bool tagged = rng() % 3 == 0;
+      if (tagged && paused) continue;  // one made now would be resident in a paused region: kept simple
+      vta_status_t s = tagged ? vta_malloc_region(space, n, 0, 0, tag, &a) : vta_malloc(space, n, 0, &a);
       if (s == VTA_ERR_OUT_OF_MEMORY) continue;
       if (s != VTA_OK) {
         ++g_failures;
@@ -62,7 +97,7 @@ void worker(vta_space_t* space, int id, int steps) {
       fill(buf, seed);
       if (vta_write(space, a, 0, buf.data(), n) != VTA_OK) ++g_failures;
       if (vta_set_evictable(space, a, 1) != VTA_OK) ++g_failures;
-      live.push_back({a, n, seed});
+      live.push_back({a, n, seed, tagged});
     }
   }
   for (auto& l : live)
@@ -104,6 +139,7 @@ int main(int argc, char** argv) {
                  (unsigned long long)g.live_mappings, (unsigned long long)g.live_reservations);
     ++g_failures;
   }
+  std::printf("%d region pauses and %d resumes moved pages\n", g_pauses.load(), g_resumes.load());
   std::printf("%d failures\n", g_failures.load());
   return g_failures.load() ? 1 : 0;
 }

@@ -69,7 +69,8 @@ uint64_t PrivatePools::empty(int device, Id id) {
   return 0;
 }
 
-uintptr_t PrivatePools::malloc(int device, Id id, AddressSpace& space, uint64_t size, StreamHandle stream) {
+uintptr_t PrivatePools::malloc(int device, Id id, AddressSpace& space, uint64_t size, StreamHandle stream,
+                               uint32_t region) {
   std::lock_guard<std::mutex> lk(mu_);
   Pool& pool = existing_locked(device, id);
   if (pool.users == 0)
@@ -88,7 +89,7 @@ uintptr_t PrivatePools::malloc(int device, Id id, AddressSpace& space, uint64_t 
     b.requested = size;
     return address;
   }
-  uintptr_t address = space.malloc(size, stream);
+  uintptr_t address = space.malloc(size, stream, true, true, region);
   pool.blocks[address] = Block{rounded, size, stream, true};
   owners_[{device, address}] = id;
   return address;

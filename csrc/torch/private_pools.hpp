@@ -42,7 +42,8 @@ class PrivatePools {
   uint64_t empty(int device, Id id);
   // Allocate in the pool (which must have users): a cached block of the pool on `stream`, or
   // a new one from the space.
-  uintptr_t malloc(int device, Id id, AddressSpace& space, uint64_t size, StreamHandle stream);
+  // A new block carries region tag `region` (a kept block taken back keeps the one it was made with).
+  uintptr_t malloc(int device, Id id, AddressSpace& space, uint64_t size, StreamHandle stream, uint32_t region = 0);
   // Free the block at `address` if a pool owns it (true); false: not a pool's block.
   bool free(int device, uintptr_t address, AddressSpace& space);
   // The pool with users that owns the block at `address`, if any (residency refuses those).

@@ -121,8 +121,9 @@ vta_status_t vta_torch_malloc(uint64_t size, int32_t device, void* stream, const
       }
       std::unique_ptr<RelaxedCaptureMode> relaxed;
       if (capturing) relaxed = std::make_unique<RelaxedCaptureMode>();
-      uintptr_t address = in_pool ? s.pools.malloc(device, pool_key(*pool), space, size, handle)
-                                  : space.malloc(size, handle);
+      uint32_t region = current_region();
+      uintptr_t address = in_pool ? s.pools.malloc(device, pool_key(*pool), space, size, handle, region)
+                                  : space.malloc(size, handle, true, true, region);
       *out = reinterpret_cast<void*>(address);
     } catch (const vta::OutOfMemory& e) {
       record_failure(device, FailureKind::oom, oom_message(device, e), &e);

@@ -88,7 +88,8 @@ void* vta_torch_alloc(size_t size, int device, void* stream) {
                       "with PyTorch's native allocator");
       }
     }
-    return reinterpret_cast<void*>(space->malloc(size, reinterpret_cast<vta::StreamHandle>(stream)));
+    return reinterpret_cast<void*>(
+        space->malloc(size, reinterpret_cast<vta::StreamHandle>(stream), true, true, current_region()));
   } catch (const vta::OutOfMemory& e) {
     message = oom_message(device, e);
     record_failure(device, FailureKind::oom, message, &e);

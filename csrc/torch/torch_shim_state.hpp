@@ -4,7 +4,8 @@
 //
 // Owns: the declarations of the shim state (Shim) and of what each room of the shim defines
 // for the others: the options (torch_shim_options.cpp), the failure records
-// (torch_shim_failures.cpp), the state itself, its spaces and parked frees (torch_shim.cpp).
+// (torch_shim_failures.cpp), the state itself, its spaces and parked frees (torch_shim.cpp), the
+// region tag of the calling thread (torch_regions.cpp).
 // Invariants: shim() is immortal (see torch_shim.cpp); an out-of-memory is recorded with the
 // same fields and message shape whichever ABI saw it (oom_message).
 #pragma once
@@ -67,6 +68,9 @@ AddressSpace& existing_space(int device, const std::string& why);
 AddressSpace& space_for(int device);
 // Free what was parked during a capture on `device`, once its stream no longer captures.
 void flush_parked(int device, AddressSpace& space);
+
+// The region tag the calling thread's torch allocations carry (torch_regions.cpp; 0: none).
+uint32_t current_region();
 
 // The failure records (torch_shim_failures.cpp).
 // "CUDA out of memory (vtalloc, device N): ... ": what an OOM says, whichever ABI saw it.

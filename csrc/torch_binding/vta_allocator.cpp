@@ -7,9 +7,10 @@
 //  - Out-of-memory: the observers run, then c10::OutOfMemoryError is thrown with vtalloc's
 //    numbers (vta_torch_failures: requested, capacity, mapped) and its message.
 //  - record_stream on a DataPtr this binding did not make is ignored, as torch's allocator does.
-//  - snapshot() reports one segment per vtalloc block with the block's own fields and no
-//    traces (vtalloc records none); it invents nothing.
+//  - snapshot() reports one segment per vtalloc block with the block's own fields, and the
+//    history recordHistory asked for (vta_history.hpp); it invents nothing.
 #include "torch_binding/vta_allocator.hpp"
+#include "torch_binding/vta_history.hpp"
 
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAFunctions.h>
@@ -23,7 +24,18 @@
 namespace vta_torch {
 
 void free_block(void* ptr) {
-  if (ptr != nullptr) (void)vta_torch_free_ptr(ptr, nullptr);  // failures are counted by vtalloc
+  if (ptr == nullptr) return;
+  if (!history().enabled()) {
+    (void)vta_torch_free_ptr(ptr, nullptr);  // failures are counted by vtalloc
+    return;
+  }
+  void* base = nullptr;
+  uint64_t size = 0;  // for a block allocated before recording began (History keeps the others')
+  (void)vta_torch_base_allocation(ptr, &base, &size);
+  int32_t device = 0;
+  if (vta_torch_free_ptr(ptr, &device) == VTA_OK) {
+    history().on_free(static_cast<c10::DeviceIndex>(device), ptr, static_cast<size_t>(size));
+  }
 }
 
 void check(vta_status_t status, const char* what) {
@@ -125,6 +137,7 @@ void VtaAllocator::throw_oom(c10::DeviceIndex device, size_t nbytes) {
     observer(device, static_cast<size_t>(s.allocated_bytes[0].current), total, free);
   }
   const uint64_t requested = f.last_oom_requested_bytes ? f.last_oom_requested_bytes : nbytes;
+  history().on_oom(device, static_cast<size_t>(requested), free, nullptr);
   VTA_RAISE_OOM("CUDA out of memory (vtalloc, device ", static_cast<int>(device), "): tried to allocate ",
                 bytes_text(requested), "; vtalloc's capacity on this device is ", bytes_text(f.last_oom_capacity_bytes),
                 ", of which ", bytes_text(f.last_oom_mapped_bytes), " is mapped. ", message[0] ? message : "",
@@ -137,7 +150,13 @@ void* VtaAllocator::malloc_or_throw(size_t nbytes, c10::DeviceIndex device, cuda
   const bool in_pool = pool.first != 0 || pool.second != 0;
   void* out = nullptr;
   const vta_status_t status = vta_torch_malloc(nbytes, device, stream, in_pool ? &pool : nullptr, &out);
-  if (status == VTA_OK) return out;
+  if (status == VTA_OK) {
+    if (history().enabled()) {
+      history().on_alloc(device, out, nbytes, stream, c10::MempoolId_t{static_cast<c10::CaptureId_t>(pool.first),
+                                                                        static_cast<c10::CaptureId_t>(pool.second)});
+    }
+    return out;
+  }
   if (status == VTA_ERR_OUT_OF_MEMORY) throw_oom(device, nbytes);
   check(status, "allocation");
   return nullptr;
@@ -167,8 +186,35 @@ void* VtaAllocator::raw_alloc_with_stream(size_t nbytes, cudaStream_t stream) {
 
 void VtaAllocator::raw_delete(void* ptr) {
   if (ptr == nullptr) return;
-  check(vta_torch_free_ptr(ptr, nullptr), "raw_delete");
+  if (!history().enabled()) {
+    check(vta_torch_free_ptr(ptr, nullptr), "raw_delete");
+    return;
+  }
+  void* base = nullptr;
+  uint64_t size = 0;
+  (void)vta_torch_base_allocation(ptr, &base, &size);
+  int32_t device = 0;
+  check(vta_torch_free_ptr(ptr, &device), "raw_delete");
+  history().on_free(static_cast<c10::DeviceIndex>(device), ptr, static_cast<size_t>(size));
 }
+
+bool VtaAllocator::isHistoryEnabled() { return history().enabled(); }
+
+void VtaAllocator::recordHistory(bool enabled, cca::CreateContextFn context_recorder, size_t alloc_trace_max_entries,
+                                 cca::RecordContext when, bool clearHistory,
+                                 const std::vector<std::string>& skip_actions) {
+  history().configure(enabled, context_recorder, alloc_trace_max_entries, when, clearHistory, skip_actions);
+}
+
+void VtaAllocator::setUserMetadata(const std::string& metadata) { history().set_user_metadata(metadata); }
+
+std::string VtaAllocator::getUserMetadata() { return history().user_metadata(); }
+
+#if TORCH_BINDING_VERSION >= 214
+void VtaAllocator::annotateMemory(const void* ptr, const std::string& metadata) {
+  history().on_annotate(reinterpret_cast<uintptr_t>(ptr), metadata);
+}
+#endif
 
 void VtaAllocator::attachOutOfMemoryObserver(cca::OutOfMemoryObserver observer) {
   std::lock_guard<std::mutex> lock(observers_mutex_);
@@ -251,11 +297,15 @@ cca::SnapshotInfo VtaAllocator::snapshot(c10::MempoolId_t mempool_id, bool /*inc
       block.requested_size = seg.requested_size;
       block.allocated = live;
       block.active = live;
+      if (live) block.context_when_allocated = history().context_of(b.address);
       seg.blocks.push_back(std::move(block));
       out.segments.push_back(std::move(seg));
     }
   }
   out.device_traces.resize(static_cast<size_t>(std::max<int>(0, c10::cuda::device_count())));
+  for (size_t d = 0; d < out.device_traces.size(); ++d) {
+    out.device_traces[d] = history().trace(static_cast<c10::DeviceIndex>(d));
+  }
   return out;
 }
 

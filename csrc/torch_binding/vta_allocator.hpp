@@ -6,7 +6,8 @@
 // (vtalloc/torch_native.h); it keeps no memory and no statistics of its own.
 // Invariants:
 //  - Compiled against the user's torch (allocator/torch/binding_build.py builds it), never into the
-//    core library; supported torch versions: TORCH_BINDING_MIN .. TORCH_BINDING_MAX below.
+//    core library; supported torch versions: TORCH_BINDING_MIN .. TORCH_BINDING_MAX below
+//    (2.14 and later need C++20 headers: binding_build.py picks the standard).
 //  - A failure of the C ABI becomes torch's own exception: c10::OutOfMemoryError for an
 //    out-of-memory (after the OutOfMemoryObservers ran), c10::Error otherwise; no exception
 //    leaves the extern "C" entry points of install.cpp.
@@ -40,10 +41,10 @@
 
 // The torch versions whose allocator interface this file implements (major * 100 + minor).
 #define TORCH_BINDING_MIN 211
-#define TORCH_BINDING_MAX 213
+#define TORCH_BINDING_MAX 215
 #define TORCH_BINDING_VERSION (TORCH_VERSION_MAJOR * 100 + TORCH_VERSION_MINOR)
 static_assert(TORCH_BINDING_VERSION >= TORCH_BINDING_MIN && TORCH_BINDING_VERSION <= TORCH_BINDING_MAX,
-              "vtalloc's torch binding supports torch 2.11 to 2.13");
+              "vtalloc's torch binding supports torch 2.11 to 2.15");
 
 namespace vta_torch {
 
@@ -93,10 +94,17 @@ class VtaAllocator final : public cca::CUDAAllocator {
   cca::ShareableHandle shareIpcHandle(void* ptr) override;
   std::shared_ptr<void> getIpcDevPtr(std::string handle) override;
 
-  // History and traces: accepted, none kept (vtalloc records no allocation traces).
-  bool isHistoryEnabled() override { return false; }
-  void recordHistory(bool, cca::CreateContextFn, size_t, cca::RecordContext, bool,
-                     const std::vector<std::string>&) override {}
+  // History (_record_memory_history / _snapshot's device_traces): vta_history.hpp.
+  bool isHistoryEnabled() override;
+  void recordHistory(bool enabled, cca::CreateContextFn context_recorder, size_t alloc_trace_max_entries,
+                     cca::RecordContext when, bool clearHistory, const std::vector<std::string>& skip_actions) override;
+  void setUserMetadata(const std::string& metadata) override;
+  std::string getUserMetadata() override;
+#if TORCH_BINDING_VERSION >= 214
+  bool supportsUserMetadata() override { return true; }
+  void annotateMemory(const void* ptr, const std::string& metadata) override;
+#endif
+  // Trace trackers are torch-internal (its own allocator's observers): none is called here.
   void attachAllocatorTraceTracker(cca::AllocatorTraceTracker) override {}
   void attachOutOfMemoryObserver(cca::OutOfMemoryObserver observer) override;
   // torch 2.12+ declares this pure virtual (OomRejectionObserver); in older torch it is a plain

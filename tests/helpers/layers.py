@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-PACKAGES = {"allocator": "vtalloc.allocator", "server": "vtalloc.server", "client": "vtalloc.client"}
+PACKAGES = {"allocator": "vtalloc.allocator", "server": "vtalloc.server", "client": "vtalloc.client", "vtalloc": "vtalloc"}
 
 # Python layers, lowest first. A module's layer is that of the longest prefix listed.
 # The torch glue (the vtalloc.allocator.torch package, all of it) sits above the allocator core; the wire (protocol and generated stubs) is
@@ -30,7 +30,7 @@ PY_LAYERS: tuple[tuple[str, ...], ...] = (
     ("vtalloc.client.cli", "vtalloc.client.commands_service", "vtalloc.client.commands_common",
      "vtalloc.client.commands_serve", "vtalloc.client.commands_stats", "vtalloc.client.commands_pages",
      "vtalloc.client.commands_quota", "vtalloc.client.commands_evict", "vtalloc.client.commands_health",
-     "vtalloc.client.__main__"),
+     "vtalloc.client.__main__", "vtalloc.__main__"),
 )
 # Modules of a layer that may import only these prefixes of a lower layer's package.
 PY_ONLY_THROUGH: dict[str, tuple[str, ...]] = {
@@ -40,21 +40,25 @@ PY_ONLY_THROUGH: dict[str, tuple[str, ...]] = {
 }
 PY_ONLY_THROUGH_EXEMPT = PY_LAYERS[-1]  # the CLI: every module of its layer
 
-# csrc directories, lowest first. include/ (the public C ABI types) is below everything;
+# csrc directories, lowest first. compat/ (older glibc/libstdc++ symbol versions for the wheel,
+# including nothing of vtalloc's) and include/ (the public C ABI types) are below everything;
 # tests/ (native test programs) above everything. backend/testing/ (the backends' test and
 # model code: conformance, cost model, fault injection) is a room of its own just above the
 # real backends, so they cannot reach into it. torch/ is the core library's torch glue (the
 # shim's C ABI, the torch-native ABI, graph-private pools, capture parking, the c10 binding),
 # above capi/. torch_binding/ is a library of its own (built against the user's torch at
 # enable()); it calls the core through include/ only.
-CSRC_LAYERS = ("include", "backend", "backend/testing", "vmm", "alloc", "evict", "space", "capi", "torch",
+CSRC_LAYERS = ("compat", "include", "backend", "backend/testing", "vmm", "alloc", "evict", "space", "capi", "torch",
                "torch_binding", "tests")
 # Rooms below csrc's top level: a file or include under one of these belongs to it, not to its parent.
 CSRC_SUBROOMS = ("backend/testing",)
 # The only directories that may define C ABI entry points (extern "C"): the core library's
 # capi/ and torch/ (the torch shim's and the torch-native ABI), and the torch binding's
 # install.cpp (the entry points its own library exports).
-CSRC_C_ABI_DIRS = ("capi", "torch", "torch_binding")
+# compat/ (csrc/compat/glibc_symbols.cpp) defines C-linkage names too, but hidden ones: the
+# wrappers the linker's --wrap sends the core's glibc references to, never exported
+# (tests/test_packaging.py checks the built library).
+CSRC_C_ABI_DIRS = ("capi", "torch", "torch_binding", "compat")
 # A room that may include only these files of a lower room. The eviction engine (evict/) reaches
 # the allocation policy (alloc/) only through the two interfaces alloc/ declares for it: the
 # port the policy calls the engine through, and the read-only PageUsers the engine asks about

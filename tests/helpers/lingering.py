@@ -1,6 +1,6 @@
 """A socket whose last close() blocks: what a hostile peer sends to stall whoever closes it.
 
-Owns: :func:`lingering_socket`. Invariant: the test holds the peer end open (never reading)
+Owns: :func:`lingering_socket` (yields the lingering socket and its peer). Invariant: the test holds the peer end open (never reading)
 until the context ends, then closes it, which resets the connection and ends any linger.
 """
 
@@ -30,7 +30,7 @@ def lingering_socket(linger_s: int = LINGER_S):
                 while True:
                     sender.send(chunk)
             sender.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, linger_s))
-            yield sender
+            yield sender, peer
         finally:
             sender.close()  # blocks here only if the test still holds the last reference
             peer.close()    # a reset ends the linger wherever it is

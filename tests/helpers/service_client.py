@@ -5,7 +5,7 @@ Each command gets one JSON answer on stdout: ``{"ok": true, ...}`` or ``{"ok": f
 (ServiceAddressSpace(...)), plus a raw session for protocol-level steps a well-behaved
 client never takes (leasing without reading the descriptors, calling RPCs by hand).
 
-Commands: open, malloc, check, free, lease, give_back, trim, stats, session_id, fork_try_lease, spawn_socket_holder, churn, set_evictable, residency, restore_loop, close,
+Commands: open, malloc, pause, resume, check, free, lease, give_back, trim, stats, session_id, fork_try_lease, spawn_socket_holder, churn, set_evictable, residency, restore_loop, close,
 raw_open, raw_lease, rpc, exit (see ``handle``). With ``--drop-to UID:GID`` it first becomes
 that user (it must start as root).
 """
@@ -56,10 +56,18 @@ class Client:
                 report_interval_s=a.get("report_interval", 0.1), rpc_timeout_s=a.get("timeout", 5.0),
                 evict_handler=self.evict_handler(a.get("evict", "default"), a.get("sleep", 0.0), a.get("marker")))
             return {"session_id": self.space.session.session_id, "page_bytes": self.space.page_bytes}
-        if op == "malloc":
-            addr = self.space.malloc(a["nbytes"])
+        if op == "malloc":  # "tag": the allocation is made in that region (docs/regions.md)
+            if a.get("tag"):
+                with self.space.region(a["tag"]):
+                    addr = self.space.malloc(a["nbytes"])
+            else:
+                addr = self.space.malloc(a["nbytes"])
             self.space.write(addr, pattern(a.get("seed", 0), a["nbytes"]))
             return {"addr": addr}
+        if op == "pause":
+            return {"bytes": self.space.pause(a["tag"], discard=a.get("discard", False))}
+        if op == "resume":
+            return {"bytes": self.space.resume(a["tag"], timeout=a.get("timeout", 0.0))}
         if op == "check":
             data = self.space.read(a["addr"], a["nbytes"])
             return {"intact": data == pattern(a.get("seed", 0), a["nbytes"])}

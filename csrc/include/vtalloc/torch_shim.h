@@ -106,6 +106,17 @@ VTA_API vta_status_t vta_torch_residency_op(int32_t device, int32_t op, uint64_t
 VTA_API vta_status_t vta_torch_offload_bytes(int32_t device, uint64_t address, uint64_t* moved);
 VTA_API vta_status_t vta_torch_failures(int32_t device, vta_torch_failures_t* out, char* message,
                                         uint64_t message_capacity);
+/* Regions under enable() (appended; vtalloc.h "Regions", docs/regions.md). The region tag that the
+ * calling thread's torch allocations carry from now on (0: none; both bindings, graph-private pools
+ * included), and the one before it in *previous (may be NULL). */
+VTA_API vta_status_t vta_torch_set_region(uint32_t region, uint32_t* previous);
+/* vta_region_pause / vta_region_resume on device `device`'s space, or on every device's (-1, one
+ * after the other: each device's resume is all or nothing, not all of them together); the page
+ * bytes moved, summed. */
+VTA_API vta_status_t vta_torch_region_pause(int32_t device, uint32_t region, uint32_t flags, uint64_t* out_page_bytes);
+VTA_API vta_status_t vta_torch_region_resume(int32_t device, uint32_t region, uint32_t flags, uint64_t* out_page_bytes);
+/* vta_regions of one device's space (none: *out_count = 0). */
+VTA_API vta_status_t vta_torch_regions(int32_t device, vta_region_info_t* out, uint64_t capacity, uint64_t* out_count);
 /* Close every space and forget the configuration. VTA_ERR_INVALID_ARGUMENT (nothing changed)
  * while any allocation is live. Not for use while PyTorch may still allocate. */
 VTA_API vta_status_t vta_torch_release(void);

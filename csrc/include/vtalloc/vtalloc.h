@@ -30,7 +30,8 @@ enum {
   VTA_ERR_DRIVER = 4,            /* the driver (or the OS, for the host backend) failed */
   VTA_ERR_CLOSED = 5,            /* the address space was closed */
   VTA_ERR_HOST_POOL_EXHAUSTED = 6, /* the pinned host pool cannot hold another evicted page */
-  VTA_ERR_INTERNAL = 7           /* a bug: an invariant did not hold */
+  VTA_ERR_INTERNAL = 7,          /* a bug: an invariant did not hold */
+  VTA_ERR_PAUSED = 8             /* the allocation belongs to a paused region: resume it first */
 };
 
 enum { VTA_BACKEND_AUTO = 0, VTA_BACKEND_HOST = 1, VTA_BACKEND_CUDA = 2 };
@@ -236,7 +237,7 @@ VTA_API vta_status_t vta_pages(vta_space_t* space, vta_page_info_t* out, uint64_
 VTA_API vta_status_t vta_allocations(vta_space_t* space, vta_alloc_info_t* out, uint64_t capacity, uint64_t* out_count);
 
 /* --- Eviction engine -------------------------------------------------------------------- */
-enum { VTA_RESIDENT = 0, VTA_EVICTED = 1, VTA_IN_FLIGHT = 2 };
+enum { VTA_RESIDENT = 0, VTA_EVICTED = 1, VTA_IN_FLIGHT = 2, VTA_PAUSED = 3 /* some page is a paused region's */ };
 /* Mark an allocation evictable (memory pressure may evict its pages) or not (it is made
  * resident first). A page shared by several allocations is evictable only if all are. */
 VTA_API vta_status_t vta_set_evictable(vta_space_t* space, uint64_t address, int32_t evictable);
@@ -339,6 +340,56 @@ VTA_API vta_status_t vta_pool_release_page(vta_pool_t* pool, uint64_t page_id);
  * at its free an event is recorded on each such stream, and its memory is reused (even on its
  * own stream) only once all of them completed. Its own stream, or one twice: nothing. */
 VTA_API vta_status_t vta_record_stream(vta_space_t* space, uint64_t address, uint64_t stream);
+
+/* --- Regions (appended): allocations made under a tag, paused and resumed together ------ */
+/* A region is the allocations (graph pools' kept blocks included) that carry one tag. Pausing it
+ * moves its pages off the device, a batch at a time (copy runs on the copy stream, one wait,
+ * one quiesce): their bytes go to the host pool (or nowhere: VTA_PAUSE_DISCARD), their device
+ * pages are released (a leased space's stay unmapped, for the service), and the addresses stay
+ * reserved and unmapped. Reading, writing, restoring or offloading a paused allocation fails
+ * with VTA_ERR_PAUSED until the region is resumed, which maps device pages at the same
+ * addresses and copies the bytes back (docs/regions.md). */
+#define VTA_REGION_TAG_BYTES 72 /* room for a tag: at most 64 characters and the NUL */
+/* The id of region tag `name` (1 to 64 letters, digits and . _ - : / @ +, a letter or digit
+ * first), interned for the life of the process (at most 4096 tags); 0 means no region. */
+VTA_API vta_status_t vta_region_tag(const char* name, uint32_t* out_region);
+/* The name of tag `region` (NUL-terminated, at most VTA_REGION_TAG_BYTES bytes written). */
+VTA_API vta_status_t vta_region_tag_name(uint32_t region, char* out, uint64_t out_len);
+/* vta_malloc_ex whose allocation carries region tag `region` (0: none). While any allocation
+ * carries a tag, a block shares no page with a block of another region (or of none). */
+VTA_API vta_status_t vta_malloc_region(vta_space_t* space, uint64_t nbytes, uint64_t stream, uint32_t flags,
+                                       uint32_t region, uint64_t* out_address);
+/* Pause region `region`: waits for the copies; *out_page_bytes: device page bytes it took off the
+ * device. All or nothing until the copies completed (VTA_ERR_HOST_POOL_EXHAUSTED when the host
+ * pool cannot hold the region: nothing moved). Pages the region shares with other regions'
+ * blocks stay on the device. Not during a CUDA graph capture. */
+#define VTA_PAUSE_DISCARD 1u /* keep no copy: resume maps fresh memory (contents undefined) */
+VTA_API vta_status_t vta_region_pause(vta_space_t* space, uint32_t region, uint32_t flags, uint64_t* out_page_bytes);
+/* Resume region `region`: device pages are taken in the allocation order (free and cached pages,
+ * held pages of offloaded allocations, then evicting allocations marked evictable, least recently
+ * used first), mapped at the same addresses, filled, and waited for. All or nothing: out of
+ * memory (VTA_ERR_OUT_OF_MEMORY; counted unless VTA_RESTORE_TRY) leaves the region paused.
+ * *out_page_bytes: the device page bytes it brought back. */
+VTA_API vta_status_t vta_region_resume(vta_space_t* space, uint32_t region, uint32_t flags, uint64_t* out_page_bytes);
+typedef struct vta_region_info {
+  uint32_t struct_size;
+  uint32_t region;                /* the tag's id */
+  char tag[VTA_REGION_TAG_BYTES]; /* its name, NUL-terminated */
+  uint64_t allocations;           /* live allocations carrying the tag (graph pools' kept blocks included) */
+  uint64_t bytes;                 /* their bytes, rounded */
+  uint64_t paused_bytes;          /* of those, bytes on paused pages (off the device) */
+  uint64_t discarded_bytes;       /* of the paused bytes, those with no copy (discard) */
+  uint64_t paused_page_bytes;     /* device page bytes the paused pages no longer hold */
+  uint64_t host_bytes;            /* host pool bytes holding the paused pages' copies */
+  uint64_t pauses;                /* pauses that took pages off the device, since the space was made */
+  uint64_t resumes;               /* resumes that brought pages back */
+  uint64_t bytes_paused_total;    /* device page bytes pauses took off the device */
+  uint64_t bytes_resumed_total;   /* device page bytes resumes brought back */
+  uint64_t pause_ns_total;        /* time spent in pauses (copies and waits included) */
+  uint64_t resume_ns_total;       /* time spent in resumes */
+} vta_region_info_t;
+/* One row per tag this space has an allocation of, or paused or resumed, in tag id order. */
+VTA_API vta_status_t vta_regions(vta_space_t* space, vta_region_info_t* out, uint64_t capacity, uint64_t* out_count);
 
 #ifdef __cplusplus
 }

@@ -111,8 +111,20 @@ class PageUseReport(_message.Message):
     use: PageUse
     def __init__(self, page_id: _Optional[int] = ..., use: _Optional[_Union[PageUse, str]] = ...) -> None: ...
 
+class RegionReport(_message.Message):
+    __slots__ = ("tag", "bytes", "paused_bytes", "host_bytes")
+    TAG_FIELD_NUMBER: _ClassVar[int]
+    BYTES_FIELD_NUMBER: _ClassVar[int]
+    PAUSED_BYTES_FIELD_NUMBER: _ClassVar[int]
+    HOST_BYTES_FIELD_NUMBER: _ClassVar[int]
+    tag: str
+    bytes: int
+    paused_bytes: int
+    host_bytes: int
+    def __init__(self, tag: _Optional[str] = ..., bytes: _Optional[int] = ..., paused_bytes: _Optional[int] = ..., host_bytes: _Optional[int] = ...) -> None: ...
+
 class ClientReport(_message.Message):
-    __slots__ = ("allocated_bytes", "active_bytes", "mapped_bytes", "cached_bytes", "pages_total", "pages_resident", "pages_cached", "pages_free", "evicted_bytes", "evicted_pages", "evictions_total", "restores_total", "ooms_total", "page_uses")
+    __slots__ = ("allocated_bytes", "active_bytes", "mapped_bytes", "cached_bytes", "pages_total", "pages_resident", "pages_cached", "pages_free", "evicted_bytes", "evicted_pages", "evictions_total", "restores_total", "ooms_total", "page_uses", "paused_bytes", "regions")
     ALLOCATED_BYTES_FIELD_NUMBER: _ClassVar[int]
     ACTIVE_BYTES_FIELD_NUMBER: _ClassVar[int]
     MAPPED_BYTES_FIELD_NUMBER: _ClassVar[int]
@@ -127,6 +139,8 @@ class ClientReport(_message.Message):
     RESTORES_TOTAL_FIELD_NUMBER: _ClassVar[int]
     OOMS_TOTAL_FIELD_NUMBER: _ClassVar[int]
     PAGE_USES_FIELD_NUMBER: _ClassVar[int]
+    PAUSED_BYTES_FIELD_NUMBER: _ClassVar[int]
+    REGIONS_FIELD_NUMBER: _ClassVar[int]
     allocated_bytes: int
     active_bytes: int
     mapped_bytes: int
@@ -141,7 +155,9 @@ class ClientReport(_message.Message):
     restores_total: int
     ooms_total: int
     page_uses: _containers.RepeatedCompositeFieldContainer[PageUseReport]
-    def __init__(self, allocated_bytes: _Optional[int] = ..., active_bytes: _Optional[int] = ..., mapped_bytes: _Optional[int] = ..., cached_bytes: _Optional[int] = ..., pages_total: _Optional[int] = ..., pages_resident: _Optional[int] = ..., pages_cached: _Optional[int] = ..., pages_free: _Optional[int] = ..., evicted_bytes: _Optional[int] = ..., evicted_pages: _Optional[int] = ..., evictions_total: _Optional[int] = ..., restores_total: _Optional[int] = ..., ooms_total: _Optional[int] = ..., page_uses: _Optional[_Iterable[_Union[PageUseReport, _Mapping]]] = ...) -> None: ...
+    paused_bytes: int
+    regions: _containers.RepeatedCompositeFieldContainer[RegionReport]
+    def __init__(self, allocated_bytes: _Optional[int] = ..., active_bytes: _Optional[int] = ..., mapped_bytes: _Optional[int] = ..., cached_bytes: _Optional[int] = ..., pages_total: _Optional[int] = ..., pages_resident: _Optional[int] = ..., pages_cached: _Optional[int] = ..., pages_free: _Optional[int] = ..., evicted_bytes: _Optional[int] = ..., evicted_pages: _Optional[int] = ..., evictions_total: _Optional[int] = ..., restores_total: _Optional[int] = ..., ooms_total: _Optional[int] = ..., page_uses: _Optional[_Iterable[_Union[PageUseReport, _Mapping]]] = ..., paused_bytes: _Optional[int] = ..., regions: _Optional[_Iterable[_Union[RegionReport, _Mapping]]] = ...) -> None: ...
 
 class ReportRequest(_message.Message):
     __slots__ = ("report",)
@@ -196,7 +212,7 @@ class GetStatsRequest(_message.Message):
     def __init__(self, session_id: _Optional[str] = ...) -> None: ...
 
 class DeviceStats(_message.Message):
-    __slots__ = ("backend", "device", "page_bytes", "capacity_pages", "leased_pages", "delivering_pages", "free_pages", "evicted_pages", "evicted_bytes", "host_capacity_bytes", "inherited_pages", "inherited_processes")
+    __slots__ = ("backend", "device", "page_bytes", "capacity_pages", "leased_pages", "delivering_pages", "free_pages", "evicted_pages", "evicted_bytes", "host_capacity_bytes", "inherited_pages", "inherited_processes", "paused_bytes")
     BACKEND_FIELD_NUMBER: _ClassVar[int]
     DEVICE_FIELD_NUMBER: _ClassVar[int]
     PAGE_BYTES_FIELD_NUMBER: _ClassVar[int]
@@ -209,6 +225,7 @@ class DeviceStats(_message.Message):
     HOST_CAPACITY_BYTES_FIELD_NUMBER: _ClassVar[int]
     INHERITED_PAGES_FIELD_NUMBER: _ClassVar[int]
     INHERITED_PROCESSES_FIELD_NUMBER: _ClassVar[int]
+    PAUSED_BYTES_FIELD_NUMBER: _ClassVar[int]
     backend: str
     device: int
     page_bytes: int
@@ -221,7 +238,8 @@ class DeviceStats(_message.Message):
     host_capacity_bytes: int
     inherited_pages: int
     inherited_processes: int
-    def __init__(self, backend: _Optional[str] = ..., device: _Optional[int] = ..., page_bytes: _Optional[int] = ..., capacity_pages: _Optional[int] = ..., leased_pages: _Optional[int] = ..., delivering_pages: _Optional[int] = ..., free_pages: _Optional[int] = ..., evicted_pages: _Optional[int] = ..., evicted_bytes: _Optional[int] = ..., host_capacity_bytes: _Optional[int] = ..., inherited_pages: _Optional[int] = ..., inherited_processes: _Optional[int] = ...) -> None: ...
+    paused_bytes: int
+    def __init__(self, backend: _Optional[str] = ..., device: _Optional[int] = ..., page_bytes: _Optional[int] = ..., capacity_pages: _Optional[int] = ..., leased_pages: _Optional[int] = ..., delivering_pages: _Optional[int] = ..., free_pages: _Optional[int] = ..., evicted_pages: _Optional[int] = ..., evicted_bytes: _Optional[int] = ..., host_capacity_bytes: _Optional[int] = ..., inherited_pages: _Optional[int] = ..., inherited_processes: _Optional[int] = ..., paused_bytes: _Optional[int] = ...) -> None: ...
 
 class SessionStats(_message.Message):
     __slots__ = ("info", "age_s", "delivering_pages", "reported", "report_age_s", "report", "evictions_per_s", "restores_per_s", "evict_requests", "evict_pages_asked", "evict_pages_returned", "deadline_misses", "quota_rejections", "leases", "pages_leased", "pages_returned")
