@@ -35,7 +35,6 @@ within the bound.
 
 from __future__ import annotations
 
-import array
 import asyncio
 import logging
 import socket
@@ -45,6 +44,7 @@ from typing import Callable
 
 from .limits import RefusalLog, UidSlots, who
 from .protocol.errors import LimitExceededError
+from .protocol.side_channel import recv_datagram
 from .side_channel import SCM_MAX_FD, AcceptFailures, Closer, peer_credentials
 
 Key = int | str   # a caller: its uid, or its pod (principals.limit_key)
@@ -57,22 +57,12 @@ SESSION_LESS_TIMEOUT_S = 10.0   # a caller with no live session keeps a connecti
 SWEEP_EVERY_S = 1.0
 PUMP_HIGH_WATER = 1 << 20       # bytes waiting in one direction before its sender is no longer read
 _CHUNK = 1 << 16
-_ANC_BYTES = socket.CMSG_SPACE(SCM_MAX_FD * array.array("i").itemsize)
-_FD = array.array("i").itemsize
 
 
 def connections_per_uid(max_sessions_per_uid: int) -> int:
     """The gRPC connections one caller may hold: one per session (its channel), as many again
     for tools and reconnects, and a few for the sessions' own rendezvous checks."""
     return 2 * max_sessions_per_uid + 16
-
-
-def _received_fds(ancdata: list) -> list[int]:
-    fds = array.array("i")
-    for level, kind, payload in ancdata:
-        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
-            fds.frombytes(payload[: len(payload) - len(payload) % _FD])
-    return list(fds)
 
 
 class _Pipe:
@@ -93,13 +83,12 @@ class _Pipe:
     # client -> gRPC ----------------------------------------------------------------------------
     def _from_client(self) -> None:
         try:
-            data, ancdata, flags, _ = self.sock.recvmsg(_CHUNK, _ANC_BYTES, socket.MSG_CMSG_CLOEXEC)
+            data, fds, flags = recv_datagram(self.sock, SCM_MAX_FD, _CHUNK)   # the one receive path
         except (BlockingIOError, InterruptedError):
             return
         except OSError:
             self.close()
             return
-        fds = _received_fds(ancdata)
         if fds or flags & socket.MSG_CTRUNC:
             self.front.closer.close(self.key, fds)     # never here: side_channel.py, Note [Closing off the loop]
             self.front.refusals.refused(self.key, self.pid, self.front.slots,

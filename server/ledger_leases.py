@@ -72,7 +72,7 @@ class LedgerLeases(LedgerQuotas):
             return n
 
     def add_pages(self, s: Session, page_ids: list[int]) -> None:
-        """Record fresh pages (or pages taken back from its process's retained ones: take_retained)
+        """Record fresh pages (or pages its process had retained, given to it again: take_retained)
         as on their way to ``s``."""
         with self._lock:
             if not s.live:
