@@ -27,8 +27,8 @@ import sys
 import time
 from pathlib import Path
 
-from path_check import check, failed, summary
-from provenance import git_info, machine_info
+from lib.path_check import check, failed, summary
+from lib.provenance import git_info, machine_info
 
 from vtalloc.allocator import AddressSpace
 

@@ -45,8 +45,8 @@ from pathlib import Path
 from time import perf_counter_ns
 from typing import Any, Callable
 
-from path_check import check, failed, summary
-from provenance import git_info, machine_info
+from lib.path_check import check, failed, summary
+from lib.provenance import git_info, machine_info
 from saved_activation_sizes import Placement, backing
 from vtalloc.allocator import AddressSpace, _native, backend_available
 

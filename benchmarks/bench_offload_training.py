@@ -88,8 +88,8 @@ from typing import Any
 if str(Path(__file__).resolve().parent) not in sys.path:
     sys.path.insert(0, str(Path(__file__).resolve().parent))  # path_check and provenance sit beside this file
 
-from offload_peers import RecomputeCount, calibrate, checkpoint_blocks, compiled  # noqa: E402
-from path_check import check, failed, summary  # noqa: E402
+from lib.offload_peers import RecomputeCount, calibrate, checkpoint_blocks, compiled  # noqa: E402
+from lib.path_check import check, failed, summary  # noqa: E402
 
 MiB = 1 << 20
 GPU_CONFIGS = ["native", "expandable", "save_on_cpu", "offloader", "checkpoint", "checkpoint_offload", "uncapped",
@@ -162,7 +162,7 @@ def build(torch: Any, model: str, batch: int, device: str) -> tuple[Any, Any, An
     torch.manual_seed(0)
     seq = 1
     if model == "resnet50":
-        from resnet50_stand_in import resnet50_stand_in, torchvision_or_why
+        from lib.resnet50_stand_in import resnet50_stand_in, torchvision_or_why
 
         tv, _ = torchvision_or_why()
         net = tv.models.resnet50() if tv is not None else resnet50_stand_in(torch)
@@ -196,7 +196,7 @@ def build(torch: Any, model: str, batch: int, device: str) -> tuple[Any, Any, An
 def resnet50_source() -> str:
     """Where ResNet-50 comes from: torchvision's model, or resnet50_stand_in.py's network (the same
     layers in the same order) where torchvision does not import. Recorded per run."""
-    from resnet50_stand_in import torchvision_or_why
+    from lib.resnet50_stand_in import torchvision_or_why
 
     return "torchvision" if torchvision_or_why()[0] is not None else "resnet50_stand_in"
 
@@ -874,7 +874,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _provenance(device: str) -> dict[str, Any]:
-    from provenance import git_info, machine_info
+    from lib.provenance import git_info, machine_info
 
     info: dict[str, Any] = {"machine": machine_info(), "git": git_info()}
     try:

@@ -58,9 +58,9 @@ HERE = Path(__file__).resolve().parent
 if str(HERE) not in sys.path:
     sys.path.insert(0, str(HERE))  # trace_format and provenance sit beside this file
 
-import trace_format  # noqa: E402
-from path_check import check, failed, summary  # noqa: E402
-from provenance import git_info, machine_info  # noqa: E402
+from lib import trace_format  # noqa: E402
+from lib.path_check import check, failed, summary  # noqa: E402
+from lib.provenance import git_info, machine_info  # noqa: E402
 
 MiB = 1 << 20
 MULTIPLE = 4                       # capacity: this many times the trace's peak live bytes

@@ -48,12 +48,12 @@ HERE = Path(__file__).resolve().parent
 if str(HERE) not in sys.path:
     sys.path.insert(0, str(HERE))  # trace_format and provenance sit beside this file
 
-import trace_format  # noqa: E402
-from capacity_search import BenchError, search_min  # noqa: E402
-from path_check import check, failed, summary  # noqa: E402
+from lib import trace_format  # noqa: E402
+from lib.capacity_search import BenchError, search_min  # noqa: E402
+from lib.path_check import check, failed, summary  # noqa: E402
 # provenance at import, not inside _provenance(): tests load this file with the folder on sys.path
 # only while it loads (helpers/benchmarks.py), so a later import of it failed run alone
-from provenance import git_info, machine_info  # noqa: E402
+from lib.provenance import git_info, machine_info  # noqa: E402
 
 MiB = 1 << 20
 # The page-rounded peak: a property of the trace, whatever the Config (what whole-page rounding of

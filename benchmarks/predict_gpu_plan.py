@@ -36,8 +36,8 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import bench_offload_training as bench  # noqa: E402
-from offload_peers import RecomputeCount, checkpoint_blocks  # noqa: E402
-from provenance import git_info, machine_info  # noqa: E402
+from lib.offload_peers import RecomputeCount, checkpoint_blocks  # noqa: E402
+from lib.provenance import git_info, machine_info  # noqa: E402
 
 GiB, MiB = 1 << 30, 1 << 20
 CAP = 16 * GiB

@@ -31,7 +31,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from probe_copy_driver import MatmulLoad, Missing, Probe, Refused, load_driver
+from lib.probe_copy_driver import MatmulLoad, Missing, Probe, Refused, load_driver
 
 MiB = 1 << 20
 TARGETS = ("pinned", "host_numa", "host", "host_numa_current", "host_numa_cpu")
@@ -385,7 +385,7 @@ def main(argv: list[str] | None = None) -> int:
     if compute and "rows" in compute:
         rows += compute.pop("rows")
     rows = with_pct(rows)
-    from provenance import git_info, machine_info
+    from lib.provenance import git_info, machine_info
 
     record = {"benchmark": "probe_copy_paths", "device": probe.info,
               "provenance": {"machine": machine_info(), "git": git_info(), "date": _dt.date.today().isoformat(),

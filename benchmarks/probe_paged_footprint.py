@@ -26,8 +26,8 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import bench_offload_training as bench  # noqa: E402
-from path_check import check, failed, summary  # noqa: E402
-from provenance import git_info, machine_info  # noqa: E402
+from lib.path_check import check, failed, summary  # noqa: E402
+from lib.provenance import git_info, machine_info  # noqa: E402
 
 MiB = 1 << 20
 

@@ -56,9 +56,9 @@ from typing import Any, Callable
 
 import torch
 
-import trace_format
-from provenance import git_info, machine_info
-from trace_models import EXTRA, MODELS, STORED, ModelSpec
+from lib import trace_format
+from lib.provenance import git_info, machine_info
+from lib.trace_models import EXTRA, MODELS, STORED, ModelSpec
 
 MiB = 1 << 20
 Batch = dict[str, torch.Tensor]

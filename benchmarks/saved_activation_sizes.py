@@ -41,7 +41,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # resnet50_stand_in sits beside this file
-from resnet50_stand_in import torchvision_or_why  # noqa: E402
+from lib.resnet50_stand_in import torchvision_or_why  # noqa: E402
 
 MiB = 1 << 20
 PAGE_MIN_BYTES = 1024  # paged_activations' DEFAULT_MIN_BYTES: smaller saved tensors are left alone
@@ -203,7 +203,7 @@ def record_saved(model: str, batch: int, resnet50: str = "auto") -> list[dict[st
 
     if model == "resnet50" and resnet50_source(resnet50).startswith("stand-in"):
         # bench.build's ResNet-50 inputs and loss with the stand-in network (only shapes matter here)
-        from resnet50_stand_in import resnet50_stand_in
+        from lib.resnet50_stand_in import resnet50_stand_in
 
         torch.manual_seed(0)
         net = resnet50_stand_in(torch).to(memory_format=torch.channels_last)
@@ -400,7 +400,7 @@ def main(argv: list[str] | None = None) -> int:
     for r in results:  # a batch without big-page runs scales from the model's batch that has them
         ref = next((q for q in results if q["model"] == r["model"] and "page32" in MEASURED_STEPS.get((q["model"], q["batch"]), {})), None)
         r["prediction"] = predict(r["model"], r["batch"], r["summary"], ref)
-    from provenance import git_info, machine_info
+    from lib.provenance import git_info, machine_info
 
     import torch
     record = {"benchmark": "saved_activation_sizes", "predictions": True,

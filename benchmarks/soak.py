@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from provenance import git_info, machine_info
+from lib.provenance import git_info, machine_info
 
 CAMPAIGNS = ("api", "service", "faults", "kills", "concurrency")
 
