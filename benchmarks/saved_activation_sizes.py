@@ -12,7 +12,7 @@ training rows of BENCHMARKS.md ("History, not reproducible": no raw data in the 
 bytes by backing add up to the saved total; tests/test_saved_activation_sizes.py checks
 `backing()` against a real host-backend AddressSpace.
 
-How the sizes are obtained. The models come from bench_offload_training.build() at batch 1 (real
+How the sizes are obtained. The models come from lib/training_models.build() at batch 1 (real
 weights, on CPU); weights, buffers and an input of the wanted batch are then turned into fake
 tensors (torch._subclasses.FakeTensorMode: shapes, dtypes and strides, no storage) and one forward
 runs through torch.func.functional_call under saved_tensors_hooks. The benchmark's dtype policy is
@@ -199,18 +199,18 @@ def record_saved(model: str, batch: int, resnet50: str = "auto") -> list[dict[st
     from torch.func import functional_call
 
     sys.path.insert(0, str(Path(__file__).resolve().parent))
-    import bench_offload_training as bench
+    from lib import training_models as training
 
     if model == "resnet50" and resnet50_source(resnet50).startswith("stand-in"):
-        # bench.build's ResNet-50 inputs and loss with the stand-in network (only shapes matter here)
+        # training.build's ResNet-50 inputs and loss with the stand-in network (only shapes matter here)
         from lib.resnet50_stand_in import resnet50_stand_in
 
         torch.manual_seed(0)
         net = resnet50_stand_in(torch).to(memory_format=torch.channels_last)
         x = torch.randn((1, 3, 224, 224)).contiguous(memory_format=torch.channels_last)
-        y, loss_fn = torch.randint(1000, (1,)), bench._loss_fn(torch)
+        y, loss_fn = torch.randint(1000, (1,)), training.loss_fn(torch)
     else:
-        net, x, y, loss_fn = bench.build(torch, model, 1, "cpu")
+        net, x, y, loss_fn = training.build(torch, model, 1, "cpu")
     mode = FakeTensorMode()
     state = {k: mode.from_tensor(v) for k, v in [*net.named_parameters(), *net.named_buffers()]}
     packs: list[dict[str, Any]] = []
