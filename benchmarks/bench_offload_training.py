@@ -25,7 +25,7 @@ Configurations (GPU), per model, at the native maximum batch B (probed, or ``--b
                  at default settings (``--vtalloc-option k=v`` / ``--budget`` override them):
                  ``recompute="auto"``, keep, page out or recompute each saved tensor, segments
                  rebuilt once, the budget measured from the cap; on a GPU the run
-                 also measures the cost model's constants (``calibration``: offload_peers.py);
+                 also measures the cost model's constants (``calibration``: lib/offload_peers.py);
 * vtalloc_off  - the same with ``recompute="off"``: keep or page only (offload-only);
 * checkpoint   - ``torch.utils.checkpoint`` (full, per block, ``use_reentrant=False``): every
                  block's activations recomputed in backward; the peer that moves no bytes; on CPU
@@ -40,7 +40,7 @@ Runs start in ``RUN_ORDER`` (the comparison's first), and on a GPU the whole inv
 starting runs after ``--time-limit`` (220 s), cutting the one under way there: the JSON is
 always written, what did not run recorded as skipped.
 
-Models: ResNet-50 (torchvision's, or where torchvision does not import resnet50_stand_in.py's
+Models: ResNet-50 (torchvision's, or where torchvision does not import lib/resnet50_stand_in.py's
 network with the same layers: ``model_source`` in each run; channels_last, 224x224) and a
 transformer (8 x TransformerEncoderLayer(2048, 16 heads, 8192), seq 1024), bf16 autocast, SGD.
 On CPU (fp32, one thread per child) ``resnet50`` runs too (``--batch resnet50=2``: about 1.5 s

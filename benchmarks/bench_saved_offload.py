@@ -1,5 +1,5 @@
 """bench_saved_offload: how much of what paged_activations asks to offload moves, on the allocation
-orders of real models' training steps (the traces' saved marks, trace_format.py ``saved``).
+orders of real models' training steps (the traces' saved marks, lib/trace_format.py ``saved``).
 
 Owns: the replay of one trace with saved marks on a fresh host-backend ``AddressSpace`` at default
 settings (capacity MULTIPLE x peak live, a host pool as large, ``evict_mode="copy"``): its

@@ -5,7 +5,7 @@ Owns: the command line (host mode, ``--compare``, ``--torch`` and the ``--torch-
 runs in), the Config it builds, the JSON record with its provenance, and ``--resolution``. The
 parts are in benchmarks/lib/: the host replay and its figures (trace_replay.py: peak live,
 page-rounded peak, min capacity and its bound, peak mapped, driver calls, modeled H100 driver time,
-CPU time per op; the search is capacity_search.py's, which the simulation of PyTorch's allocators
+CPU time per op; the search is lib/capacity_search.py's, which the simulation of PyTorch's allocators
 shares), the Markdown tables and ``--compare`` (trace_report.py: the gate an allocation-policy
 change must pass), and the GPU mode (trace_gpu.py: the same trace through ``torch.empty`` / ``del``
 under the native caching allocator, ``expandable_segments`` and vtalloc, each try in its own

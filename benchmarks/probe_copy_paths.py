@@ -8,7 +8,7 @@ VERDICT, and the pure logic the CPU tests call: parse_sizes(), split_plan(), pct
 verdict(), estimate_s(); and the mapping-call timings (mapping_calls(): what creating, mapping,
 granting access to, unmapping and releasing one handle costs, device and host-located, by
 size), which the 2026-11-26 verdict made the next question. The driver work is in
-probe_copy_driver.py.
+lib/probe_copy_driver.py.
 Invariants: nothing of vtalloc's library is used (the probe measures the driver); a refusal of
 the driver is a recorded result, never a crash; without cuda-python, a CUDA driver or a device
 it prints one line on stderr and exits 2; the pinned memcpy_async 1-stream row of the same

@@ -1,7 +1,7 @@
 """saved_activation_sizes: which backing vtalloc gives each saved activation, and what moving them costs (issue 10).
 
 Owns: recording the tensors autograd saves in one forward of bench_offload_training.py's models
-(fake tensors: no activation memory; ResNet-50 from torchvision, or resnet50_stand_in.py's network
+(fake tensors: no activation memory; ResNet-50 from torchvision, or lib/resnet50_stand_in.py's network
 where torchvision does not import), the Python copy of the core's placement rule for a fresh
 allocation (a block sharing one page / one-page handles / extents, csrc/alloc/alloc_policy.cpp), a replay of paged_activations' eviction rule, and
 the per-step driver calls and their modeled H100 cost for each placement. Prints a table, writes
@@ -374,7 +374,7 @@ def main(argv: list[str] | None = None) -> int:
                                                           "default: half the 16 GiB cap)")
     ap.add_argument("--out", default=None, help="JSON path ({date} filled in)")
     ap.add_argument("--resnet50", choices=("auto", "torchvision", "stand-in"), default="auto",
-                    help="ResNet-50 from torchvision, or the stand-in of resnet50_stand_in.py (same layers, same order) where "
+                    help="ResNet-50 from torchvision, or the stand-in of lib/resnet50_stand_in.py (same layers, same order) where "
                          "torchvision does not import beside this torch; auto: torchvision if it imports")
     a = ap.parse_args(argv)
     batches = {m: [int(b) for b in bs.split("/")] for m, bs in (kv.split("=") for kv in a.batches.split(","))}

@@ -32,7 +32,7 @@ def passed(record: dict, rows: int | None = None) -> dict:
     return pc
 
 
-# -- path_check.py ----------------------------------------------------------------------------------
+# -- lib/path_check.py ------------------------------------------------------------------------------
 
 def test_path_check_is_exact_unless_a_bound_is_written():
     pc = load_script("lib.path_check")
