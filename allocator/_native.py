@@ -106,7 +106,7 @@ FAULT_OPS = {"copy": 0, "map": 1, "create_page": 2, "set_access": 3}
 # vta_debug_break_ordering bits (tests only)
 ORDERING_RULES = {"quiesce": 1, "copy_order": 2, "free_wait": 4}
 KERNEL_KINDS = {"fill": 0, "check": 1}
-MAX_KERNEL_SECONDS = 60.0  # the core refuses longer test kernels (host_kernels.hpp)
+MAX_KERNEL_SECONDS = 60.0  # the core refuses longer test kernels (testing/host_kernels.hpp)
 
 
 class VtaKernelCounters(ctypes.Structure):

@@ -13,7 +13,7 @@
 // stream is a worker thread (host_streams.hpp), so copies and events on it are really
 // asynchronous and ordering bugs show. Host-located pages (PageLocation::host) are memfds
 // too, counted apart from the simulated device memory. Copies and test kernels run under the
-// fault guard of host_kernels.hpp: an access to an unmapped address is counted, not fatal
+// fault guard of fault_guard.hpp: an access to an unmapped address is counted, not fatal
 // (unlike CUDA, where it poisons the context). Each page costs one descriptor (its memfd),
 // exports and imports one more each: the first host backend of a process raises the soft
 // RLIMIT_NOFILE to the hard limit, and running out of descriptors is VTA_ERR_OUT_OF_MEMORY with
@@ -38,7 +38,7 @@
 
 #include "backend/backend.hpp"
 #include "backend/counters.hpp"
-#include "backend/host_kernels.hpp"
+#include "backend/fault_guard.hpp"
 #include "backend/host_streams.hpp"
 
 namespace vta {
@@ -238,7 +238,7 @@ class HostBackend final : public Backend {
     if (!bytes) return Status::ok();
     install_fault_guard();
     // An unmapped source or destination is an illegal access, as on a GPU: the guard stops the
-    // copy and counts it (host_kernels.hpp); the stress tests count what that corrupts.
+    // copy and counts it (fault_guard.hpp); the stress tests count what that corrupts.
     auto task = [this, dst, src, bytes] {
       (void)guarded_copy(kernels_, reinterpret_cast<void*>(dst), reinterpret_cast<const void*>(src), bytes);
     };
@@ -247,9 +247,8 @@ class HostBackend final : public Backend {
 
   Status launch_test_kernel(StreamHandle stream, uintptr_t va, size_t bytes, int kind, uint64_t seed,
                             uint64_t duration_ns) override {
-    if (kind != VTA_KERNEL_FILL && kind != VTA_KERNEL_CHECK) return bad("test kernel: unknown kind " + std::to_string(kind));
-    if (bytes == 0) return bad("test kernel: empty range");
-    if (duration_ns > kMaxTestKernelNs) return bad("test kernel: duration above 60 s");
+    // The kernels are test code (backend/testing/host_kernels.cpp), reached through fault_guard.hpp.
+    if (std::string why = test_kernel_refusal(kind, bytes, duration_ns); !why.empty()) return bad(why);
     install_fault_guard();
     kernels_.launched++;
     auto task = [this, va, bytes, kind, seed, duration_ns] { run_test_kernel(kernels_, va, bytes, kind, seed, duration_ns); };

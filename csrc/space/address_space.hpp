@@ -82,7 +82,7 @@ class AddressSpace {
   uint64_t resume_region(uint32_t region, bool count_oom = true);
   std::vector<vta_region_info_t> region_infos();
   // Test hooks (csrc/space/address_space_test_hooks.cpp): streams of this space's own and
-  // test kernels on them (host backend only; see backend/host_kernels.hpp).
+  // test kernels on them (host backend only; see backend/testing/host_kernels.hpp).
   StreamHandle create_stream();
   void destroy_stream(StreamHandle stream);
   void synchronize_stream(StreamHandle stream);
