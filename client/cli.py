@@ -128,12 +128,13 @@ def info(json_out: bool = typer.Option(False, "--json", help="Print JSON (schema
     """Which backends can run here, and why not."""
     from dataclasses import asdict
 
+    from vtalloc.allocator import backends
     from vtalloc.allocator.device_info import device_info
 
     rows: dict[str, dict[str, Any]] = {}
-    for name in ("cuda", "host"):
-        ok, why = backend_available(name)
-        rows[name] = {"available": ok, "reason": why}
+    for b in backends.auto_order():  # the core's registry, in the order "auto" tries them
+        ok, why = backend_available(b.name)
+        rows[b.name] = {"available": ok, "reason": why, "capabilities": b.capabilities()}
     try:
         driver: dict | None = asdict(device_info(0))
     except BackendUnavailableError:
@@ -155,7 +156,8 @@ def info(json_out: bool = typer.Option(False, "--json", help="Print JSON (schema
 @app.command()
 @_pipe_safe
 def demo(
-    backend: Backend = typer.Option("auto", help="auto (cuda if usable, else host), host or cuda."),
+    backend: Backend = typer.Option("auto", help="auto (a GPU backend if one is usable, else host) or one of: "
+                                    f"{', '.join(b.value for b in Backend if b.value != 'auto')}."),
     capacity: str = typer.Option(
         "64MiB", help="Capacity of the demo address space (and of the host space the CPU training uses); "
         "rounded down to whole pages."

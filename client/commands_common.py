@@ -23,7 +23,7 @@ import typer
 from rich.console import Console
 from rich.text import Text
 
-from vtalloc.allocator.config import BACKENDS
+from vtalloc.allocator import backends
 from vtalloc.allocator.errors import InvalidArgumentError, VtallocError
 
 from .layout import natural_width
@@ -54,8 +54,8 @@ def quiet_broken_pipe() -> NoReturn:
         pass
     raise SystemExit(EXIT_BROKEN_PIPE)
 
-# --backend's choices: argument parsing refuses others (exit code 2).
-Backend = enum.Enum("Backend", {b: b for b in BACKENDS}, type=str)  # type: ignore[misc]
+# --backend's choices ("auto" and the core's registered backends): argument parsing refuses others (exit code 2).
+Backend = enum.Enum("Backend", {b: b for b in backends.choices()}, type=str)  # type: ignore[misc]
 
 
 class PagesFormat(str, enum.Enum):

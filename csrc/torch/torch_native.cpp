@@ -7,8 +7,9 @@
 // capture mode around allocations made during a capture.
 // Invariants: no call throws, calls Python or creates a space except vta_torch_malloc; an
 // out-of-memory is recorded as vta_torch_alloc records it (torch_shim_state.hpp); a free on a
-// capturing stream is parked, as vta_torch_free's is; the calling thread's CUDA context and
-// stream-capture mode are the same after every call as before it (RAII guards).
+// capturing stream is parked, as vta_torch_free's is; the calling thread's context and
+// stream-capture mode are the same after every call as before it (RAII guards); what a backend
+// can do (capture, a context) is asked of its capabilities, never of its kind.
 #include <algorithm>
 #include <cstring>
 #include <memory>
@@ -16,13 +17,13 @@
 #include <vector>
 
 #include "alloc/text.hpp"
-#include "backend/cuda_context_guard.hpp"
+#include "backend/context_guard.hpp"
 #include "capi/guard.hpp"
 #include "torch/torch_shim_state.hpp"
 
 using namespace vta::capi::torch;  // NOLINT(google-build-using-namespace)
 using vta::AddressSpace;
-using vta::CudaContextGuard;
+using vta::ContextGuard;
 using vta::DeviceSpaces;
 using vta::capi::guarded;
 using vta::capi::need;
@@ -72,15 +73,15 @@ int device_of_or_fail(uintptr_t ptr) {
 
 // Free `ptr` of `device`: to its pool while the pool has users, else parked on a capturing stream, else to the space.
 void free_on(int device, AddressSpace& space, uintptr_t ptr) {
-  if (space.backend_kind() == VTA_BACKEND_CUDA) flush_parked(device, space);
+  if (space.capabilities().can_capture) flush_parked(device, space);
   // A block of a pool with users goes back to its pool even during a capture: that records no
   // event (a recorded stream's mark waits for the capture's end), and the capture may reuse it
   // on the same stream, in stream order, as PyTorch's private pools do.
   if (shim().pools.in_used_pool(device, ptr) && shim().pools.free(device, ptr, space)) return;
   uintptr_t base = 0;
   vta::Allocation a{};
-  if (space.backend_kind() == VTA_BACKEND_CUDA && space.containing(ptr, &base, &a) && base == ptr &&
-      vta::capi::stream_capturing(VTA_BACKEND_CUDA, reinterpret_cast<void*>(a.stream))) {
+  if (space.capabilities().can_capture && space.containing(ptr, &base, &a) && base == ptr &&
+      vta::capi::stream_capturing(space.backend_kind(), reinterpret_cast<void*>(a.stream))) {
     shim().parking.park(device, ptr, reinterpret_cast<void*>(a.stream));
     count_deferred_free(device);
     return;
@@ -104,14 +105,14 @@ vta_status_t vta_torch_malloc(uint64_t size, int32_t device, void* stream, const
       if (size == 0) vta::fail(VTA_ERR_INVALID_ARGUMENT, "allocation size must be positive");
       DeviceSpaces::check_device(device);
       Shim& s = shim();
-      CudaContextGuard guard(s.cuda.load(std::memory_order_acquire));
+      ContextGuard guard(s.backend.load(std::memory_order_acquire));
       AddressSpace& space = space_for(device);
       auto handle = reinterpret_cast<vta::StreamHandle>(stream);
       bool in_pool = PrivatePools::is_pool(pool);
       bool capturing = false;
-      if (space.backend_kind() == VTA_BACKEND_CUDA) {
+      if (space.capabilities().can_capture) {
         flush_parked(device, space);
-        capturing = vta::capi::stream_capturing(VTA_BACKEND_CUDA, stream);
+        capturing = vta::capi::stream_capturing(space.backend_kind(), stream);
         if (capturing && !in_pool) {
           kind = FailureKind::capture;
           vta::fail(VTA_ERR_INVALID_ARGUMENT, "vtalloc cannot allocate on device " + std::to_string(device) +
@@ -144,7 +145,7 @@ vta_status_t vta_torch_free_ptr(void* ptr, int32_t* device_out) {
     device = device_of_or_fail(p);
     if (device_out) *device_out = device;
     AddressSpace& space = existing_space(device, "no vtalloc address space serves device " + std::to_string(device));
-    CudaContextGuard guard(space.backend_kind() == VTA_BACKEND_CUDA);
+    ContextGuard guard(&space.backend_info());
     free_on(device, space, p);
   });
   if (st != VTA_OK)
@@ -185,7 +186,7 @@ vta_status_t vta_torch_record_stream(void* ptr, void* stream) {
   return guarded([&] {
     uintptr_t p = reinterpret_cast<uintptr_t>(ptr);
     AddressSpace& space = *shim().spaces.get(device_of_or_fail(p));
-    CudaContextGuard guard(space.backend_kind() == VTA_BACKEND_CUDA);
+    ContextGuard guard(&space.backend_info());
     space.record_stream(p, reinterpret_cast<vta::StreamHandle>(stream));
   });
 }
@@ -203,7 +204,7 @@ vta_status_t vta_torch_set_limit(int32_t device, uint64_t bytes) {
     DeviceSpaces::check_device(device);
     AddressSpace* space = shim().spaces.get(device);
     if (space) {
-      CudaContextGuard guard(space->backend_kind() == VTA_BACKEND_CUDA);
+      ContextGuard guard(&space->backend_info());
       space->set_limit(bytes);
     }
     shim().limits[device].store(bytes, std::memory_order_release);
@@ -230,7 +231,7 @@ vta_status_t vta_torch_pool_release(int32_t device, vta_torch_pool_id_t pool) {
   return guarded([&] {
     DeviceSpaces::check_device(device);
     AddressSpace* space = shim().spaces.get(device);
-    CudaContextGuard guard(space && space->backend_kind() == VTA_BACKEND_CUDA);
+    ContextGuard guard(space ? &space->backend_info() : nullptr);
     shim().pools.release(device, pool_key(pool), space);
   });
 }
@@ -260,7 +261,7 @@ vta_status_t vta_torch_blocks(int32_t device, const vta_torch_pool_id_t* pool, v
     AddressSpace* space = shim().spaces.get(device);
     std::vector<vta_torch_block_t> blocks;
     if (space) {
-      CudaContextGuard guard(space->backend_kind() == VTA_BACKEND_CUDA);
+      ContextGuard guard(&space->backend_info());
       PrivatePools::Id only = pool ? pool_key(*pool) : PrivatePools::Id{};
       for (auto& [address, a] : space->records()) {
         PrivatePools::Id id{};
@@ -300,7 +301,7 @@ vta_status_t vta_torch_pool_set_live(int32_t device, vta_torch_pool_id_t pool, c
       *n_freed = *n_allocated = 0;
       return;
     }
-    CudaContextGuard guard(space->backend_kind() == VTA_BACKEND_CUDA);
+    ContextGuard guard(&space->backend_info());
     uint64_t blocks = 0;
     shim().pools.for_each_block(device, &id, [&](uintptr_t, const PrivatePools::Block&, PrivatePools::Id) { ++blocks; });
     if (freed_capacity < blocks || allocated_capacity < blocks || (blocks && (!freed || !allocated)))

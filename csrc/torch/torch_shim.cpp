@@ -10,14 +10,15 @@
 // during CUDA graph capture capture_parking.hpp's, the last error guard.hpp's.
 // Invariants: the state is immortal (never destroyed at exit: torch frees tensors during its
 // own static destruction), so a space pointer, once published, stays valid for the life of the
-// process; the calling thread's current CUDA context is the same after every call as before it
-// (the cuda backend switches contexts: CudaContextGuard).
+// process; the calling thread's current context is the same after every call as before it (a
+// backend that needs a context switches it: ContextGuard). What a backend can do (capture, a
+// context) is asked of its capabilities, never of its kind.
 #include <atomic>
 #include <mutex>
 #include <stdexcept>
 #include <string>
 
-#include "backend/cuda_context_guard.hpp"
+#include "backend/context_guard.hpp"
 #include "torch/c10_oom.hpp"
 #include "torch/capture_parking.hpp"
 #include "capi/guard.hpp"
@@ -27,7 +28,7 @@
 namespace vta::capi::torch {
 
 using vta::AddressSpace;
-using vta::CudaContextGuard;
+using vta::ContextGuard;
 using vta::DeviceSpaces;
 
 static_assert(DeviceSpaces::kMaxDevices == VTA_TORCH_MAX_DEVICES, "one device range for the shim and its spaces");
@@ -75,11 +76,11 @@ void* vta_torch_alloc(size_t size, int device, void* stream) {
   Shim& s = shim();
   try {
     DeviceSpaces::check_device(device);
-    CudaContextGuard guard(s.cuda.load(std::memory_order_acquire));
+    ContextGuard guard(s.backend.load(std::memory_order_acquire));
     AddressSpace* space = &space_for(device);
-    if (space->backend_kind() == VTA_BACKEND_CUDA) {
+    if (space->capabilities().can_capture) {
       flush_parked(device, *space);
-      if (vta::capi::stream_capturing(VTA_BACKEND_CUDA, stream)) {
+      if (vta::capi::stream_capturing(space->backend_kind(), stream)) {
         kind = FailureKind::capture;
         vta::fail(VTA_ERR_INVALID_ARGUMENT,
                   "vtalloc cannot allocate while a CUDA graph is being captured on device " + std::to_string(device) +
@@ -113,10 +114,9 @@ void vta_torch_free(void* ptr, size_t /*size*/, int device, void* stream) {
   if (!ptr) return;
   try {
     AddressSpace& space = existing_space(device, "no vtalloc address space serves device " + std::to_string(device));
-    bool cuda = space.backend_kind() == VTA_BACKEND_CUDA;
-    CudaContextGuard guard(cuda);
-    if (cuda) {
-      if (vta::capi::stream_capturing(VTA_BACKEND_CUDA, stream)) {
+    ContextGuard guard(&space.backend_info());
+    if (space.capabilities().can_capture) {
+      if (vta::capi::stream_capturing(space.backend_kind(), stream)) {
         // Recording the free's event on a capturing stream would put it in the graph; free later.
         shim().parking.park(device, reinterpret_cast<uintptr_t>(ptr), stream);
         count_deferred_free(device);
@@ -166,7 +166,7 @@ vta_status_t vta_torch_release_offloaded(int32_t device, uint32_t flags, uint64_
     if (flags & ~uint32_t{VTA_RELEASE_WAIT}) vta::fail(VTA_ERR_INVALID_ARGUMENT, "release_offloaded: unknown flags");
     uint64_t released = 0;
     for_devices(device, [&](int, AddressSpace& space) {
-      CudaContextGuard guard(space.backend_kind() == VTA_BACKEND_CUDA);
+      ContextGuard guard(&space.backend_info());
       released += space.release_offloaded(flags & VTA_RELEASE_WAIT);
     });
     if (out_released) *out_released = released;
@@ -179,7 +179,7 @@ vta_status_t vta_torch_residency_op(int32_t device, int32_t op, uint64_t address
                                     int32_t use_stream, int32_t* out) {
   return guarded([&] {
     AddressSpace& space = existing_space(device, "no vtalloc address space serves this device yet");
-    CudaContextGuard guard(space.backend_kind() == VTA_BACKEND_CUDA);
+    ContextGuard guard(&space.backend_info());
     const uint64_t* consumer = use_stream ? &stream : nullptr;
     if ((op == VTA_TORCH_OP_OFFLOAD || op == VTA_TORCH_OP_SET_EVICTABLE) && shim().pools.in_used_pool(device, address))
       vta::fail(VTA_ERR_INVALID_ARGUMENT, "the block at " + vta::hex(address) +
@@ -204,7 +204,7 @@ vta_status_t vta_torch_offload_bytes(int32_t device, uint64_t address, uint64_t*
   return guarded([&] {
     need(moved, "output");
     AddressSpace& space = existing_space(device, "no vtalloc address space serves this device yet");
-    CudaContextGuard guard(space.backend_kind() == VTA_BACKEND_CUDA);
+    ContextGuard guard(&space.backend_info());
     if (shim().pools.in_used_pool(device, address))
       vta::fail(VTA_ERR_INVALID_ARGUMENT, "the block at " + vta::hex(address) +
                                               " belongs to a graph-private pool that still has users: a captured "
@@ -217,7 +217,7 @@ vta_status_t vta_torch_release(void) {
   return guarded([&] {
     Shim& s = shim();
     std::lock_guard<std::mutex> lk(s.mu);
-    CudaContextGuard guard(s.cuda.load(std::memory_order_acquire) && s.spaces.any());
+    ContextGuard guard(s.spaces.any() ? s.backend.load(std::memory_order_acquire) : nullptr);
     vta::Status closed = s.spaces.release(
         "vtalloc's torch allocator", [&](int d) { return s.parking.parked(d) + s.pools.cached_count(d); },
         default_config().space);

@@ -15,7 +15,8 @@
 #include <mutex>
 #include <string>
 
-#include "backend/cuda_context_guard.hpp"
+#include "backend/backend_registry.hpp"
+#include "backend/context_guard.hpp"
 #include "torch/capture_parking.hpp"
 #include "torch/private_pools.hpp"
 #include "space/device_spaces.hpp"
@@ -49,7 +50,8 @@ struct Shim {
   bool configured = false;
   vta_torch_config_t config = default_config();
   std::atomic<uint32_t> on_failure{VTA_TORCH_FAIL_THROW};
-  std::atomic<bool> cuda{true};  // the configured backend is cuda (contexts and capture matter)
+  // The configured backend's registry entry (what a space not made yet will need: its context).
+  std::atomic<const BackendInfo*> backend{first_device_memory_backend()};
   DeviceSpaces spaces{default_config().space};
   CaptureParking parking;
   PrivatePools pools;
@@ -81,14 +83,15 @@ void count_deferred_free(int device);
 // Every device's record back to zero (vta_torch_release).
 void forget_failures();
 
-// Runs `body(space)` for `device`'s space (the ordinal checked) with its CUDA context current;
+// Runs `body(space)` for `device`'s space (the ordinal checked), the calling thread's context
+// restored after it where its backend needs a context;
 // false, running nothing, when the device has no space yet.
 template <typename F>
 bool with_space(int32_t device, F&& body) {
   DeviceSpaces::check_device(device);
   AddressSpace* space = shim().spaces.get(device);
   if (!space) return false;
-  CudaContextGuard guard(space->backend_kind() == VTA_BACKEND_CUDA);
+  ContextGuard guard(&space->backend_info());
   body(*space);
   return true;
 }
