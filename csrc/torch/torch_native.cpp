@@ -2,17 +2,16 @@
 // CUDAAllocator calls, over the same per-device spaces as the pluggable shim.
 //
 // Owns: the entry points of torch_native.h but its statistics (torch_native_stats.cpp): the
-// allocation and free by pointer, the lookups by address, record_stream, the largest
-// allocatable block, the per-device limit, the graph-private pools' calls, and the relaxed
-// capture mode around allocations made during a capture.
+// allocation (over torch_allocate, the body it shares with vta_torch_alloc: torch_allocate.cpp)
+// and free by pointer, the lookups by address, record_stream, the largest allocatable block, the
+// per-device limit and the graph-private pools' calls.
 // Invariants: no call throws, calls Python or creates a space except vta_torch_malloc; an
-// out-of-memory is recorded as vta_torch_alloc records it (torch_shim_state.hpp); a free on a
+// allocation fails and is recorded as vta_torch_alloc's (one body: torch_allocate); a free on a
 // capturing stream is parked, as vta_torch_free's is; the calling thread's context and
 // stream-capture mode are the same after every call as before it (RAII guards); what a backend
 // can do (capture, a context) is asked of its capabilities, never of its kind.
 #include <algorithm>
 #include <cstring>
-#include <memory>
 #include <string>
 #include <vector>
 
@@ -30,31 +29,6 @@ using vta::capi::need;
 using vta::capi::PrivatePools;
 
 namespace {
-
-// The calling thread's stream-capture mode is relaxed while it lives: driver calls that a
-// capture in the global mode would forbid (cuMemMap, event queries) are allowed while a pool
-// serves an allocation during capture. Without the driver entry point it changes nothing.
-class RelaxedCaptureMode {
- public:
-  RelaxedCaptureMode() {
-    int mode = vta::kCaptureModeRelaxed;
-    if (vta::cuda_exchange_capture_mode(&mode)) {
-      previous_ = mode;
-      active_ = true;
-    }
-  }
-  ~RelaxedCaptureMode() {
-    if (active_) (void)vta::cuda_exchange_capture_mode(&previous_);
-  }
-  RelaxedCaptureMode(const RelaxedCaptureMode&) = delete;
-  RelaxedCaptureMode& operator=(const RelaxedCaptureMode&) = delete;
-
- private:
-  int previous_ = 0;
-  bool active_ = false;
-};
-
-PrivatePools::Id pool_key(vta_torch_pool_id_t id) { return {id.first, id.second}; }
 
 // The device whose space holds `ptr` in one of its reservations; -1 if none.
 int device_holding(uintptr_t ptr) {
@@ -97,43 +71,11 @@ int32_t vta_torch_native_abi(void) { return VTA_TORCH_NATIVE_ABI; }
 
 vta_status_t vta_torch_malloc(uint64_t size, int32_t device, void* stream, const vta_torch_pool_id_t* pool,
                               void** out) {
-  FailureKind kind = FailureKind::other;
   return guarded([&] {
     need(out, "output");
     *out = nullptr;
-    try {
-      if (size == 0) vta::fail(VTA_ERR_INVALID_ARGUMENT, "allocation size must be positive");
-      DeviceSpaces::check_device(device);
-      Shim& s = shim();
-      ContextGuard guard(s.backend.load(std::memory_order_acquire));
-      AddressSpace& space = space_for(device);
-      auto handle = reinterpret_cast<vta::StreamHandle>(stream);
-      bool in_pool = PrivatePools::is_pool(pool);
-      bool capturing = false;
-      if (space.capabilities().can_capture) {
-        flush_parked(device, space);
-        capturing = vta::capi::stream_capturing(space.backend_kind(), stream);
-        if (capturing && !in_pool) {
-          kind = FailureKind::capture;
-          vta::fail(VTA_ERR_INVALID_ARGUMENT, "vtalloc cannot allocate on device " + std::to_string(device) +
-                                                  " while a CUDA graph is being captured on this stream without "
-                                                  "a graph-private pool: pass the capture's pool");
-        }
-      }
-      std::unique_ptr<RelaxedCaptureMode> relaxed;
-      if (capturing) relaxed = std::make_unique<RelaxedCaptureMode>();
-      uint32_t region = current_region();
-      uintptr_t address = in_pool ? s.pools.malloc(device, pool_key(*pool), space, size, handle, region)
-                                  : space.malloc(size, handle, true, true, region);
-      *out = reinterpret_cast<void*>(address);
-    } catch (const vta::OutOfMemory& e) {
-      record_failure(device, FailureKind::oom, oom_message(device, e), &e);
-      throw vta::OutOfMemory(oom_message(device, e), e.requested(), e.capacity(), e.mapped());
-    } catch (const std::exception& e) {
-      record_failure(device, kind, std::string("vtalloc could not allocate ") + std::to_string(size) +
-                                       " bytes on device " + std::to_string(device) + ": " + e.what(), nullptr);
-      throw;
-    }
+    std::string failure;  // recorded by torch_allocate; the status and last error come from what it rethrows
+    *out = reinterpret_cast<void*>(torch_allocate(size, device, stream, pool, TorchAbi::native, &failure));
   });
 }
 

@@ -2,7 +2,8 @@
 //
 // Owns: the process-wide shim state (shim()), finding a device's space (existing_space, and
 // space_for, which creates it with the limit set for it) and flushing the frees parked on it,
-// and the entry points over the spaces: vta_torch_alloc / vta_torch_free, the devices, their
+// and the entry points over the spaces: vta_torch_alloc (over torch_allocate, the body it shares
+// with vta_torch_malloc: torch_allocate.cpp) / vta_torch_free, the devices, their
 // stats, peaks, trim, offloaded pages and residency calls, and vta_torch_release, which closes
 // every space and forgets the state. The options are torch_shim_options.cpp's, the failure
 // records torch_shim_failures.cpp's, the C face of the out-of-memory exception
@@ -71,42 +72,18 @@ const char* vta_torch_last_error(void) { return vta::capi::last_error().c_str();
 
 void* vta_torch_alloc(size_t size, int device, void* stream) {
   if (size == 0) return nullptr;  // torch never frees a null pointer
-  FailureKind kind = FailureKind::other;
   std::string message;
-  Shim& s = shim();
+  bool oom = false;
   try {
-    DeviceSpaces::check_device(device);
-    ContextGuard guard(s.backend.load(std::memory_order_acquire));
-    AddressSpace* space = &space_for(device);
-    if (space->capabilities().can_capture) {
-      flush_parked(device, *space);
-      if (vta::capi::stream_capturing(space->backend_kind(), stream)) {
-        kind = FailureKind::capture;
-        vta::fail(VTA_ERR_INVALID_ARGUMENT,
-                  "vtalloc cannot allocate while a CUDA graph is being captured on device " + std::to_string(device) +
-                      ": PyTorch's pluggable allocator has no graph-private pools, so memory freed after the capture "
-                      "could be reused under the graph. Allocate the graph's tensors before capture, or capture "
-                      "with PyTorch's native allocator");
-      }
-    }
-    return reinterpret_cast<void*>(
-        space->malloc(size, reinterpret_cast<vta::StreamHandle>(stream), true, true, current_region()));
-  } catch (const vta::OutOfMemory& e) {
-    message = oom_message(device, e);
-    record_failure(device, FailureKind::oom, message, &e);
-    kind = FailureKind::oom;
-  } catch (const std::exception& e) {
-    message = std::string("vtalloc could not allocate ") + std::to_string(size) + " bytes on device " +
-              std::to_string(device) + ": " + e.what();
-    record_failure(device, kind, message, nullptr);
+    return reinterpret_cast<void*>(torch_allocate(size, device, stream, nullptr, TorchAbi::pluggable, &message));
+  } catch (const vta::OutOfMemory&) {
+    oom = true;  // recorded by torch_allocate, as every failure
   } catch (...) {
-    message = "vtalloc could not allocate: unknown internal error";
-    record_failure(device, kind, message, nullptr);
   }
-  if (s.on_failure.load(std::memory_order_acquire) == VTA_TORCH_FAIL_RETURN_NULL) return nullptr;
+  if (shim().on_failure.load(std::memory_order_acquire) == VTA_TORCH_FAIL_RETURN_NULL) return nullptr;
   // By design the one exception that leaves the shim: torch's global allocator has no other way
   // to fail, and its C++ callers turn it into a Python exception (see torch_shim.h).
-  if (kind == FailureKind::oom) vta::c10_oom::throw_oom(message);
+  if (oom) vta::c10_oom::throw_oom(message);
   throw std::runtime_error(message);
 }
 
