@@ -158,9 +158,4 @@ Status make_host_backend(const BackendOptions& options, std::unique_ptr<Backend>
 // The host backend under the modeled clock of options.cost_model (backend/testing/cost_model.cpp):
 // an unknown model, or a kind other than host, is VTA_ERR_INVALID_ARGUMENT.
 Status make_cost_model_backend(const BackendOptions& options, std::unique_ptr<Backend>* out);
-// cuThreadExchangeStreamCaptureMode for the calling thread: *mode in, the previous mode out
-// (CU_STREAM_CAPTURE_MODE_*); false (nothing changed) when the driver lacks it or refuses.
-bool cuda_exchange_capture_mode(int* mode);
-constexpr int kCaptureModeRelaxed = 2;  // CU_STREAM_CAPTURE_MODE_RELAXED
-
 }  // namespace vta

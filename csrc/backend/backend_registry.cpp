@@ -44,6 +44,8 @@ struct Registry {
     if (!info.make) return Status(VTA_ERR_INVALID_ARGUMENT, "backend '" + info.name + "' has no factory");
     if (info.capabilities.needs_context && !(info.save_context && info.restore_context))
       return Status(VTA_ERR_INVALID_ARGUMENT, "backend '" + info.name + "' needs a context but cannot save one");
+    if (!info.relax_capture_mode != !info.restore_capture_mode)
+      return Status(VTA_ERR_INVALID_ARGUMENT, "backend '" + info.name + "' can relax the capture mode but not restore it");
     if (info.capabilities.can_capture && !info.stream_is_capturing)
       return Status(VTA_ERR_INVALID_ARGUMENT, "backend '" + info.name + "' can capture but cannot be asked whether it does");
     std::lock_guard<std::mutex> lk(mu);

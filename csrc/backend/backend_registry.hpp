@@ -34,6 +34,11 @@ struct BackendInfo {
   // restored where it changed (ContextGuard); null when the kind needs no context.
   bool (*save_context)(void** saved) = nullptr;
   void (*restore_context)(void* saved) = nullptr;
+  // The calling thread's stream-capture mode made relaxed (driver calls that a capture in the
+  // global mode forbids, such as mapping, allowed while a graph-private pool serves a capture),
+  // the previous mode saved (false: nothing changed), and set back; null when the kind has none.
+  bool (*relax_capture_mode)(int* previous) = nullptr;
+  void (*restore_capture_mode)(int previous) = nullptr;
 };
 
 constexpr size_t kMaxBackends = 16;

@@ -3,7 +3,8 @@
 // Owns: the one load of the driver (driver_api()), a retained primary context of one device,
 // the allocation properties used for every page (device-located, POSIX-fd exportable where
 // the device supports it), the capture state of a stream, the thread's current context saved
-// and restored (ContextGuard's hooks), the kind's registry entry (cuda_backend_info), and the
+// and restored (ContextGuard's hooks) and its stream-capture mode relaxed and restored, the
+// kind's registry entry (cuda_backend_info), and the
 // translation of CUresult into Status. The driver is loaded at run time, so this file
 // builds without CUDA and, on a machine without a driver, make_cuda_backend() reports
 // VTA_ERR_BACKEND_UNAVAILABLE instead of failing to load.
@@ -105,13 +106,25 @@ void cuda_restore_context(void* saved) {
   if (api->cuCtxGetCurrent(&now) == cu::CUDA_SUCCESS && now != context) api->cuCtxSetCurrent(context);
 }
 
-}  // namespace
-
+// cuThreadExchangeStreamCaptureMode for the calling thread: *mode in, the previous mode out
+// (CU_STREAM_CAPTURE_MODE_*); false (nothing changed) when the driver lacks it or refuses.
 bool cuda_exchange_capture_mode(int* mode) {
   const cu::DriverApi* api = cu::driver_api(nullptr);
   if (!api || !api->cuThreadExchangeStreamCaptureMode) return false;
   return api->cuThreadExchangeStreamCaptureMode(mode) == cu::CUDA_SUCCESS;
 }
+
+// The registry's capture-mode hooks: relaxed in, the previous mode kept and set back.
+bool cuda_relax_capture_mode(int* previous) {
+  int mode = 2;  // CU_STREAM_CAPTURE_MODE_RELAXED
+  if (!cuda_exchange_capture_mode(&mode)) return false;
+  *previous = mode;
+  return true;
+}
+
+void cuda_restore_capture_mode(int previous) { (void)cuda_exchange_capture_mode(&previous); }
+
+}  // namespace
 
 namespace {
 
@@ -457,6 +470,8 @@ BackendInfo cuda_backend_info() {
   b.stream_is_capturing = cuda_stream_is_capturing;
   b.save_context = cuda_save_context;
   b.restore_context = cuda_restore_context;
+  b.relax_capture_mode = cuda_relax_capture_mode;
+  b.restore_capture_mode = cuda_restore_capture_mode;
   return b;
 }
 

@@ -14,7 +14,7 @@
 #include <memory>
 #include <string>
 
-#include "backend/backend.hpp"
+#include "backend/backend_registry.hpp"
 #include "backend/context_guard.hpp"
 #include "capi/guard.hpp"
 #include "torch/torch_shim_state.hpp"
@@ -25,25 +25,22 @@ namespace {
 
 // The calling thread's stream-capture mode is relaxed while it lives: driver calls that a
 // capture in the global mode would forbid (cuMemMap, event queries) are allowed while a pool
-// serves an allocation during capture. Without the driver entry point it changes nothing.
+// serves an allocation during capture. A kind without the hooks (or a driver without the entry
+// point) changes nothing.
 class RelaxedCaptureMode {
  public:
-  RelaxedCaptureMode() {
-    int mode = vta::kCaptureModeRelaxed;
-    if (vta::cuda_exchange_capture_mode(&mode)) {
-      previous_ = mode;
-      active_ = true;
-    }
+  explicit RelaxedCaptureMode(const BackendInfo& backend) {
+    if (backend.relax_capture_mode && backend.relax_capture_mode(&previous_)) restore_ = backend.restore_capture_mode;
   }
   ~RelaxedCaptureMode() {
-    if (active_) (void)vta::cuda_exchange_capture_mode(&previous_);
+    if (restore_) restore_(previous_);
   }
   RelaxedCaptureMode(const RelaxedCaptureMode&) = delete;
   RelaxedCaptureMode& operator=(const RelaxedCaptureMode&) = delete;
 
  private:
+  void (*restore_)(int) = nullptr;  // the kind's restore hook while relaxed
   int previous_ = 0;
-  bool active_ = false;
 };
 
 // Why an allocation on a capturing stream without a pool is refused, in each ABI's words.
@@ -76,7 +73,7 @@ uintptr_t place(uint64_t size, int device, void* stream, const vta_torch_pool_id
     }
   }
   std::unique_ptr<RelaxedCaptureMode> relaxed;
-  if (capturing) relaxed = std::make_unique<RelaxedCaptureMode>();
+  if (capturing) relaxed = std::make_unique<RelaxedCaptureMode>(space.backend_info());
   uint32_t region = current_region();
   return in_pool ? s.pools.malloc(device, pool_key(*pool), space, size, handle, region)
                  : space.malloc(size, handle, true, true, region);
