@@ -28,7 +28,7 @@ from vtalloc.allocator import (BackendUnavailableError, InvalidArgumentError, Vt
                                format_size)
 from vtalloc.allocator.config import parse_size
 
-from .commands_common import EXIT_BROKEN_PIPE, EXIT_INTERRUPTED, error_line, quiet_broken_pipe
+from .commands_common import BACKEND_HELP, EXIT_BROKEN_PIPE, EXIT_INTERRUPTED, error_line, quiet_broken_pipe
 from .commands_service import Backend
 from .commands_service import register as _register_service_commands
 from .render import rounding_note
@@ -156,8 +156,7 @@ def info(json_out: bool = typer.Option(False, "--json", help="Print JSON (schema
 @app.command()
 @_pipe_safe
 def demo(
-    backend: Backend = typer.Option("auto", help="auto (a GPU backend if one is usable, else host) or one of: "
-                                    f"{', '.join(b.value for b in Backend if b.value != 'auto')}."),
+    backend: Backend = typer.Option("auto", help=BACKEND_HELP),
     capacity: str = typer.Option(
         "64MiB", help="Capacity of the demo address space (and of the host space the CPU training uses); "
         "rounded down to whole pages."

@@ -28,7 +28,7 @@ from vtalloc.allocator.errors import InvalidArgumentError, VtallocError
 
 from .layout import natural_width
 
-__all__ = ["Backend", "PagesFormat", "CommandContext", "open_session", "emit_json", "socket_opt", "wide_opt",
+__all__ = ["Backend", "BACKEND_HELP", "PagesFormat", "CommandContext", "open_session", "emit_json", "socket_opt", "wide_opt",
            "timeout_opt", "EXIT_INTERRUPTED", "EXIT_BROKEN_PIPE", "error_line", "quiet_broken_pipe"]
 
 # The shells' conventions for a process ended by a signal (128 + its number): Ctrl-C (SIGINT)
@@ -56,6 +56,9 @@ def quiet_broken_pipe() -> NoReturn:
 
 # --backend's choices ("auto" and the core's registered backends): argument parsing refuses others (exit code 2).
 Backend = enum.Enum("Backend", {b: b for b in backends.choices()}, type=str)  # type: ignore[misc]
+# --backend's help, from the same registry.
+BACKEND_HELP = (f"auto (a GPU backend if one is usable, else host) or one of: {', '.join(backends.names())} "
+                "(`vtalloc info` says which run here).")
 
 
 class PagesFormat(str, enum.Enum):
