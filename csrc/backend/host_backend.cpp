@@ -37,6 +37,7 @@
 #include <unordered_map>
 
 #include "backend/backend.hpp"
+#include "backend/backend_registry.hpp"
 #include "backend/counters.hpp"
 #include "backend/fault_guard.hpp"
 #include "backend/host_streams.hpp"
@@ -81,6 +82,16 @@ void raise_descriptor_limit_once() {
   });
 }
 
+// What the host backend does: host pages, export and test kernels; its memory is host memory,
+// it has no context and its streams never capture.
+BackendCapabilities host_capabilities() {
+  BackendCapabilities c;
+  c.host_pages = true;
+  c.export_pages = true;
+  c.test_kernels = true;
+  return c;
+}
+
 class HostBackend final : public Backend {
  public:
   HostBackend(uint64_t capacity, size_t granularity) : capacity_(capacity), granularity_(granularity) {}
@@ -110,7 +121,7 @@ class HostBackend final : public Backend {
   int device() const override { return 0; }
   size_t granularity() const override { return granularity_; }
   uint64_t default_capacity() const override { return capacity_; }
-  bool supports_host_pages() const override { return true; }
+  BackendCapabilities capabilities() const override { return host_capabilities(); }
 
   Status reserve(size_t bytes, size_t align, uintptr_t* va) override {
     if (bytes == 0 || bytes % granularity_) return bad("reserve: size is not a positive multiple of the granularity");
@@ -456,6 +467,14 @@ Status make_host_backend(const BackendOptions& options, std::unique_ptr<Backend>
   raise_descriptor_limit_once();
   out->reset(new HostBackend(cap, gran));
   return Status::ok();
+}
+
+BackendInfo host_backend_info() {
+  BackendInfo b;
+  b.name = "host";
+  b.capabilities = host_capabilities();
+  b.make = make_host_backend;
+  return b;
 }
 
 }  // namespace vta
