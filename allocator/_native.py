@@ -1,29 +1,35 @@
-"""Loader for the C++ core (``_vtalloc*.so``) and its C ABI, through ctypes.
+"""The C++ core's C ABI (``_vtalloc*.so``), through ctypes.
 
-Owns: the ctypes mirror of ``csrc/include/vtalloc/vtalloc.h`` (structs and prototypes) and
+Owns: the ctypes mirror of ``csrc/include/vtalloc/vtalloc.h`` (structs and prototypes),
+:func:`load` (the library ``_library`` loaded, these prototypes declared on it) and
 :func:`check`, which turns a non-zero status into the matching exception (declared and
-read back through ``_cabi``, the edge it shares with ``torch.shim``). ctypes releases the
-GIL for the duration of every call, so no core operation holds it.
-Invariant: the structs below match the header field for field; ``load()`` refuses a
+read back through ``_cabi``, the edge it shares with ``torch.shim``). Backend names and codes
+are the registry's (``backends``), never listed here. ctypes releases the GIL for the duration
+of every call, so no core operation holds it.
+Invariant: the structs below match the header field for field; ``_library`` refuses a
 library whose ABI version differs.
 """
 
 from __future__ import annotations
 
 import ctypes
-import glob
-import os
-import threading
-from pathlib import Path
 
-from . import _cabi
+from . import _cabi, backends
+from ._library import library_path, load_with  # noqa: F401  (library_path: re-exported, callers use _native's)
 from .config import Config
-from .errors import InternalError
 from .stats import DRIVER_CALL_FIELDS, LATER_DRIVER_CALL_FIELDS
 
-ABI_VERSION = 3
-BACKEND_CODES = {"auto": 0, "host": 1, "cuda": 2}
-BACKEND_NAMES = {v: k for k, v in BACKEND_CODES.items()}
+
+
+def __getattr__(name: str) -> dict:
+    """``BACKEND_CODES`` (name -> code, "auto" included) and ``BACKEND_NAMES`` (code -> name),
+    read from the core's registry when asked (allocator/backends.py)."""
+    if name == "BACKEND_CODES":
+        return {n: backends.code(n) for n in backends.choices()}
+    if name == "BACKEND_NAMES":
+        return {backends.code(n): n for n in backends.choices()}
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 u32, i32, u64 = ctypes.c_uint32, ctypes.c_int32, ctypes.c_uint64
 
@@ -106,7 +112,7 @@ FAULT_OPS = {"copy": 0, "map": 1, "create_page": 2, "set_access": 3}
 # vta_debug_break_ordering bits (tests only)
 ORDERING_RULES = {"quiesce": 1, "copy_order": 2, "free_wait": 4}
 KERNEL_KINDS = {"fill": 0, "check": 1}
-MAX_KERNEL_SECONDS = 60.0  # the core refuses longer test kernels (host_kernels.hpp)
+MAX_KERNEL_SECONDS = 60.0  # the core refuses longer test kernels (testing/host_kernels.hpp)
 
 
 class VtaKernelCounters(ctypes.Structure):
@@ -137,6 +143,7 @@ _PROTOTYPES: _cabi.Prototypes = {
     "vta_global_counters": (i32, [_P(VtaGlobalCounters)]),
     "vta_backend_probe": (i32, [i32, i32]),
     "vta_backend_conformance": (i32, [i32, i32, ctypes.c_char_p, u64, _P(i32)]),
+    "vta_test_register_toy_backend": (i32, [ctypes.c_char_p, _P(i32)]),
     "vta_space_create": (i32, [_P(VtaConfig), _P(ctypes.c_void_p)]),
     "vta_space_close": (i32, [ctypes.c_void_p]),
     "vta_space_destroy": (None, [ctypes.c_void_p]),
@@ -195,7 +202,7 @@ def make_config(config: Config, *, flags: int = 0) -> VtaConfig:
     """The C mirror of a :class:`vtalloc.allocator.config.Config`."""
     c = VtaConfig()
     c.struct_size = ctypes.sizeof(c)
-    c.backend = BACKEND_CODES[config.backend]
+    c.backend = backends.code(config.backend)
     c.device = config.device
     c.flags = flags
     c.capacity_bytes = config.capacity or 0
@@ -214,7 +221,7 @@ def config_from_struct(raw: VtaConfig) -> Config:
     """The :class:`~vtalloc.allocator.config.Config` a vta_config_t mirrors (the inverse of
     :func:`make_config`; 0 means "the default")."""
     return Config(
-        backend=BACKEND_NAMES[raw.backend],
+        backend=backends.name_of(raw.backend),
         device=raw.device,
         capacity=raw.capacity_bytes or None,
         page_size=raw.page_bytes or None,
@@ -227,38 +234,9 @@ def config_from_struct(raw: VtaConfig) -> Config:
         extent_size=raw.extent_bytes or None,
     )
 
-_lib: ctypes.CDLL | None = None
-_lock = threading.Lock()
-
-
-def library_path() -> str:
-    """Path of the shared library: $VTALLOC_LIBRARY, else the one built into this package."""
-    override = os.environ.get("VTALLOC_LIBRARY")
-    if override:
-        return override
-    here = Path(__file__).resolve().parent
-    found = sorted(glob.glob(str(here / "_vtalloc*.so")))
-    if not found:
-        raise InternalError(
-            f"vtalloc's native library is missing from {here}: reinstall with `pip install .` (it needs a C++ compiler)"
-        )
-    return found[0]
-
-
 def load() -> ctypes.CDLL:
-    """Load the library once per process and declare every prototype."""
-    global _lib
-    if _lib is not None:
-        return _lib
-    with _lock:
-        if _lib is None:
-            lib = ctypes.CDLL(library_path())
-            _cabi.declare(lib, _PROTOTYPES)
-            version = lib.vta_abi_version()
-            if version != ABI_VERSION:
-                raise InternalError(f"native library ABI {version} does not match the Python package's {ABI_VERSION}")
-            _lib = lib
-    return _lib
+    """The library (``_library``), every prototype of vtalloc.h declared on it."""
+    return load_with(_PROTOTYPES)
 
 
 def check(status: int) -> None:
@@ -280,7 +258,7 @@ def backend_conformance(backend: str, device: int = 0) -> tuple[int, str]:
     lib = load()
     buf = ctypes.create_string_buffer(1 << 16)
     failures = i32()
-    check(lib.vta_backend_conformance(BACKEND_CODES[backend], device, buf, len(buf), ctypes.byref(failures)))
+    check(lib.vta_backend_conformance(backends.code(backend), device, buf, len(buf), ctypes.byref(failures)))
     return failures.value, buf.value.decode()
 
 

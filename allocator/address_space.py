@@ -22,7 +22,7 @@ import ctypes
 import itertools
 from typing import Any
 
-from . import _native
+from . import _native, backends
 from .checks import MAX_U64 as _MAX_U64
 from .checks import as_u64 as _as_u64
 from .checks import plain_bytes as _plain_bytes
@@ -113,7 +113,7 @@ class AddressSpace(RegionCalls, TestHooks, NativeHandle):
         self._closed = False
         kind, dev = ctypes.c_int32(), ctypes.c_int32()
         _native.check(lib.vta_space_backend(self._handle, ctypes.byref(kind), ctypes.byref(dev)))
-        self.backend: str = _native.BACKEND_NAMES[kind.value]
+        self.backend: str = backends.name_of(kind.value)
         self.device: int = dev.value
         self.name: str = name if name is not None else f"{self.backend}:{self.device}#{next(_UNNAMED)}"
         s = self.stats()

@@ -21,14 +21,24 @@ import os
 import re
 from typing import TYPE_CHECKING, Any, Mapping
 
+from . import backends
 from .checks import MAX_U64, quote
 from .errors import InvalidArgumentError
 
-__all__ = ["Config", "parse_size", "format_size", "BACKENDS", "MAX_SPACE_BYTES", "ConfigWarning", "CONF_ENV",
-           "known_env", "warn_unknown_env"]
+__all__ = ["Config", "parse_size", "format_size", "BACKENDS", "MAX_SPACE_BYTES", "ConfigWarning",  # noqa: F822
+           "CONF_ENV", "known_env", "warn_unknown_env"]  # BACKENDS: the module's __getattr__, from the registry
 
-BACKENDS = ("auto", "host", "cuda")
 EVICT_MODES = ("auto", "copy", "mapped")
+
+
+def __getattr__(name: str) -> tuple[str, ...]:
+    """``BACKENDS``: what ``backend=`` takes, "auto" and the core's registered backends, read from
+    the registry when asked (allocator/backends.py): no backend is listed here."""
+    if name == "BACKENDS":
+        return backends.choices()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 # Driver cost models of the host backend (docs/cost-model.md): the GPU whose measured per-call
 # costs and copy bandwidths a modeled clock charges.
 COST_MODELS = ("h100",)
@@ -111,7 +121,7 @@ def format_size(n: int) -> str:
 class Config:
     """How an address space is built. ``None`` means "the backend's default"."""
 
-    backend: str = "auto"                 # "auto" (cuda if a device is usable, else host), "host", "cuda"
+    backend: str = "auto"                 # "auto" (a GPU backend if one is usable, else host) or a registered name (backends.names())
     device: int = 0                       # CUDA device ordinal
     capacity: int | None = None           # most bytes of physical pages held (cuda: free memory less a margin; host: 1 GiB)
     page_size: int | None = None          # bytes per physical page (default: the backend's granularity, 2 MiB on H100)
@@ -139,8 +149,9 @@ class Config:
                      cost_model: str | None = None, extent_size: int | str | None = None) -> None: ...
 
     def __post_init__(self) -> None:
-        if self.backend not in BACKENDS:
-            raise InvalidArgumentError(f"backend must be one of {', '.join(BACKENDS)}, got {self.backend!r}")
+        choices = backends.choices()  # "auto" and the core's registered backends
+        if self.backend not in choices:
+            raise InvalidArgumentError(f"backend must be one of {', '.join(choices)}, got {self.backend!r}")
         if self.evict_mode not in EVICT_MODES:
             raise InvalidArgumentError(f"evict_mode must be one of {', '.join(EVICT_MODES)}, got {self.evict_mode!r}")
         if self.cost_model is not None:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import ctypes
 from dataclasses import dataclass
 
-from . import _native
+from . import _native, backends
 from ._handle import NativeHandle
 from .checks import as_u64
 from .config import Config
@@ -63,7 +63,7 @@ class PagePool(NativeHandle):
     def info(self) -> PagePoolInfo:
         raw = _native.VtaPoolInfo()
         _native.check(self._lib.vta_pool_info(self._h(), ctypes.byref(raw)))
-        return PagePoolInfo(_native.BACKEND_NAMES[raw.backend], raw.device, raw.page_bytes, raw.capacity_bytes,
+        return PagePoolInfo(backends.name_of(raw.backend), raw.device, raw.page_bytes, raw.capacity_bytes,
                         raw.pages_held, bool(raw.exportable))
 
     def create_page(self) -> int:

@@ -7,7 +7,7 @@ real error would let a GPU test skip instead of fail.
 
 from __future__ import annotations
 
-from . import _native
+from . import _native, backends
 from .errors import BackendUnavailableError
 
 __all__ = ["backend_available", "cuda_available"]
@@ -17,7 +17,7 @@ def backend_available(backend: str = "cuda", device: int = 0) -> tuple[bool, str
     """(usable, reason). The reason says why not, e.g. 'no CUDA driver: libcuda.so.1 ...'."""
     lib = _native.load()
     try:
-        _native.check(lib.vta_backend_probe(_native.BACKEND_CODES[backend], device))
+        _native.check(lib.vta_backend_probe(backends.code(backend), device))
     except BackendUnavailableError as e:
         return False, str(e)
     return True, ""

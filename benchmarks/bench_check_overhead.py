@@ -37,8 +37,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import bench_offload_training as bench  # noqa: E402
-from provenance import git_info, machine_info  # noqa: E402
+from lib import training_models as training  # noqa: E402
+from lib.provenance import git_info, machine_info  # noqa: E402
 
 MiB = 1 << 20
 
@@ -79,8 +79,8 @@ def model_costs(name: str, batch: int, repeats: int, steps: int, forward_batch: 
     from vtalloc.allocator.torch.activation_recorder import Recorder
 
     torch.set_num_threads(1)
-    net, x, y, loss_fn = bench.build(torch, name, batch, "cpu")
-    fwd = bench.measure_forward(torch, net, x)
+    net, x, y, loss_fn = training.build(torch, name, batch, "cpu")
+    fwd = training.measure_forward(torch, net, x)
     out: dict[str, Any] = {"model": name, "batch": batch, "saved_bytes": fwd["saved_bytes"]}
     with _space(fwd["saved_bytes"]) as space:
         pager = paged_activations(space, budget=max(fwd["saved_bytes"] // 4, 1), cost_model=_no_link())
@@ -96,8 +96,8 @@ def model_costs(name: str, batch: int, repeats: int, steps: int, forward_batch: 
         out["check"] = "not timed" if spec is not None else "the plan recomputes nothing: no check to time"
         return out
     if forward_batch != batch:  # the same model at the forward's batch: its own plan and check
-        net, x, y, loss_fn = bench.build(torch, name, forward_batch, "cpu")
-        fwd = bench.measure_forward(torch, net, x)
+        net, x, y, loss_fn = training.build(torch, name, forward_batch, "cpu")
+        fwd = training.measure_forward(torch, net, x)
         with _space(fwd["saved_bytes"]) as space:
             pager = paged_activations(space, budget=max(fwd["saved_bytes"] // 4, 1), cost_model=_no_link())
             _steps(torch, net, x, y, loss_fn, lambda: pager, 2)
@@ -152,7 +152,7 @@ def planning(repeats: int) -> dict[str, Any]:
     net = transformers.GPT2LMHeadModel(cfg)
     g = torch.Generator().manual_seed(1)
     ids, y = torch.randint(1000, (8, 64), generator=g), torch.randint(1000, (8, 64), generator=g)
-    fwd = bench.measure_forward(torch, lambda i: net(input_ids=i).logits, ids)
+    fwd = training.measure_forward(torch, lambda i: net(input_ids=i).logits, ids)
     budget = fwd["saved_bytes"] // 4
     with _space(fwd["saved_bytes"]) as space:
         pager = paged_activations(space, budget=budget)

@@ -38,7 +38,7 @@ from typing import Any
 if str(Path(__file__).resolve().parent) not in sys.path:
     sys.path.insert(0, str(Path(__file__).resolve().parent))  # path_check and provenance sit beside this file
 
-from path_check import check, failed, summary  # noqa: E402
+from lib.path_check import check, failed, summary  # noqa: E402
 
 MiB = 1 << 20
 PAGE = 2 * MiB
@@ -304,7 +304,7 @@ def main(argv: list[str] | None = None) -> int:
             runs.append(r)
             print(f"  {c:12s} {r.get('status')}" + (f"  {r['time_s']:.3f} s, {r['ooms']} OOMs" if r.get("status") == "ok"
                                                    else f"  {r.get('error', '')[:200]}"), flush=True)
-    from provenance import git_info, machine_info
+    from lib.provenance import git_info, machine_info
 
     date = _dt.date.today().isoformat()
     record = {"benchmark": "churn", "backend": a.backend,

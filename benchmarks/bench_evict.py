@@ -36,8 +36,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from path_check import PathNotTaken, check, failed, summary
-from provenance import git_info, machine_info
+from lib.path_check import PathNotTaken, check, failed, summary
+from lib.provenance import git_info, machine_info
 from vtalloc.allocator import AddressSpace, backend_available
 
 MiB = 1 << 20

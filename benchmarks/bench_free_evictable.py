@@ -27,8 +27,8 @@ import sys
 import time
 from pathlib import Path
 
-from path_check import check, failed, summary
-from provenance import git_info, machine_info
+from lib.path_check import check, failed, summary
+from lib.provenance import git_info, machine_info
 
 from vtalloc.allocator import AddressSpace
 
@@ -64,7 +64,7 @@ MAX_LRU_ENTRIES_PER_FREE = 3  # its first page, its last page (either may be sha
 
 def path_check(rows: list[dict]) -> dict:
     """Every evictable free touches at most MAX_LRU_ENTRIES_PER_FREE LRU entries, whatever its
-    size (the page walk touched one per page: 32 at 64 MiB, 256 at 512 MiB): path_check.py's
+    size (the page walk touched one per page: 32 at 64 MiB, 256 at 512 MiB): lib/path_check.py's
     record for the run."""
     return summary(check(f"evictable free {r['size_bytes'] // MiB} MiB", "LRU runs (no page walk)",
                          {"lru_entries_touched_per_free": {"max": MAX_LRU_ENTRIES_PER_FREE}},

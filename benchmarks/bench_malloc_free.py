@@ -19,7 +19,7 @@ free. What it times, per backend:
            and (when a C compiler is there) the same loops in C through native_loop.c, so
            readers can see how much of a pair is Python and ctypes and how much the core.
 
-Every row's check (path_check.py) is in the JSON beside its figures (``path_check``, and
+Every row's check (lib/path_check.py) is in the JSON beside its figures (``path_check``, and
 ``path_checked`` for the run); a row that measured another path makes the script exit 1 naming
 it and what it measured, after the JSON is written.
 
@@ -45,8 +45,8 @@ from pathlib import Path
 from time import perf_counter_ns
 from typing import Any, Callable
 
-from path_check import check, failed, summary
-from provenance import git_info, machine_info
+from lib.path_check import check, failed, summary
+from lib.provenance import git_info, machine_info
 from saved_activation_sizes import Placement, backing
 from vtalloc.allocator import AddressSpace, _native, backend_available
 
@@ -337,7 +337,7 @@ def run_native(exe: str, backend: str, capacity: int, mode: str, size: int, thre
     return checked(entry, None)  # native_loop.c creates its space at default settings
 
 
-# -- provenance: machine_info() and git_info() come from provenance.py -------------------------
+# -- provenance: machine_info() and git_info() come from lib/provenance.py ---------------------
 def vtalloc_info() -> dict[str, Any]:
     try:
         from importlib.metadata import version

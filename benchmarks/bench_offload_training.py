@@ -1,12 +1,12 @@
 """bench_offload_training: training with more saved activations than fit, vtalloc against every peer (issue 10).
 
-Why this file is long: the child (one configuration), the parent (plan, compare, record) and
-their tables share the configuration names and the JSON record; split, each new configuration
-would be written into three files.
+Why this file is long: the child (one configuration) and the parent (plan, record) share the
+configuration names and the JSON record; the models (lib/training_models.py), the peers and the
+offloader (lib/offload_peers.py) and the checks, tables and chart (lib/offload_report.py) are
+apart.
 
-Owns: the offload-training benchmark (a parent that plans the runs, one child interpreter per
-configuration), the stream-overlapped offloader baseline, the loss check, the JSON record, the
-table and the chart.
+Owns: the offload-training benchmark: a parent that plans the runs, one child interpreter per
+configuration (``--child``), each run's path check (``run_check``) and the JSON record.
 Invariants: every configuration runs in its own fresh process (a clean CUDA context and
 allocator) under the same memory cap, on the same seeded model and data; a run that runs out
 of memory is a result (recorded, not retried); losses of runs at one batch are compared with a
@@ -19,13 +19,13 @@ Configurations (GPU), per model, at the native maximum batch B (probed, or ``--b
 * uncapped     - the same with no cap, at k x B: the limit, where the GPU has room (GPU only);
 * expandable   - the same with ``PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True``;
 * save_on_cpu  - ``torch.autograd.graph.save_on_cpu(pin_memory=True)``;
-* offloader    - :class:`StreamOffloader` below: saved tensors >= 1 MiB copied D2H on a side
+* offloader    - :class:`StreamOffloader` (lib/offload_peers.py): saved tensors >= 1 MiB copied D2H on a side
                  stream into pinned buffers during forward, copied back on demand in backward;
 * vtalloc      - ``vtalloc.allocator.torch.enable(capacity=cap)`` + ``paged_activations(None)``
                  at default settings (``--vtalloc-option k=v`` / ``--budget`` override them):
                  ``recompute="auto"``, keep, page out or recompute each saved tensor, segments
                  rebuilt once, the budget measured from the cap; on a GPU the run
-                 also measures the cost model's constants (``calibration``: offload_peers.py);
+                 also measures the cost model's constants (``calibration``: lib/offload_peers.py);
 * vtalloc_off  - the same with ``recompute="off"``: keep or page only (offload-only);
 * checkpoint   - ``torch.utils.checkpoint`` (full, per block, ``use_reentrant=False``): every
                  block's activations recomputed in backward; the peer that moves no bytes; on CPU
@@ -40,7 +40,7 @@ Runs start in ``RUN_ORDER`` (the comparison's first), and on a GPU the whole inv
 starting runs after ``--time-limit`` (220 s), cutting the one under way there: the JSON is
 always written, what did not run recorded as skipped.
 
-Models: ResNet-50 (torchvision's, or where torchvision does not import resnet50_stand_in.py's
+Models: ResNet-50 (torchvision's, or where torchvision does not import lib/resnet50_stand_in.py's
 network with the same layers: ``model_source`` in each run; channels_last, 224x224) and a
 transformer (8 x TransformerEncoderLayer(2048, 16 heads, 8192), seq 1024), bf16 autocast, SGD.
 On CPU (fp32, one thread per child) ``resnet50`` runs too (``--batch resnet50=2``: about 1.5 s
@@ -86,206 +86,33 @@ from pathlib import Path
 from typing import Any
 
 if str(Path(__file__).resolve().parent) not in sys.path:
-    sys.path.insert(0, str(Path(__file__).resolve().parent))  # path_check and provenance sit beside this file
+    sys.path.insert(0, str(Path(__file__).resolve().parent))  # the library (benchmarks/lib/) sits beside this file
 
-from offload_peers import RecomputeCount, calibrate, checkpoint_blocks, compiled  # noqa: E402
-from path_check import check, failed, summary  # noqa: E402
+from lib.offload_peers import (  # noqa: E402
+    CPU_CONFIGS,
+    GPU_CONFIGS,
+    PAGER_CONFIGS,
+    RUN_ORDER,
+    RecomputeCount,
+    StreamOffloader,
+    calibrate,
+    checkpoint_blocks,
+    compiled,
+    counted_save_on_cpu,
+)
+from lib.offload_report import chart, check_grads, check_losses, recompute_rows, recompute_table, table  # noqa: E402
+from lib.path_check import check, failed, summary  # noqa: E402
+from lib.training_models import build, measure_forward, resnet50_source  # noqa: E402
 
 MiB = 1 << 20
-GPU_CONFIGS = ["native", "expandable", "save_on_cpu", "offloader", "checkpoint", "checkpoint_offload", "uncapped",
-               "compile", "vtalloc_off", "vtalloc"]
-CPU_CONFIGS = ["native", "save_on_cpu", "offloader", "checkpoint", "vtalloc_off", "vtalloc"]
-REFERENCE_ORDER = ["native", "uncapped", "save_on_cpu", "offloader", "expandable", "checkpoint", "checkpoint_offload",
-                   "compile", "vtalloc_off", "vtalloc"]
-# The order runs start in: what the comparison needs first, so a time limit cuts the least useful.
-RUN_ORDER = ["vtalloc", "checkpoint", "uncapped", "native", "checkpoint_offload", "vtalloc_off", "save_on_cpu",
-             "offloader", "compile", "expandable"]
 GPU_TIME_LIMIT_S = 220.0  # the default --time-limit on a GPU: the whole invocation well under 5 minutes
-PAGER_CONFIGS = {"vtalloc": "auto", "vtalloc_off": "off"}  # config -> paged_activations(recompute=...)
-HF_MODELS = ("gpt2", "llama")  # transformers, CPU-sized, random weights
-MIN_SAVED_BYTES = 1024  # paged_activations' default min_bytes: what the budget fraction counts
 PROBE_START = {"resnet50": 32, "transformer": 2}
-
-
-# -- the stream-overlapped offloader (the strongest simple baseline) -------------------------------
-
-class StreamOffloader:
-    """Saved tensors >= ``min_bytes`` go to pinned host buffers on a side stream during forward
-    and come back on demand (on the current stream) in backward. On CPU the copies are plain."""
-
-    def __init__(self, min_bytes: int = MiB) -> None:
-        import torch
-
-        self.torch, self.min_bytes, self.stream = torch, min_bytes, None
-        self.d2h_bytes = self.h2d_bytes = 0
-
-    def hooks(self) -> Any:
-        return self.torch.autograd.graph.saved_tensors_hooks(self.pack, self.unpack)
-
-    def pack(self, t: Any) -> Any:
-        torch = self.torch
-        base = t._base if t._base is not None else t
-        nbytes = t.numel() * t.element_size()
-        if (base.is_leaf and base.requires_grad) or nbytes < self.min_bytes:
-            return t  # parameters stay; small tensors cost more to move than they free
-        dense = t.is_contiguous() or t.is_contiguous(memory_format=torch.channels_last)
-        stride = t.stride() if dense else torch.empty(t.shape, device="meta").stride()
-        host = torch.empty_strided(t.shape, stride, dtype=t.dtype, pin_memory=t.is_cuda)
-        if t.is_cuda:
-            if self.stream is None:
-                self.stream = torch.cuda.Stream(t.device)
-            self.stream.wait_stream(torch.cuda.current_stream(t.device))
-            with torch.cuda.stream(self.stream):
-                host.copy_(t, non_blocking=True)
-            t.record_stream(self.stream)  # its device memory is reused only after the copy
-        else:
-            host.copy_(t)
-        self.d2h_bytes += nbytes
-        return (t.device, host)
-
-    def unpack(self, packed: Any) -> Any:
-        if not isinstance(packed, tuple):
-            return packed
-        device, host = packed
-        if device.type != "cuda":
-            return host
-        self.torch.cuda.current_stream(device).wait_stream(self.stream)
-        self.h2d_bytes += host.numel() * host.element_size()
-        return host.to(device, non_blocking=True)
 
 
 # -- child: one configuration in its own interpreter ----------------------------------------------
 
-def build(torch: Any, model: str, batch: int, device: str) -> tuple[Any, Any, Any, Any]:
-    """(model, x, y, loss_fn), seeded: the same weights and data in every process."""
-    nn = torch.nn
-    torch.manual_seed(0)
-    seq = 1
-    if model == "resnet50":
-        from resnet50_stand_in import resnet50_stand_in, torchvision_or_why
-
-        tv, _ = torchvision_or_why()
-        net = tv.models.resnet50() if tv is not None else resnet50_stand_in(torch)
-        shape, classes = (3, 224, 224), 1000
-    elif model in HF_MODELS:
-        net, seq, vocab = hf_model(torch, model), 64, 1000
-        g = torch.Generator().manual_seed(1)
-        x = torch.randint(vocab, (batch, seq), generator=g)
-        y = torch.randint(vocab, (batch, seq), generator=g)
-        return net.to(device), x.to(device), y.to(device), _loss_fn(torch)
-    elif model == "cnn":  # smoke
-        net = nn.Sequential(nn.Conv2d(3, 16, 3, padding=1), nn.ReLU(), nn.Conv2d(16, 16, 3, padding=1), nn.ReLU(),
-                            nn.AdaptiveAvgPool2d(4), nn.Flatten(), nn.Linear(256, 10))
-        shape, classes = (3, 32, 32), 10
-    else:
-        d, heads, ff, layers, seq, classes = ((2048, 16, 8192, 8, 1024, 1000) if model == "transformer"
-                                              else (64, 4, 256, 2, 32, 10))  # "tiny_transformer": smoke
-        net = nn.Sequential(*[nn.TransformerEncoderLayer(d, heads, ff, dropout=0.0, batch_first=True)
-                              for _ in range(layers)], nn.Linear(d, classes))
-        shape = (seq, d)
-    g = torch.Generator().manual_seed(1)
-    x = torch.randn((batch, *shape), generator=g)
-    y = torch.randint(classes, (batch, seq) if seq > 1 else (batch,), generator=g)
-    net, x, y = net.to(device), x.to(device), y.to(device)
-    if model in ("resnet50", "cnn"):
-        net, x = net.to(memory_format=torch.channels_last), x.contiguous(memory_format=torch.channels_last)
-
-    return net, x, y, _loss_fn(torch)
-
-
-def resnet50_source() -> str:
-    """Where ResNet-50 comes from: torchvision's model, or resnet50_stand_in.py's network (the same
-    layers in the same order) where torchvision does not import. Recorded per run."""
-    from resnet50_stand_in import torchvision_or_why
-
-    return "torchvision" if torchvision_or_why()[0] is not None else "resnet50_stand_in"
-
-
-def _loss_fn(torch: Any) -> Any:
-    def loss_fn(out: Any, target: Any) -> Any:
-        return torch.nn.functional.cross_entropy(out.reshape(-1, out.shape[-1]).float(), target.reshape(-1))
-
-    return loss_fn
-
-
-def hf_model(torch: Any, model: str) -> Any:
-    """A CPU-sized ``transformers`` causal LM from its config (random weights, seeded), whose
-    forward takes token ids and returns the logits. GPT-2 keeps its default dropout (0.1)."""
-    import transformers
-
-    if model == "gpt2":
-        cfg = transformers.GPT2Config(n_layer=4, n_embd=256, n_head=4, n_positions=128, vocab_size=1000,
-                                      use_cache=False)
-        lm = transformers.GPT2LMHeadModel
-    else:
-        cfg = transformers.LlamaConfig(hidden_size=256, intermediate_size=688, num_hidden_layers=4,
-                                       num_attention_heads=4, num_key_value_heads=2, vocab_size=1000,
-                                       max_position_embeddings=128, use_cache=False)
-        lm = transformers.LlamaForCausalLM
-    cfg._attn_implementation = "eager"
-    torch.manual_seed(0)
-
-    class HFLogits(torch.nn.Module):
-        """The LM as ``net(ids) -> logits`` (the loop's shape)."""
-
-        def __init__(self, lm: Any) -> None:
-            super().__init__()
-            self.lm = lm
-
-        def forward(self, ids: Any) -> Any:
-            return self.lm(input_ids=ids, use_cache=False).logits
-
-    return HFLogits(lm(cfg))
-
-
-def measure_forward(torch: Any, net: Any, x: Any, min_bytes: int = MIN_SAVED_BYTES) -> dict[str, int]:
-    """One plain forward (RNG state restored after): the bytes autograd saves as the pager would
-    take them (not parameters, not under ``min_bytes``, a tensor saved twice counted once) and
-    its FLOPs by ``FlopCounterMode`` (matmuls and convolutions; elementwise operations count 0)."""
-    from torch.utils.flop_counter import FlopCounterMode
-
-    seen: set[tuple[int, int]] = set()
-    keep: list[Any] = []
-    saved = {"bytes": 0, "tensors": 0}
-
-    def pack(t: Any) -> Any:
-        base = t._base if t._base is not None else t
-        nbytes = t.numel() * t.element_size()
-        if not (base.is_leaf and base.requires_grad) and nbytes >= min_bytes and (id(t), t._version) not in seen:
-            seen.add((id(t), t._version))
-            keep.append(t)
-            saved["bytes"] += nbytes
-            saved["tensors"] += 1
-        return t
-
-    with torch.random.fork_rng(devices=[]), FlopCounterMode(display=False) as fc, \
-            torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        out = net(x)
-    del out
-    keep.clear()
-    return {"saved_bytes": saved["bytes"], "saved_tensors": saved["tensors"], "forward_flops": int(fc.get_total_flops())}
-
-
 def is_oom(e: BaseException) -> bool:
     return isinstance(e, MemoryError) or type(e).__name__ == "OutOfMemoryError" or "out of memory" in str(e).lower()
-
-
-def counted_save_on_cpu(torch: Any, moved: dict[str, int]) -> Any:
-    """torch's save_on_cpu(pin_memory=True) with its hooks wrapped to count the bytes they copy."""
-    ctx = torch.autograd.graph.save_on_cpu(pin_memory=True)
-    pack0, unpack0 = ctx.pack_hook, ctx.unpack_hook
-
-    def pack(t: Any) -> Any:
-        moved["d2h"] += t.numel() * t.element_size()  # pin_memory=True copies every saved tensor
-        return pack0(t)
-
-    def unpack(p: Any) -> Any:
-        if p[0].type != "cpu":
-            moved["h2d"] += p[1].numel() * p[1].element_size()
-        return unpack0(p)
-
-    ctx.pack_hook, ctx.unpack_hook = pack, unpack
-    return ctx
 
 
 def child(cfg: dict[str, Any]) -> dict[str, Any]:
@@ -584,153 +411,6 @@ def run_child(cfg: dict[str, Any], timeout: float) -> dict[str, Any]:
     return {"config": cfg["config"], "model": cfg["model"], "batch": cfg.get("batch"), **res}
 
 
-def check_losses(runs: list[dict[str, Any]], rtol: float) -> list[dict[str, Any]]:
-    """Per (model, batch): every completed run's losses against the first completed run in REFERENCE_ORDER."""
-    checks = []
-    for key in sorted({(r["model"], r["batch"]) for r in runs if r.get("status") == "ok"}, key=str):
-        ok = {r["config"]: r for r in runs if (r["model"], r["batch"]) == key and r.get("status") == "ok"}
-        if len(ok) < 2:
-            continue
-        ref = next(c for c in REFERENCE_ORDER if c in ok)
-        for c, r in ok.items():
-            if c == ref:
-                continue
-            diff = max(abs(a - b) / max(abs(b), 1e-12) for a, b in zip(r["losses"], ok[ref]["losses"]))
-            checks.append({"model": key[0], "batch": key[1], "config": c, "reference": ref, "max_rel_diff": diff,
-                           "rtol": rtol, "equal": diff <= rtol and len(r["losses"]) == len(ok[ref]["losses"])})
-    return checks
-
-
-def check_grads(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Per (model, batch): the last step's gradients of every completed run against ``native``'s,
-    bit for bit (same seeds, deterministic CPU kernels, one thread)."""
-    import torch
-
-    checks = []
-    for r in runs:
-        ref = next((q for q in runs if (q["model"], q["batch"]) == (r["model"], r["batch"]) and q["config"] == "native"
-                    and q.get("status") == "ok" and q.get("grads_out")), None)
-        if r is ref or ref is None or r.get("status") != "ok" or not r.get("grads_out"):
-            continue
-        a, b = torch.load(r["grads_out"]), torch.load(ref["grads_out"])
-        same_none = len(a) == len(b) and all((g is None) == (h is None) for g, h in zip(a, b))
-        pairs = [(g, h) for g, h in zip(a, b) if g is not None and h is not None]
-        diff = max((float((g.double() - h.double()).abs().max()) for g, h in pairs if g.shape == h.shape), default=0.0)
-        equal = same_none and all(g.shape == h.shape and g.dtype == h.dtype and torch.equal(g, h) for g, h in pairs)
-        checks.append({"model": r["model"], "batch": r["batch"], "config": r["config"], "reference": "native",
-                       "tensors": len(pairs), "max_abs_diff": diff, "bit_identical": equal})
-        r["grads_vs_native"] = checks[-1]
-    return checks
-
-
-def recompute_rows(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Per model and batch: vtalloc (recompute="auto") and vtalloc_off at the same budget, with
-    per-block checkpointing beside them in the H100 cost model: the time each adds to a step
-    (the plan's modelled_s; checkpointing's recompute, counted in backward) and the modelled
-    step (forward and backward of the recorded forward's modelled time, plus that). The
-    recompute FLOPs (``recompute_flops_vs_forward``) are those run at unpack against the
-    forward's as ``FlopCounterMode`` counts them (matmuls only: the ratio errs high); the trace
-    check runs none."""
-    from vtalloc.allocator.activation_costs import H100
-
-    rows = []
-    for r in runs:
-        if r["config"] not in PAGER_CONFIGS or r.get("status") != "ok" or "pager_step" not in r:
-            continue
-        st, fwd = r["pager_step"], r.get("forward", {})
-        off, ckpt = (next((q for q in runs if (q["model"], q["batch"], q["config"]) == (r["model"], r["batch"], c)
-                           and q.get("status") == "ok"), None) for c in ("vtalloc_off", "checkpoint"))
-        off_paged = off["pager_step"]["bytes_paged"] if off and "pager_step" in off else None
-        ratio = st["bytes_paged"] / off_paged if off_paged else None
-        flops_frac = st["recompute_flops"] / fwd["forward_flops"] if fwd.get("forward_flops") else None
-        g = r.get("grads_vs_native", {})
-        plan = r.get("plan_summary", {})
-        base = (1 + H100.backward_factor) * plan["forward_s"] if plan.get("forward_s") else None
-        ck = (ckpt or {}).get("modelled_recompute", {}).get("h100_s")
-        row = {"model": r["model"], "batch": r["batch"], "config": r["config"], "budget_bytes": r.get("budget_bytes"),
-               "saved_bytes": fwd.get("saved_bytes"), "forward_flops": fwd.get("forward_flops"), **st,
-               "paged_vs_offload_only": ratio, "recompute_flops_vs_forward": flops_frac,
-               "grads_bit_identical": g.get("bit_identical"), "grads_max_abs_diff": g.get("max_abs_diff"),
-               "modelled_h100_s": plan.get("modelled_s"), "checkpoint_modelled_h100_s": ck,
-               "modelled_step_h100_s": None if base is None else base + plan.get("modelled_s", 0.0),
-               "checkpoint_modelled_step_h100_s": None if base is None or ck is None else base + ck,
-               "segments": plan.get("segments"), "plan_cpu_s": plan.get("plan_s"),
-               "recorded_step_s": r.get("recorded_step_s"), "median_step_s": r.get("median_step_s")}
-        if r["config"] == "vtalloc":
-            row["targets_met"] = {"modelled_le_checkpoint": ck is not None and plan.get("modelled_s", 1e9) <= ck,
-                                  "grads_bit_identical": bool(g.get("bit_identical"))}
-        rows.append(row)
-    return rows
-
-
-def recompute_table(rows: list[dict[str, Any]]) -> str:
-    def mib(v: Any) -> str:
-        return "" if v is None else f"{v / MiB:.2f}"
-
-    def ms(v: Any) -> str:
-        return "" if v is None else f"{v * 1e3:.3f}"
-
-    out = ["| model | batch | config | saved MiB | budget MiB | kept MiB | paged MiB/step | vs off | "
-           "recomputed MiB/step | recompute FLOPs / fwd | grads bit-identical (max abs diff) | "
-           "modelled H100 ms added (prediction) | checkpointing's (prediction) | recorded step / later step (ms, CPU) |",
-           "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---|"]
-    for w in rows:
-        ratio = "" if w["paged_vs_offload_only"] is None else f"{w['paged_vs_offload_only']:.2f}x"
-        frac = "" if w["recompute_flops_vs_forward"] is None else f"{100 * w['recompute_flops_vs_forward']:.2f}%"
-        steps = "" if w["recorded_step_s"] is None else f"{ms(w['recorded_step_s'])} / {ms(w['median_step_s'])}"
-        out.append(f"| {w['model']} | {w['batch']} | {w['config']} | {mib(w['saved_bytes'])} | {mib(w['budget_bytes'])} | "
-                   f"{mib(w['kept_bytes'])} | {mib(w['bytes_paged'])} | {ratio} | {mib(w['bytes_recomputed'])} | {frac} | "
-                   f"{w['grads_bit_identical']} ({w['grads_max_abs_diff']}) | {ms(w['modelled_h100_s'])} | "
-                   f"{ms(w['checkpoint_modelled_h100_s'])} | {steps} |")
-    return "\n".join(out)
-
-
-def table(runs: list[dict[str, Any]], checks: list[dict[str, Any]]) -> str:
-    eq = {(c["model"], c["batch"], c["config"]): c for c in checks}
-    rows = ["| model | batch | config | median step (s) | samples/s | peak MiB | moved MiB/step | losses |",
-            "|---|---:|---|---:|---:|---:|---:|---|"]
-    for r in runs:
-        c = eq.get((r["model"], r["batch"], r["config"]))
-        loss = ("reference" if r.get("status") == "ok" and c is None else
-                f"{'equal' if c['equal'] else 'DIFFER'} ({c['max_rel_diff']:.1e} vs {c['reference']})" if c else "")
-        if r.get("status") != "ok":
-            rows.append(f"| {r['model']} | {r['batch']} | {r['config']} | {r.get('status', '?').upper()} | | | | |")
-            continue
-        rows.append(f"| {r['model']} | {r['batch']} | {r['config']} | {r['median_step_s']:.4f} | {r['samples_per_s']:.1f} | "
-                    f"{r['peak_bytes'] / MiB:.0f} | {r['bytes_moved_per_step'] / MiB:.1f} | {loss} |")
-    return "\n".join(rows)
-
-
-def chart(runs: list[dict[str, Any]], path: str, title: str) -> str:
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return "skipped: matplotlib is not installed"
-    models = sorted({r["model"] for r in runs})
-    fig, axes = plt.subplots(1, len(models), figsize=(6 * len(models), 4), squeeze=False)
-    for ax, m in zip(axes[0], models):
-        rs = [r for r in runs if r["model"] == m]
-        labels = [f"{r['config']}\nb={r['batch']}" for r in rs]
-        vals = [r.get("samples_per_s", 0.0) if r.get("status") == "ok" else 0.0 for r in rs]
-        bars = ax.bar(range(len(rs)), vals, color=["#888" if r["config"] in ("native", "expandable") else
-                                                   "#c44" if r["config"] == "vtalloc" else "#48c" for r in rs])
-        for b, r in zip(bars, rs):
-            if r.get("status") != "ok":
-                ax.text(b.get_x() + b.get_width() / 2, 0, r.get("status", "?").upper(), ha="center", va="bottom",
-                        fontsize=7, rotation=90)
-        ax.set_xticks(range(len(rs)), labels, fontsize=7, rotation=45, ha="right")
-        ax.set_ylabel("samples/s")
-        ax.set_title(m)
-    fig.suptitle(title, fontsize=9)
-    fig.tight_layout()
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
-    return path
-
-
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--child", help=argparse.SUPPRESS)
@@ -874,7 +554,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _provenance(device: str) -> dict[str, Any]:
-    from provenance import git_info, machine_info
+    from lib.provenance import git_info, machine_info
 
     info: dict[str, Any] = {"machine": machine_info(), "git": git_info()}
     try:

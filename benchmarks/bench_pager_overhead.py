@@ -30,7 +30,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from provenance import git_info, machine_info  # noqa: E402
+from lib.provenance import git_info, machine_info  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 CONFIGS = ["native", "vtalloc_off", "vtalloc"]

@@ -15,7 +15,7 @@ allocation with discard=True (no copy).
   predicted share of pinned is the model's own.
 - ``--backend cuda``: the wall clock on the GPU, beside pinned cudaMemcpy of --size bytes through torch.
 
-Every row checks that it measured the path it names (benchmarks/path_check.py): the pause moved the
+Every row checks that it measured the path it names (benchmarks/lib/path_check.py): the pause moved the
 region's pages off the device and held their bytes on the host (none with discard), the resume
 brought every page back, the bytes compared equal. Writes
 benchmarks/results/regions-<backend>[-<model>-model]-<date>.json.
@@ -34,8 +34,8 @@ from pathlib import Path
 from typing import Any
 
 from bench_evict import reference_copy
-from path_check import PathNotTaken, check, failed, summary
-from provenance import git_info, machine_info
+from lib.path_check import PathNotTaken, check, failed, summary
+from lib.provenance import git_info, machine_info
 from vtalloc.allocator import AddressSpace, backend_available
 
 MiB = 1 << 20

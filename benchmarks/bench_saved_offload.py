@@ -1,5 +1,5 @@
 """bench_saved_offload: how much of what paged_activations asks to offload moves, on the allocation
-orders of real models' training steps (the traces' saved marks, trace_format.py ``saved``).
+orders of real models' training steps (the traces' saved marks, lib/trace_format.py ``saved``).
 
 Owns: the replay of one trace with saved marks on a fresh host-backend ``AddressSpace`` at default
 settings (capacity MULTIPLE x peak live, a host pool as large, ``evict_mode="copy"``): its
@@ -58,9 +58,9 @@ HERE = Path(__file__).resolve().parent
 if str(HERE) not in sys.path:
     sys.path.insert(0, str(HERE))  # trace_format and provenance sit beside this file
 
-import trace_format  # noqa: E402
-from path_check import check, failed, summary  # noqa: E402
-from provenance import git_info, machine_info  # noqa: E402
+from lib import trace_format  # noqa: E402
+from lib.path_check import check, failed, summary  # noqa: E402
+from lib.provenance import git_info, machine_info  # noqa: E402
 
 MiB = 1 << 20
 MULTIPLE = 4                       # capacity: this many times the trace's peak live bytes

@@ -38,7 +38,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from provenance import machine_info
+from lib.provenance import machine_info
 
 KiB, MiB = 1 << 10, 1 << 20
 SIZES = [512, 64 * KiB, 1 * MiB, 4 * MiB, 32 * MiB, 256 * MiB]

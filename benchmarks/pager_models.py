@@ -145,7 +145,7 @@ def main(argv: list[str] | None = None) -> int:
                     print(json.dumps({k: row[k] for k in ("model", "fraction", "recompute", "mode", "ok")}), flush=True)
     if a.out:
         sys.path.insert(0, __file__.rsplit("/", 1)[0])
-        from provenance import git_info, machine_info  # type: ignore[import-not-found]
+        from lib.provenance import git_info, machine_info  # type: ignore[import-not-found]
 
         with open(a.out, "w") as f:
             json.dump(dict(benchmark="pager_models", machine=machine_info(), git=git_info(),

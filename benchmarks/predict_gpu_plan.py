@@ -35,9 +35,9 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import bench_offload_training as bench  # noqa: E402
-from offload_peers import RecomputeCount, checkpoint_blocks  # noqa: E402
-from provenance import git_info, machine_info  # noqa: E402
+from lib import training_models as training  # noqa: E402
+from lib.offload_peers import RecomputeCount, checkpoint_blocks  # noqa: E402
+from lib.provenance import git_info, machine_info  # noqa: E402
 
 GiB, MiB = 1 << 30, 1 << 20
 CAP = 16 * GiB
@@ -59,10 +59,10 @@ def record(torch: Any, model: str, batch: int) -> dict[str, Any]:
     from vtalloc.allocator.activation_costs import H100
     from vtalloc.allocator.torch import paged_activations
 
-    net, x, y, loss_fn = bench.build(torch, model, batch, "cpu")
+    net, x, y, loss_fn = training.build(torch, model, batch, "cpu")
     cast = lambda: torch.autocast("cpu", dtype=torch.bfloat16)  # noqa: E731 - as the GPU run's bf16 autocast
     with cast():
-        fwd = bench.measure_forward(torch, net, x)
+        fwd = training.measure_forward(torch, net, x)
     with AddressSpace(backend="host", capacity=2 * fwd["saved_bytes"] + 64 * MiB, host_capacity=8 * GiB,
                       page_size="2MiB") as space:
         pager = paged_activations(space, budget=fwd["saved_bytes"], cost_model=H100)
@@ -75,7 +75,7 @@ def record(torch: Any, model: str, batch: int) -> dict[str, Any]:
         del pager, loss
     ck_net = checkpoint_blocks(torch, model, net)
     with cast():
-        kept = bench.measure_forward(torch, ck_net, x)["saved_bytes"]  # what checkpointing keeps (save_on_cpu moves)
+        kept = training.measure_forward(torch, ck_net, x)["saved_bytes"]  # what checkpointing keeps (save_on_cpu moves)
     count = RecomputeCount(H100)
     with cast():
         loss = loss_fn(ck_net(x), y)

@@ -8,7 +8,7 @@ VERDICT, and the pure logic the CPU tests call: parse_sizes(), split_plan(), pct
 verdict(), estimate_s(); and the mapping-call timings (mapping_calls(): what creating, mapping,
 granting access to, unmapping and releasing one handle costs, device and host-located, by
 size), which the 2026-11-26 verdict made the next question. The driver work is in
-probe_copy_driver.py.
+lib/probe_copy_driver.py.
 Invariants: nothing of vtalloc's library is used (the probe measures the driver); a refusal of
 the driver is a recorded result, never a crash; without cuda-python, a CUDA driver or a device
 it prints one line on stderr and exits 2; the pinned memcpy_async 1-stream row of the same
@@ -31,7 +31,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from probe_copy_driver import MatmulLoad, Missing, Probe, Refused, load_driver
+from lib.probe_copy_driver import MatmulLoad, Missing, Probe, Refused, load_driver
 
 MiB = 1 << 20
 TARGETS = ("pinned", "host_numa", "host", "host_numa_current", "host_numa_cpu")
@@ -385,7 +385,7 @@ def main(argv: list[str] | None = None) -> int:
     if compute and "rows" in compute:
         rows += compute.pop("rows")
     rows = with_pct(rows)
-    from provenance import git_info, machine_info
+    from lib.provenance import git_info, machine_info
 
     record = {"benchmark": "probe_copy_paths", "device": probe.info,
               "provenance": {"machine": machine_info(), "git": git_info(), "date": _dt.date.today().isoformat(),

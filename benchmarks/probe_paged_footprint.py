@@ -7,7 +7,7 @@ the maximum of their sum. The two peak at different moments (the space's early i
 forward, before the newest tensors are kept; the kept bytes at its end), so adding the two
 peaks overstates what is held at once; this probe reads the sum at each pack.
 Invariants: the same model, data, budget and space as bench_offload_training.py's
-``--budget-fraction`` runs (its functions are used, not copied); the space is trimmed before
+``--budget-fraction`` runs (lib/training_models.py's functions are used, not copied); the space is trimmed before
 each step; the pack hook is wrapped, never changed; JSON with provenance to ``--out``; each
 step checks that it measured paging (the wrapped hook sampled, the pager offloaded in that step:
 ``path_check``, ``path_checked``), and a step that did not makes the probe exit 1.
@@ -25,9 +25,9 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import bench_offload_training as bench  # noqa: E402
-from path_check import check, failed, summary  # noqa: E402
-from provenance import git_info, machine_info  # noqa: E402
+from lib import training_models as training  # noqa: E402
+from lib.path_check import check, failed, summary  # noqa: E402
+from lib.provenance import git_info, machine_info  # noqa: E402
 
 MiB = 1 << 20
 
@@ -40,9 +40,9 @@ def probe(model: str, budget_fraction: float, recompute: str, steps: int, batch:
 
     torch.use_deterministic_algorithms(True)
     torch.set_num_threads(1)
-    net, x, y, loss_fn = bench.build(torch, model, batch, "cpu")
+    net, x, y, loss_fn = training.build(torch, model, batch, "cpu")
     net.train()
-    fwd = bench.measure_forward(torch, net, x)
+    fwd = training.measure_forward(torch, net, x)
     budget = max(int(fwd["saved_bytes"] * budget_fraction), 1)
     cap = 2 * fwd["saved_bytes"] + 16 * MiB
     rows = []

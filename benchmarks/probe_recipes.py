@@ -7,7 +7,7 @@ bit-exact (or why not), the recipe's FLOPs and the plan's decision at the defaul
 ``--max-recompute-fraction``; summed by reason, and the bound that matters for the recompute
 cap: the saved bytes whose recipe costs at most the cap (alone), against the bytes the budget
 forces out.
-Invariants: the model, data, budget and space are bench_offload_training.py's (its functions
+Invariants: the model, data, budget and space are bench_offload_training.py's (lib/training_models.py's functions
 are used, not copied); the rows are the pager's own (``pager.plan()`` and its candidates), not
 a second analysis; JSON with provenance to ``--out``.
 
@@ -25,8 +25,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import bench_offload_training as bench  # noqa: E402
-from provenance import git_info, machine_info  # noqa: E402
+from lib import training_models as training  # noqa: E402
+from lib.provenance import git_info, machine_info  # noqa: E402
 
 MiB = 1 << 20
 
@@ -41,9 +41,9 @@ def probe(model: str, budget_fraction: float, batch: int, fractions: list[float]
     from vtalloc.allocator.torch import paged_activations
 
     torch.set_num_threads(1)
-    net, x, y, loss_fn = bench.build(torch, model, batch, "cpu")
+    net, x, y, loss_fn = training.build(torch, model, batch, "cpu")
     net.train()
-    fwd = bench.measure_forward(torch, net, x)
+    fwd = training.measure_forward(torch, net, x)
     budget = max(int(fwd["saved_bytes"] * budget_fraction), 1)
     cast = (lambda: torch.autocast("cpu", dtype=torch.bfloat16)) if autocast else contextlib.nullcontext
     with AddressSpace(backend="host", capacity=2 * fwd["saved_bytes"] + 16 * MiB, host_capacity="1GiB",

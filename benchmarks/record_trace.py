@@ -1,10 +1,10 @@
 """record_trace: record the allocation trace of real models' training steps (benchmarks/traces/).
 
 Owns: building the models a trace is recorded from (transformers configs with random weights; their
-table, MODELS, is trace_models.py's), their batches and losses; the training step (forward, loss,
+table, MODELS, is lib/trace_models.py's), their batches and losses; the training step (forward, loss,
 backward, AdamW step, zero_grad(set_to_none=True)), the two ways of watching an allocator (the CPU
 profiler's memory events; on CUDA, the caching allocator's memory history), their conversion into
-vtalloc-trace/1 events (trace_format.py), and the CLI.
+vtalloc-trace/1 events (lib/trace_format.py), and the CLI.
 Invariants: nothing is downloaded (configs only, HF_HUB_OFFLINE=1); transformers is imported only
 inside the model builders, so everything else here, record_steps_cpu() and snapshot_to_events()
 included, works with torch alone; a trace holds one warm-up step's aftermath, never the warm-up
@@ -56,9 +56,9 @@ from typing import Any, Callable
 
 import torch
 
-import trace_format
-from provenance import git_info, machine_info
-from trace_models import EXTRA, MODELS, STORED, ModelSpec
+from lib import trace_format
+from lib.provenance import git_info, machine_info
+from lib.trace_models import EXTRA, MODELS, STORED, ModelSpec
 
 MiB = 1 << 20
 Batch = dict[str, torch.Tensor]

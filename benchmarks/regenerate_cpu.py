@@ -4,7 +4,7 @@ Owns: COMMANDS, the commands BENCHMARKS.md's **Regenerate** lines show (each ent
 section, its command exactly as the section shows it, and a quick form of it), and running them:
 in order, each writing its JSON under benchmarks/results/ with today's date in the name, stopping
 at the first one that fails. A benchmark exits 1 when a row measured another path than it names
-(benchmarks/path_check.py); a JSON whose ``path_checked`` did not pass stops the run too.
+(benchmarks/lib/path_check.py); a JSON whose ``path_checked`` did not pass stops the run too.
 Invariants: stdlib only, and it imports nothing of vtalloc or torch (the commands do); a command's
 text is the one BENCHMARKS.md shows, with ``{date}`` (today, YYYY-MM-DD) and ``{heldout}`` (the
 folder of the held-out traces) filled in when it runs, and ``python`` run as this interpreter;

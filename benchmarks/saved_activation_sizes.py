@@ -1,7 +1,7 @@
 """saved_activation_sizes: which backing vtalloc gives each saved activation, and what moving them costs (issue 10).
 
 Owns: recording the tensors autograd saves in one forward of bench_offload_training.py's models
-(fake tensors: no activation memory; ResNet-50 from torchvision, or resnet50_stand_in.py's network
+(fake tensors: no activation memory; ResNet-50 from torchvision, or lib/resnet50_stand_in.py's network
 where torchvision does not import), the Python copy of the core's placement rule for a fresh
 allocation (a block sharing one page / one-page handles / extents, csrc/alloc/alloc_policy.cpp), a replay of paged_activations' eviction rule, and
 the per-step driver calls and their modeled H100 cost for each placement. Prints a table, writes
@@ -12,7 +12,7 @@ training rows of BENCHMARKS.md ("History, not reproducible": no raw data in the 
 bytes by backing add up to the saved total; tests/test_saved_activation_sizes.py checks
 `backing()` against a real host-backend AddressSpace.
 
-How the sizes are obtained. The models come from bench_offload_training.build() at batch 1 (real
+How the sizes are obtained. The models come from lib/training_models.build() at batch 1 (real
 weights, on CPU); weights, buffers and an input of the wanted batch are then turned into fake
 tensors (torch._subclasses.FakeTensorMode: shapes, dtypes and strides, no storage) and one forward
 runs through torch.func.functional_call under saved_tensors_hooks. The benchmark's dtype policy is
@@ -41,7 +41,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # resnet50_stand_in sits beside this file
-from resnet50_stand_in import torchvision_or_why  # noqa: E402
+from lib.resnet50_stand_in import torchvision_or_why  # noqa: E402
 
 MiB = 1 << 20
 PAGE_MIN_BYTES = 1024  # paged_activations' DEFAULT_MIN_BYTES: smaller saved tensors are left alone
@@ -199,18 +199,18 @@ def record_saved(model: str, batch: int, resnet50: str = "auto") -> list[dict[st
     from torch.func import functional_call
 
     sys.path.insert(0, str(Path(__file__).resolve().parent))
-    import bench_offload_training as bench
+    from lib import training_models as training
 
     if model == "resnet50" and resnet50_source(resnet50).startswith("stand-in"):
-        # bench.build's ResNet-50 inputs and loss with the stand-in network (only shapes matter here)
-        from resnet50_stand_in import resnet50_stand_in
+        # training.build's ResNet-50 inputs and loss with the stand-in network (only shapes matter here)
+        from lib.resnet50_stand_in import resnet50_stand_in
 
         torch.manual_seed(0)
         net = resnet50_stand_in(torch).to(memory_format=torch.channels_last)
         x = torch.randn((1, 3, 224, 224)).contiguous(memory_format=torch.channels_last)
-        y, loss_fn = torch.randint(1000, (1,)), bench._loss_fn(torch)
+        y, loss_fn = torch.randint(1000, (1,)), training.loss_fn(torch)
     else:
-        net, x, y, loss_fn = bench.build(torch, model, 1, "cpu")
+        net, x, y, loss_fn = training.build(torch, model, 1, "cpu")
     mode = FakeTensorMode()
     state = {k: mode.from_tensor(v) for k, v in [*net.named_parameters(), *net.named_buffers()]}
     packs: list[dict[str, Any]] = []
@@ -374,7 +374,7 @@ def main(argv: list[str] | None = None) -> int:
                                                           "default: half the 16 GiB cap)")
     ap.add_argument("--out", default=None, help="JSON path ({date} filled in)")
     ap.add_argument("--resnet50", choices=("auto", "torchvision", "stand-in"), default="auto",
-                    help="ResNet-50 from torchvision, or the stand-in of resnet50_stand_in.py (same layers, same order) where "
+                    help="ResNet-50 from torchvision, or the stand-in of lib/resnet50_stand_in.py (same layers, same order) where "
                          "torchvision does not import beside this torch; auto: torchvision if it imports")
     a = ap.parse_args(argv)
     batches = {m: [int(b) for b in bs.split("/")] for m, bs in (kv.split("=") for kv in a.batches.split(","))}
@@ -400,7 +400,7 @@ def main(argv: list[str] | None = None) -> int:
     for r in results:  # a batch without big-page runs scales from the model's batch that has them
         ref = next((q for q in results if q["model"] == r["model"] and "page32" in MEASURED_STEPS.get((q["model"], q["batch"]), {})), None)
         r["prediction"] = predict(r["model"], r["batch"], r["summary"], ref)
-    from provenance import git_info, machine_info
+    from lib.provenance import git_info, machine_info
 
     import torch
     record = {"benchmark": "saved_activation_sizes", "predictions": True,

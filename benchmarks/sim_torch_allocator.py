@@ -78,9 +78,9 @@ HERE = Path(__file__).resolve().parent
 if str(HERE) not in sys.path:
     sys.path.insert(0, str(HERE))  # trace_format and provenance sit beside this file
 
-import trace_format  # noqa: E402
-from capacity_search import BenchError, search_min  # noqa: E402
-from provenance import git_info, machine_info  # noqa: E402
+from lib import trace_format  # noqa: E402
+from lib.capacity_search import BenchError, search_min  # noqa: E402
+from lib.provenance import git_info, machine_info  # noqa: E402
 
 MiB = 1 << 20
 GiB = 1 << 30

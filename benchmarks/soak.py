@@ -12,7 +12,7 @@ recorded as known and open are listed apart and do not fail the run).
 
 Run from the repository root:
     python benchmarks/soak.py --quick                # the bounded run CI and tests/test_reliability.py use
-    python benchmarks/soak.py --scale 20             # the long run RELIABILITY.md reports
+    python benchmarks/soak.py --scale 3 --out /tmp/soak.json   # the run RELIABILITY.md reports
     python benchmarks/soak.py --only api,faults --quick
 """
 
@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from provenance import git_info, machine_info
+from lib.provenance import git_info, machine_info
 
 CAMPAIGNS = ("api", "service", "faults", "kills", "concurrency", "round3")
 

@@ -27,7 +27,7 @@ import sys
 import time
 from pathlib import Path
 
-from provenance import git_info, machine_info
+from lib.provenance import git_info, machine_info
 
 CHILD = r"""
 import json, sys, time

@@ -28,7 +28,7 @@ from vtalloc.allocator import (BackendUnavailableError, InvalidArgumentError, Vt
                                format_size)
 from vtalloc.allocator.config import parse_size
 
-from .commands_common import EXIT_BROKEN_PIPE, EXIT_INTERRUPTED, error_line, quiet_broken_pipe
+from .commands_common import BACKEND_HELP, EXIT_BROKEN_PIPE, EXIT_INTERRUPTED, error_line, quiet_broken_pipe
 from .commands_service import Backend
 from .commands_service import register as _register_service_commands
 from .render import rounding_note
@@ -128,12 +128,13 @@ def info(json_out: bool = typer.Option(False, "--json", help="Print JSON (schema
     """Which backends can run here, and why not."""
     from dataclasses import asdict
 
+    from vtalloc.allocator import backends
     from vtalloc.allocator.device_info import device_info
 
     rows: dict[str, dict[str, Any]] = {}
-    for name in ("cuda", "host"):
-        ok, why = backend_available(name)
-        rows[name] = {"available": ok, "reason": why}
+    for b in backends.auto_order():  # the core's registry, in the order "auto" tries them
+        ok, why = backend_available(b.name)
+        rows[b.name] = {"available": ok, "reason": why, "capabilities": b.capabilities()}
     try:
         driver: dict | None = asdict(device_info(0))
     except BackendUnavailableError:
@@ -155,7 +156,7 @@ def info(json_out: bool = typer.Option(False, "--json", help="Print JSON (schema
 @app.command()
 @_pipe_safe
 def demo(
-    backend: Backend = typer.Option("auto", help="auto (cuda if usable, else host), host or cuda."),
+    backend: Backend = typer.Option("auto", help=BACKEND_HELP),
     capacity: str = typer.Option(
         "64MiB", help="Capacity of the demo address space (and of the host space the CPU training uses); "
         "rounded down to whole pages."

@@ -23,12 +23,12 @@ import typer
 from rich.console import Console
 from rich.text import Text
 
-from vtalloc.allocator.config import BACKENDS
+from vtalloc.allocator import backends
 from vtalloc.allocator.errors import InvalidArgumentError, VtallocError
 
 from .layout import natural_width
 
-__all__ = ["Backend", "PagesFormat", "CommandContext", "open_session", "emit_json", "socket_opt", "wide_opt",
+__all__ = ["Backend", "BACKEND_HELP", "PagesFormat", "CommandContext", "open_session", "emit_json", "socket_opt", "wide_opt",
            "timeout_opt", "EXIT_INTERRUPTED", "EXIT_BROKEN_PIPE", "error_line", "quiet_broken_pipe"]
 
 # The shells' conventions for a process ended by a signal (128 + its number): Ctrl-C (SIGINT)
@@ -54,8 +54,11 @@ def quiet_broken_pipe() -> NoReturn:
         pass
     raise SystemExit(EXIT_BROKEN_PIPE)
 
-# --backend's choices: argument parsing refuses others (exit code 2).
-Backend = enum.Enum("Backend", {b: b for b in BACKENDS}, type=str)  # type: ignore[misc]
+# --backend's choices ("auto" and the core's registered backends): argument parsing refuses others (exit code 2).
+Backend = enum.Enum("Backend", {b: b for b in backends.choices()}, type=str)  # type: ignore[misc]
+# --backend's help, from the same registry.
+BACKEND_HELP = (f"auto (a GPU backend if one is usable, else host) or one of: {', '.join(backends.names())} "
+                "(`vtalloc info` says which run here).")
 
 
 class PagesFormat(str, enum.Enum):

@@ -18,7 +18,7 @@ from vtalloc.allocator.config import Config, parse_size
 from vtalloc.allocator.errors import InvalidArgumentError, VtallocError
 
 from . import render
-from .commands_common import Backend, CommandContext, socket_opt
+from .commands_common import BACKEND_HELP, Backend, CommandContext, socket_opt
 
 __all__ = ["register"]
 
@@ -27,8 +27,7 @@ def register(app: typer.Typer, ctx: CommandContext) -> None:
     @app.command()
     def serve(
         socket: Optional[str] = socket_opt,
-        backend: Backend = typer.Option("auto", help="auto (cuda if usable, else host), host (memfd pages, no GPU) "
-                                        "or cuda."),
+        backend: Backend = typer.Option("auto", help=BACKEND_HELP),
         device: int = typer.Option(0, help="CUDA device ordinal; run one daemon per device."),
         capacity: Optional[str] = typer.Option(None, help="Bytes of pages the node leases, e.g. 60GiB, rounded "
                                                "down to whole pages (default: the backend's; host: 1 GiB)."),

@@ -23,6 +23,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from vtalloc.allocator import AddressSpace, BackendUnavailableError, InvalidArgumentError, backend_available, format_size
+from vtalloc.allocator import backends
 from vtalloc.allocator.extras import import_torch
 
 _NEEDS_TORCH = "vtalloc demo's training (--no-train skips it)"
@@ -81,7 +82,7 @@ def _place_parameters(space: AddressSpace, model: Any, torch: Any) -> None:
             setattr(module, name, torch.nn.Parameter(placed))
 
 
-def _train_on_host(capacity: int | str, steps: int) -> TrainReport:
+def _train_on_host(capacity: int | str, steps: int, backend: str = "host") -> TrainReport:
     torch = import_torch(_NEEDS_TORCH)
 
     torch.manual_seed(0)
@@ -91,7 +92,7 @@ def _train_on_host(capacity: int | str, steps: int) -> TrainReport:
     losses, reference_losses = [], []
     from vtalloc.allocator.torch import paged_activations
 
-    with AddressSpace(backend="host", capacity=capacity) as space:
+    with AddressSpace(backend=backend, capacity=capacity) as space:
         paged = _model(torch)
         paged.load_state_dict(plain.state_dict())
         _place_parameters(space, paged, torch)
@@ -187,18 +188,20 @@ def _torch_cuda() -> tuple[bool, str]:
 
 
 def run_train_demo(backend: str = "auto", steps: int = 10, capacity: int | str = "64MiB") -> TrainReport:
-    """Train the demo MLP for ``steps`` steps: on a GPU under vtalloc ("cuda", or "auto" when one is
-    usable), else on CPU tensors over a host space of ``capacity`` ("host")."""
-    if backend not in ("auto", "host", "cuda"):
-        raise InvalidArgumentError(f"backend must be auto, host or cuda, got {backend!r}")
+    """Train the demo MLP for ``steps`` steps: on a GPU under vtalloc (a backend of device memory,
+    or "auto" when one is usable), else on CPU tensors over a space of ``capacity`` of a backend of
+    host memory ("host", or "auto" without a GPU)."""
+    choices = backends.choices()  # "auto" and the core's registered backends
+    if backend not in choices:
+        raise InvalidArgumentError(f"backend must be one of {', '.join(choices)}, got {backend!r}")
     if isinstance(steps, bool) or not isinstance(steps, int) or not 1 <= steps <= 10_000:
         raise InvalidArgumentError(f"steps must be an integer in 1..10000, got {steps!r}")
-    if backend == "host":
-        return _train_on_host(capacity, steps)
+    if backend != "auto" and not backends.by_name(backend).device_memory:
+        return _train_on_host(capacity, steps, backend)
     ok, why = _torch_cuda()
     if ok:
         return _train_on_gpu(steps)
-    if backend == "cuda":
+    if backend != "auto":
         raise BackendUnavailableError(f"cannot train on a GPU here: {why}")
     return _train_on_host(capacity, steps)
 

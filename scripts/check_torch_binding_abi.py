@@ -37,7 +37,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "benchmarks"))
 
-from provenance import git_info, machine_info  # noqa: E402
+from lib.provenance import git_info, machine_info  # noqa: E402
 
 from vtalloc.allocator import _native, elf_symbols  # noqa: E402
 from vtalloc.allocator.torch import binding_build  # noqa: E402

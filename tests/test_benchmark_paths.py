@@ -5,7 +5,7 @@ bench_trace.py (host), each in a subprocess, asserting exit 0 and the JSON's ``p
 present and passed; and, with counters of another path, that each script's checking function
 fails and names the row (bench_malloc_free.py's main too: exit 1 after writing the JSON). The
 quick runs of bench_churn.py, bench_offload_training.py and probe_paged_footprint.py are in
-tests/test_benchmark_smoke.py, which asserts their ``path_checked`` too; benchmarks/path_check.py's
+tests/test_benchmark_smoke.py, which asserts their ``path_checked`` too; benchmarks/lib/path_check.py's
 own rules are here.
 Invariants: nothing here judges speed; every check is shown failing on another path's counters
 (the remap case of issue 26 among them: 1.05 reclaims per op where the name promised none).
@@ -32,10 +32,10 @@ def passed(record: dict, rows: int | None = None) -> dict:
     return pc
 
 
-# -- path_check.py ----------------------------------------------------------------------------------
+# -- lib/path_check.py ------------------------------------------------------------------------------
 
 def test_path_check_is_exact_unless_a_bound_is_written():
-    pc = load_script("path_check")
+    pc = load_script("lib.path_check")
     assert pc.check("r", "p", {"calls": 4}, {"calls": 4})["passed"]
     c = pc.check("r", "p", {"calls": 4, "mode": "copy"}, {"calls": 5, "mode": "mapped"})
     assert not c["passed"] and c["mismatches"] == ["calls=5 (expected 4)", "mode='mapped' (expected 'copy')"]

@@ -30,7 +30,8 @@ import torch
 import vtalloc.allocator.torch as vt
 vt.enable(binding=sys.argv[1], capacity="1GiB")
 assert vt.binding().kind == sys.argv[1], vt.binding()
-import bench_trace, trace_format
+import bench_trace
+from lib import trace_format
 
 out = {"binding": vt.binding().kind, "oom_exception": vt.oom_exception(), "caught": []}
 

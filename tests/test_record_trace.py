@@ -26,8 +26,8 @@ if str(BENCH) not in sys.path:
     sys.path.insert(0, str(BENCH))  # record_trace imports trace_format and provenance, beside it
 
 import record_trace as rt  # noqa: E402
-import trace_format  # noqa: E402
-import trace_models  # noqa: E402
+from lib import trace_format  # noqa: E402
+from lib import trace_models  # noqa: E402
 
 MiB = 1 << 20
 

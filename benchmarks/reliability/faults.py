@@ -2,7 +2,8 @@
 
 Owns: the operations under test (malloc: fresh pages, reused pages and under pressure; free;
 offload; prefetch + ensure_resident; trim; close; and for a service-backed space lease and
-return; the local ones once with one-page handles and once with extents), the enumeration of their call sites and the checks after each injected failure.
+return; the local ones once with one-page handles and once with extents) and the close sweep;
+the method (counting call sites, failing each, the checks after) is fault_sweep.py's.
 How: a clean run of the operation counts the injectable backend calls it makes (copy, map,
 create_page, set_access: the operations FaultInjectingBackend can fail); then for each kind
 and each N = 1..count, a fresh space in the same state fails exactly the Nth call of that
@@ -16,46 +17,14 @@ or a leak is an "other" outcome with its description.
 
 from __future__ import annotations
 
-import contextlib
 from typing import Any, Callable
 
-from reliability.common import Tally, leaks, pattern, space_consistent
+from reliability import faults_service
+from reliability.common import Tally, leaks
+from reliability.fault_sweep import KINDS, World, calls, sweep
 from vtalloc.allocator import AddressSpace
-from vtalloc.allocator.errors import InternalError, VtallocError
 
 MiB = 1 << 20
-KINDS = ("copy", "map", "create_page", "set_access")
-
-
-def calls(space: AddressSpace) -> dict[str, int]:
-    st = space.stats()
-    return {k: getattr(st, f"num_{k}_calls") for k in KINDS}
-
-
-class World:
-    """A space with written allocations whose bytes are known; the operation's own state in ``ctx``."""
-
-    def __init__(self, space: AddressSpace) -> None:
-        self.space = space
-        self.data: dict[int, bytes] = {}
-        self.ctx: dict[str, Any] = {}
-
-    def alloc(self, n: int, seed: int, evictable: bool = False) -> int:
-        a = self.space.malloc(n)
-        self.data[a] = pattern(seed, n)
-        self.space.write(a, self.data[a])
-        if evictable:
-            self.space.set_evictable(a)
-        return a
-
-    def lost(self) -> str | None:
-        live = {r.address for r in self.space.allocations()}
-        for a, want in self.data.items():
-            if a not in live:
-                return f"allocation {a:#x} vanished"
-            if self.space.read(a, len(want)) != want:
-                return f"bytes of {a:#x} changed"
-        return None
 
 
 def host(capacity: str = "16MiB", **kw: Any) -> AddressSpace:
@@ -127,68 +96,6 @@ OPERATIONS: dict[str, tuple[Callable[[World], None], Callable[[World], None]]] =
 }
 
 
-def attempt(t: Tally, label: str, w: World, op: Callable[[World], None]) -> bool:
-    """Run ``op`` once; True when it raised a typed error (so a retry is due)."""
-    try:
-        op(w)
-    except InternalError as e:
-        t.bad(f"{label}: InternalError {e}")
-        return True
-    except VtallocError as e:
-        t.ok(type(e).__name__)
-        return True
-    except Exception as e:  # noqa: BLE001
-        t.bad(f"{label}: untyped {type(e).__name__}: {e}")
-        return True
-    t.ok("absorbed")
-    return False
-
-
-def after_fault(t: Tally, label: str, w: World, op: Callable[[World], None], failed: bool) -> None:
-    """Books, bytes, a retry that succeeds, then close: the checks every injected fault gets."""
-    s = w.space
-    for kind in KINDS:
-        s._inject_fault(kind, 0)  # disarm (a call site the op did not reach this time)
-    try:
-        s.synchronize()
-    except Exception as e:  # noqa: BLE001
-        t.bad(f"{label}: synchronize after the fault: {type(e).__name__}: {e}")
-    if (why := space_consistent(s)) or (why := w.lost()):
-        t.bad(f"{label}: {why}")
-    if failed:
-        try:
-            if "new" in w.ctx or "target" not in w.ctx or w.ctx["target"] in w.data:
-                op(w)
-        except Exception as e:  # noqa: BLE001
-            t.bad(f"{label}: the retry failed: {type(e).__name__}: {e}")
-    s.synchronize()
-    if (why := space_consistent(s)) or (why := w.lost()):
-        t.bad(f"{label}, after the retry: {why}")
-
-
-def sweep(t: Tally, sites: dict[str, int], name: str, make: Callable[[], AddressSpace],
-          setup: Callable[[World], None], op: Callable[[World], None], limit: int) -> None:
-    with make() as s:
-        w = World(s)
-        setup(w)
-        before = calls(s)
-        op(w)
-        counted = {k: v - before[k] for k, v in calls(s).items()}
-    for kind in KINDS:
-        n_calls = min(counted[kind], limit)
-        sites[f"{name}/{kind}"] = counted[kind]
-        for n in range(1, n_calls + 1):
-            label = f"{name}: {kind} call {n}/{counted[kind]}"
-            with make() as s:
-                w = World(s)
-                setup(w)
-                s._inject_fault(kind, 1, skip=n - 1)
-                failed = attempt(t, label, w, op)
-                after_fault(t, label, w, op, failed)
-            if left := leaks():
-                t.bad(f"{label}: held after close: {left}")
-
-
 def close_sweep(t: Tally, sites: dict[str, int]) -> None:
     """close makes no injectable call (unmap and release are not injectable): checked for that,
     and a close while a fault is armed must release everything."""
@@ -219,7 +126,5 @@ def run(scale: int, seed: int) -> dict[str, Any]:
         # a two-page extent (and a page), so every extent path meets each fault too.
         sweep(t, sites, f"{name}@extents", lambda: host(extent_size="4MiB"), setup, op, limit)
     close_sweep(t, sites)
-    from reliability import faults_service
-
     faults_service.run_into(t, sites, limit)
     return {"injected": t, "call_sites": sites, "limit_per_kind": limit, "leaks_after": leaks()}

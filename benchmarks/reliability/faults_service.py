@@ -2,16 +2,14 @@
 mapped) and return (pages unmapped and given back), against a live daemon.
 
 Owns: the lease and return operations of the fault campaign. Same method and checks as
-faults.py; besides, after close the daemon must count the session's pages back (no page
-leaked on the node).
+faults.py (fault_sweep.py's sweep); besides, after close the daemon must count the session's
+pages back (no page leaked on the node).
 """
 
 from __future__ import annotations
 
-from typing import Any
-
 from reliability.common import Tally
-from reliability.faults import World, sweep
+from reliability.fault_sweep import World, sweep
 from reliability.live import Daemon, Observer, wait_until
 from vtalloc.client import ServiceAddressSpace
 

@@ -1,8 +1,10 @@
-// The driver seam: the dozen operations the core needs from a memory driver.
+// The driver seam: the operations the core needs from a memory driver (six that describe a
+// backend, 22 driver operations, three with defaults), and what a backend can do, as data.
 //
-// Owns: the abstract `Backend` and its contract. Two implementations: host_backend.cpp
-// (Linux memfd + mmap, real bytes, a configured capacity) and cuda_backend.cpp (CUDA driver
-// API resolved at run time). Code above this seam has no platform knowledge.
+// Owns: the abstract `Backend`, its contract and `BackendCapabilities`. Two implementations:
+// host_backend.cpp (Linux memfd + mmap, real bytes, a configured capacity) and cuda_backend.cpp
+// (CUDA driver API resolved at run time); backend_registry.hpp names them. Code above this
+// seam has no platform knowledge: it asks a backend's capabilities, never its kind.
 //
 // Contract, kept identical on both implementations so that a bug shows on either:
 //  - sizes passed to reserve/create_page/map/unmap are multiples of granularity();
@@ -45,18 +47,39 @@ struct BackendOptions {
   int cost_model = VTA_COST_MODEL_NONE;  // host backend only: wrap it in a CostModelBackend
 };
 
+// What a backend can do. A kind's entry in the registry states what any backend of it may
+// do; a backend object states what it does (cuda: host pages and export depend on the device).
+// Code above the seam branches on these, never on a backend's kind.
+struct BackendCapabilities {
+  // Its pages are GPU memory that kernels can use: "auto" prefers such a backend, and torch's
+  // "auto" takes no other (torch hands the pointers to GPU kernels).
+  bool device_memory = false;
+  // Its calls make its own context current on the calling thread: a caller whose own caller
+  // must not see the thread's context change saves and restores it (ContextGuard).
+  bool needs_context = false;
+  // Its streams may capture a graph: an event recorded or a mapping changed during a capture
+  // would join the graph, so frees are parked and capture is asked (stream_is_capturing).
+  bool can_capture = false;
+  // create_page(PageLocation::host) works: mapped eviction (CUDA >= 12.2 HOST_NUMA VMM pages).
+  bool host_pages = false;
+  // export_page / import_page work (the daemon's leases: POSIX file descriptors).
+  bool export_pages = false;
+  // launch_test_kernel and test_kernel_counters work (host_kernels.hpp).
+  bool test_kernels = false;
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
 
-  virtual int kind() const = 0;        // VTA_BACKEND_HOST or VTA_BACKEND_CUDA
+  virtual int kind() const = 0;        // its registry code (VTA_BACKEND_HOST, VTA_BACKEND_CUDA, ...)
   virtual const char* name() const = 0;
   virtual int device() const = 0;
   virtual size_t granularity() const = 0;
   // Bytes a new address space may use by default (cuda: free memory less a margin).
   virtual uint64_t default_capacity() const = 0;
-  // Whether create_page(PageLocation::host) works (CUDA >= 12.2 HOST_NUMA VMM pages).
-  virtual bool supports_host_pages() const = 0;
+  // What this backend object can do (BackendCapabilities).
+  virtual BackendCapabilities capabilities() const = 0;
 
   // Reserve `bytes` of virtual space aligned to `align` (a multiple of the granularity).
   virtual Status reserve(size_t bytes, size_t align, uintptr_t* va) = 0;
@@ -114,10 +137,11 @@ class Backend {
     return test_kernels_unavailable();
   }
 
-  // Whether `stream` of a backend of `kind` (VTA_BACKEND_HOST or VTA_BACKEND_CUDA) is capturing
-  // a graph right now. Asked of streams the caller owns (torch's), so no Backend object is
-  // needed: cuda asks the driver (cuStreamIsCapturing, on the calling thread's context); host
-  // streams never capture. *capturing is false whenever the driver cannot be asked.
+  // Whether `stream` of a backend of `kind` (a registry code) is capturing a graph right now.
+  // Asked of streams the caller owns (torch's), so no Backend object is needed: the kind's
+  // registry entry answers (cuda asks the driver, cuStreamIsCapturing, on the calling thread's
+  // context; a kind that cannot capture answers false). *capturing is false whenever the
+  // driver cannot be asked; an unknown kind is VTA_ERR_INVALID_ARGUMENT.
   static Status stream_is_capturing(int kind, StreamHandle stream, bool* capturing);
 
  private:
@@ -126,18 +150,12 @@ class Backend {
   }
 };
 
-// Create the backend `options.kind` names; AUTO picks cuda when a device is usable.
+// Create the backend `options.kind` names (backend_registry.cpp): a registered kind's factory;
+// AUTO takes the first usable backend of device memory, else the first usable other one.
 Status make_backend(const BackendOptions& options, std::unique_ptr<Backend>* out);
+// The host backend's factory, also what the cost model wraps.
 Status make_host_backend(const BackendOptions& options, std::unique_ptr<Backend>* out);
-Status make_cuda_backend(const BackendOptions& options, std::unique_ptr<Backend>* out);
 // The host backend under the modeled clock of options.cost_model (backend/testing/cost_model.cpp):
 // an unknown model, or a kind other than host, is VTA_ERR_INVALID_ARGUMENT.
 Status make_cost_model_backend(const BackendOptions& options, std::unique_ptr<Backend>* out);
-// Backend::stream_is_capturing for VTA_BACKEND_CUDA (cuda_backend.cpp).
-Status cuda_stream_is_capturing(StreamHandle stream, bool* capturing);
-// cuThreadExchangeStreamCaptureMode for the calling thread: *mode in, the previous mode out
-// (CU_STREAM_CAPTURE_MODE_*); false (nothing changed) when the driver lacks it or refuses.
-bool cuda_exchange_capture_mode(int* mode);
-constexpr int kCaptureModeRelaxed = 2;  // CU_STREAM_CAPTURE_MODE_RELAXED
-
 }  // namespace vta

@@ -2,8 +2,10 @@
 //
 // Owns: the one load of the driver (driver_api()), a retained primary context of one device,
 // the allocation properties used for every page (device-located, POSIX-fd exportable where
-// the device supports it), the capture state of a stream, and the translation of CUresult
-// into Status. The driver is loaded at run time, so this file
+// the device supports it), the capture state of a stream, the thread's current context saved
+// and restored (ContextGuard's hooks) and its stream-capture mode relaxed and restored, the
+// kind's registry entry (cuda_backend_info), and the
+// translation of CUresult into Status. The driver is loaded at run time, so this file
 // builds without CUDA and, on a machine without a driver, make_cuda_backend() reports
 // VTA_ERR_BACKEND_UNAVAILABLE instead of failing to load.
 // Invariant: every call runs with this backend's context current on the calling thread.
@@ -15,6 +17,7 @@
 #include <string>
 
 #include "backend/backend.hpp"
+#include "backend/backend_registry.hpp"
 #include "backend/counters.hpp"
 #include "backend/cuda_driver_api.hpp"
 
@@ -72,6 +75,9 @@ const DriverApi* driver_api(const char** why) {
 
 }  // namespace cu
 
+namespace {
+
+// Backend::stream_is_capturing for cuda: asked on the calling thread's context.
 Status cuda_stream_is_capturing(StreamHandle stream, bool* capturing) {
   *capturing = false;
   const cu::DriverApi* api = cu::driver_api(nullptr);
@@ -82,15 +88,58 @@ Status cuda_stream_is_capturing(StreamHandle stream, bool* capturing) {
   return Status::ok();
 }
 
+// ContextGuard's hooks: the calling thread's current context (false, nothing saved, without a
+// driver), set back only when it changed.
+bool cuda_save_context(void** saved) {
+  const cu::DriverApi* api = cu::driver_api(nullptr);
+  cu::CUcontext current = nullptr;
+  if (!api || api->cuCtxGetCurrent(&current) != cu::CUDA_SUCCESS) return false;
+  *saved = current;
+  return true;
+}
+
+void cuda_restore_context(void* saved) {
+  const cu::DriverApi* api = cu::driver_api(nullptr);
+  if (!api) return;
+  auto context = static_cast<cu::CUcontext>(saved);
+  cu::CUcontext now = nullptr;
+  if (api->cuCtxGetCurrent(&now) == cu::CUDA_SUCCESS && now != context) api->cuCtxSetCurrent(context);
+}
+
+// cuThreadExchangeStreamCaptureMode for the calling thread: *mode in, the previous mode out
+// (CU_STREAM_CAPTURE_MODE_*); false (nothing changed) when the driver lacks it or refuses.
 bool cuda_exchange_capture_mode(int* mode) {
   const cu::DriverApi* api = cu::driver_api(nullptr);
   if (!api || !api->cuThreadExchangeStreamCaptureMode) return false;
   return api->cuThreadExchangeStreamCaptureMode(mode) == cu::CUDA_SUCCESS;
 }
 
+// The registry's capture-mode hooks: relaxed in, the previous mode kept and set back.
+bool cuda_relax_capture_mode(int* previous) {
+  int mode = 2;  // CU_STREAM_CAPTURE_MODE_RELAXED
+  if (!cuda_exchange_capture_mode(&mode)) return false;
+  *previous = mode;
+  return true;
+}
+
+void cuda_restore_capture_mode(int previous) { (void)cuda_exchange_capture_mode(&previous); }
+
+}  // namespace
+
 namespace {
 
 using namespace cu;
+
+// What a cuda backend may do; host pages and export depend on the device (CudaBackend::init).
+BackendCapabilities cuda_capabilities() {
+  BackendCapabilities c;
+  c.device_memory = true;
+  c.needs_context = true;
+  c.can_capture = true;
+  c.host_pages = true;
+  c.export_pages = true;
+  return c;
+}
 
 class CudaBackend final : public Backend {
  public:
@@ -147,7 +196,12 @@ class CudaBackend final : public Backend {
   int device() const override { return device_; }
   size_t granularity() const override { return granularity_; }
   uint64_t default_capacity() const override { return default_capacity_; }
-  bool supports_host_pages() const override { return host_pages_; }
+  BackendCapabilities capabilities() const override {
+    BackendCapabilities c = cuda_capabilities();
+    c.host_pages = host_pages_;
+    c.export_pages = exportable_;
+    return c;
+  }
 
   Status reserve(size_t bytes, size_t align, uintptr_t* va) override {
     current();
@@ -371,7 +425,7 @@ class CudaBackend final : public Backend {
 
 }  // namespace
 
-Status make_cuda_backend(const BackendOptions& options, std::unique_ptr<Backend>* out) {
+static Status make_cuda_backend(const BackendOptions& options, std::unique_ptr<Backend>* out) {
   const char* why = nullptr;
   const DriverApi* api = cu::driver_api(&why);
   if (!api) return Status(VTA_ERR_BACKEND_UNAVAILABLE, why);
@@ -406,6 +460,19 @@ Status make_cuda_backend(const BackendOptions& options, std::unique_ptr<Backend>
   }
   *out = std::move(backend);
   return Status::ok();
+}
+
+BackendInfo cuda_backend_info() {
+  BackendInfo b;
+  b.name = "cuda";
+  b.capabilities = cuda_capabilities();
+  b.make = make_cuda_backend;
+  b.stream_is_capturing = cuda_stream_is_capturing;
+  b.save_context = cuda_save_context;
+  b.restore_context = cuda_restore_context;
+  b.relax_capture_mode = cuda_relax_capture_mode;
+  b.restore_capture_mode = cuda_restore_capture_mode;
+  return b;
 }
 
 }  // namespace vta

@@ -22,7 +22,7 @@ class ForwardingBackend : public Backend {
   int device() const override { return inner_->device(); }
   size_t granularity() const override { return inner_->granularity(); }
   uint64_t default_capacity() const override { return inner_->default_capacity(); }
-  bool supports_host_pages() const override { return inner_->supports_host_pages(); }
+  BackendCapabilities capabilities() const override { return inner_->capabilities(); }
   Status reserve(size_t b, size_t a, uintptr_t* va) override { return inner_->reserve(b, a, va); }
   Status free_va(uintptr_t va, size_t b) override { return inner_->free_va(va, b); }
   Status create_page(size_t b, PageLocation w, PageHandle* out) override { return inner_->create_page(b, w, out); }

@@ -13,7 +13,7 @@
 // stream is a worker thread (host_streams.hpp), so copies and events on it are really
 // asynchronous and ordering bugs show. Host-located pages (PageLocation::host) are memfds
 // too, counted apart from the simulated device memory. Copies and test kernels run under the
-// fault guard of host_kernels.hpp: an access to an unmapped address is counted, not fatal
+// fault guard of fault_guard.hpp: an access to an unmapped address is counted, not fatal
 // (unlike CUDA, where it poisons the context). Each page costs one descriptor (its memfd),
 // exports and imports one more each: the first host backend of a process raises the soft
 // RLIMIT_NOFILE to the hard limit, and running out of descriptors is VTA_ERR_OUT_OF_MEMORY with
@@ -37,8 +37,9 @@
 #include <unordered_map>
 
 #include "backend/backend.hpp"
+#include "backend/backend_registry.hpp"
 #include "backend/counters.hpp"
-#include "backend/host_kernels.hpp"
+#include "backend/fault_guard.hpp"
 #include "backend/host_streams.hpp"
 
 namespace vta {
@@ -81,6 +82,16 @@ void raise_descriptor_limit_once() {
   });
 }
 
+// What the host backend does: host pages, export and test kernels; its memory is host memory,
+// it has no context and its streams never capture.
+BackendCapabilities host_capabilities() {
+  BackendCapabilities c;
+  c.host_pages = true;
+  c.export_pages = true;
+  c.test_kernels = true;
+  return c;
+}
+
 class HostBackend final : public Backend {
  public:
   HostBackend(uint64_t capacity, size_t granularity) : capacity_(capacity), granularity_(granularity) {}
@@ -110,7 +121,7 @@ class HostBackend final : public Backend {
   int device() const override { return 0; }
   size_t granularity() const override { return granularity_; }
   uint64_t default_capacity() const override { return capacity_; }
-  bool supports_host_pages() const override { return true; }
+  BackendCapabilities capabilities() const override { return host_capabilities(); }
 
   Status reserve(size_t bytes, size_t align, uintptr_t* va) override {
     if (bytes == 0 || bytes % granularity_) return bad("reserve: size is not a positive multiple of the granularity");
@@ -238,7 +249,7 @@ class HostBackend final : public Backend {
     if (!bytes) return Status::ok();
     install_fault_guard();
     // An unmapped source or destination is an illegal access, as on a GPU: the guard stops the
-    // copy and counts it (host_kernels.hpp); the stress tests count what that corrupts.
+    // copy and counts it (fault_guard.hpp); the stress tests count what that corrupts.
     auto task = [this, dst, src, bytes] {
       (void)guarded_copy(kernels_, reinterpret_cast<void*>(dst), reinterpret_cast<const void*>(src), bytes);
     };
@@ -247,9 +258,8 @@ class HostBackend final : public Backend {
 
   Status launch_test_kernel(StreamHandle stream, uintptr_t va, size_t bytes, int kind, uint64_t seed,
                             uint64_t duration_ns) override {
-    if (kind != VTA_KERNEL_FILL && kind != VTA_KERNEL_CHECK) return bad("test kernel: unknown kind " + std::to_string(kind));
-    if (bytes == 0) return bad("test kernel: empty range");
-    if (duration_ns > kMaxTestKernelNs) return bad("test kernel: duration above 60 s");
+    // The kernels are test code (backend/testing/host_kernels.cpp), reached through fault_guard.hpp.
+    if (std::string why = test_kernel_refusal(kind, bytes, duration_ns); !why.empty()) return bad(why);
     install_fault_guard();
     kernels_.launched++;
     auto task = [this, va, bytes, kind, seed, duration_ns] { run_test_kernel(kernels_, va, bytes, kind, seed, duration_ns); };
@@ -457,6 +467,14 @@ Status make_host_backend(const BackendOptions& options, std::unique_ptr<Backend>
   raise_descriptor_limit_once();
   out->reset(new HostBackend(cap, gran));
   return Status::ok();
+}
+
+BackendInfo host_backend_info() {
+  BackendInfo b;
+  b.name = "host";
+  b.capabilities = host_capabilities();
+  b.make = make_host_backend;
+  return b;
 }
 
 }  // namespace vta

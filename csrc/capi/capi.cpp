@@ -14,7 +14,7 @@
 #include "capi/guard.hpp"
 #include "capi/space_handle.hpp"
 #include "backend/counters.hpp"
-#include "backend/host_kernels.hpp"
+#include "backend/fault_guard.hpp"
 #include "vtalloc/vtalloc.h"
 
 

@@ -22,7 +22,7 @@ namespace {
 bool choose_mapped_mode(const vta_config_t& config, Backend& backend) {
   if (config.evict_mode > VTA_EVICT_MAPPED) fail(VTA_ERR_INVALID_ARGUMENT, "unknown evict_mode");
   if (config.evict_mode != VTA_EVICT_MAPPED) return false;
-  if (!backend.supports_host_pages())
+  if (!backend.capabilities().host_pages)
     fail(VTA_ERR_BACKEND_UNAVAILABLE,
          "evict_mode=mapped needs host-located VMM pages (CUDA >= 12.2 with HOST_NUMA support)");
   return true;

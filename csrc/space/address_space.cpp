@@ -50,6 +50,8 @@ AddressSpace::AddressSpace(std::unique_ptr<Backend> backend, const vta_config_t&
     : calls_(new CallCountingBackend(std::move(backend))),
       backend_(std::make_unique<FaultInjectingBackend>(std::unique_ptr<Backend>(calls_))),
       backend_kind_(backend_->kind()),
+      backend_info_(find_backend(backend_kind_)),
+      capabilities_(backend_->capabilities()),
       device_(backend_->device()),
       capacity_(capacity),
       page_bytes_(page_bytes),
@@ -58,6 +60,7 @@ AddressSpace::AddressSpace(std::unique_ptr<Backend> backend, const vta_config_t&
       policy_(config, *backend_, pages_, events_, capacity),  // validates small_threshold first
       residency_(config, *backend_, pages_, events_, policy_, capacity),
       regions_(page_bytes) {
+  if (!backend_info_) fail(VTA_ERR_INTERNAL, "the backend's kind " + std::to_string(backend_kind_) + " is not registered");
   policy_.set_port(&residency_);
   if (config.flags & VTA_CONFIG_LEASED) {
     leased_ = true;

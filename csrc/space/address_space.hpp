@@ -23,6 +23,7 @@
 
 #include "alloc/alloc_policy.hpp"
 #include "backend/backend.hpp"
+#include "backend/backend_registry.hpp"
 #include "backend/call_counting.hpp"
 #include "backend/testing/cost_model.hpp"
 #include "backend/testing/fault_injection.hpp"
@@ -82,7 +83,7 @@ class AddressSpace {
   uint64_t resume_region(uint32_t region, bool count_oom = true);
   std::vector<vta_region_info_t> region_infos();
   // Test hooks (csrc/space/address_space_test_hooks.cpp): streams of this space's own and
-  // test kernels on them (host backend only; see backend/host_kernels.hpp).
+  // test kernels on them (host backend only; see backend/testing/host_kernels.hpp).
   StreamHandle create_stream();
   void destroy_stream(StreamHandle stream);
   void synchronize_stream(StreamHandle stream);
@@ -126,6 +127,9 @@ class AddressSpace {
   std::vector<vta_page_info_t> pages();
   std::vector<vta_alloc_info_t> allocations();
   int backend_kind() const { return backend_kind_; }
+  // The backend's registry entry (never null: the registry made it) and what it can do.
+  const BackendInfo& backend_info() const { return *backend_info_; }
+  const BackendCapabilities& capabilities() const { return capabilities_; }
   int device() const { return device_; }
   // The cost model's host clock (backend/testing/cost_model.hpp); false (and 0) without a cost model.
   bool modeled_ns(uint64_t* out) { return modeled_host_ns(calls_->inner(), out); }  // the model sits under the counter
@@ -155,6 +159,8 @@ class AddressSpace {
   CallCountingBackend* calls_;  // directly over the backend, under the fault injector; owned by backend_
   std::unique_ptr<FaultInjectingBackend> backend_;
   int backend_kind_;
+  const BackendInfo* backend_info_;
+  BackendCapabilities capabilities_;
   int device_;
   uint64_t capacity_;
   size_t page_bytes_;

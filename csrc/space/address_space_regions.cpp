@@ -68,7 +68,7 @@ std::vector<std::pair<uintptr_t, uint64_t>> AddressSpace::settled_region_locked(
   auto spans = Regions::spans(policy_.live(), region);
   // The waits of a pause or a resume (events on the allocations' streams) would join a graph being
   // captured on one of them, and its mapping changes would land under the capture: refused.
-  if (backend_kind_ == VTA_BACKEND_CUDA) {
+  if (capabilities_.can_capture) {
     std::vector<StreamHandle> streams;
     for (auto [start, bytes] : spans) policy_.add_live_streams(start, bytes, &streams);
     for (StreamHandle st : streams) {

@@ -1,7 +1,7 @@
 // AddressSpace test hooks: streams of the space's own, and test kernels on them.
 //
 // Owns: user_streams_, the streams a test created on this space, and the launch of test
-// kernels (backend/host_kernels.hpp; host backend only, other backends refuse them); the read
+// kernels (backend/testing/host_kernels.hpp; host backend only, other backends refuse them); the read
 // of the victim policy's counters (victim_counters: what a free costs the LRU), which changes nothing.
 // Invariants: a kernel is launched only over a range inside one live allocation and on
 // stream 0 or a user stream of this space; it runs later on the stream's worker without the

@@ -2,58 +2,33 @@
 // CUDAAllocator calls, over the same per-device spaces as the pluggable shim.
 //
 // Owns: the entry points of torch_native.h but its statistics (torch_native_stats.cpp): the
-// allocation and free by pointer, the lookups by address, record_stream, the largest
-// allocatable block, the per-device limit, the graph-private pools' calls, and the relaxed
-// capture mode around allocations made during a capture.
+// allocation (over torch_allocate, the body it shares with vta_torch_alloc: torch_allocate.cpp)
+// and free by pointer, the lookups by address, record_stream, the largest allocatable block, the
+// per-device limit and the graph-private pools' calls.
 // Invariants: no call throws, calls Python or creates a space except vta_torch_malloc; an
-// out-of-memory is recorded as vta_torch_alloc records it (torch_shim_state.hpp); a free on a
-// capturing stream is parked, as vta_torch_free's is; the calling thread's CUDA context and
-// stream-capture mode are the same after every call as before it (RAII guards).
+// allocation fails and is recorded as vta_torch_alloc's (one body: torch_allocate); a free on a
+// capturing stream is parked, as vta_torch_free's is; the calling thread's context and
+// stream-capture mode are the same after every call as before it (RAII guards); what a backend
+// can do (capture, a context) is asked of its capabilities, never of its kind.
 #include <algorithm>
 #include <cstring>
-#include <memory>
 #include <string>
 #include <vector>
 
 #include "alloc/text.hpp"
-#include "backend/cuda_context_guard.hpp"
+#include "backend/context_guard.hpp"
 #include "capi/guard.hpp"
 #include "torch/torch_shim_state.hpp"
 
 using namespace vta::capi::torch;  // NOLINT(google-build-using-namespace)
 using vta::AddressSpace;
-using vta::CudaContextGuard;
+using vta::ContextGuard;
 using vta::DeviceSpaces;
 using vta::capi::guarded;
 using vta::capi::need;
 using vta::capi::PrivatePools;
 
 namespace {
-
-// The calling thread's stream-capture mode is relaxed while it lives: driver calls that a
-// capture in the global mode would forbid (cuMemMap, event queries) are allowed while a pool
-// serves an allocation during capture. Without the driver entry point it changes nothing.
-class RelaxedCaptureMode {
- public:
-  RelaxedCaptureMode() {
-    int mode = vta::kCaptureModeRelaxed;
-    if (vta::cuda_exchange_capture_mode(&mode)) {
-      previous_ = mode;
-      active_ = true;
-    }
-  }
-  ~RelaxedCaptureMode() {
-    if (active_) (void)vta::cuda_exchange_capture_mode(&previous_);
-  }
-  RelaxedCaptureMode(const RelaxedCaptureMode&) = delete;
-  RelaxedCaptureMode& operator=(const RelaxedCaptureMode&) = delete;
-
- private:
-  int previous_ = 0;
-  bool active_ = false;
-};
-
-PrivatePools::Id pool_key(vta_torch_pool_id_t id) { return {id.first, id.second}; }
 
 // The device whose space holds `ptr` in one of its reservations; -1 if none.
 int device_holding(uintptr_t ptr) {
@@ -72,15 +47,15 @@ int device_of_or_fail(uintptr_t ptr) {
 
 // Free `ptr` of `device`: to its pool while the pool has users, else parked on a capturing stream, else to the space.
 void free_on(int device, AddressSpace& space, uintptr_t ptr) {
-  if (space.backend_kind() == VTA_BACKEND_CUDA) flush_parked(device, space);
+  if (space.capabilities().can_capture) flush_parked(device, space);
   // A block of a pool with users goes back to its pool even during a capture: that records no
   // event (a recorded stream's mark waits for the capture's end), and the capture may reuse it
   // on the same stream, in stream order, as PyTorch's private pools do.
   if (shim().pools.in_used_pool(device, ptr) && shim().pools.free(device, ptr, space)) return;
   uintptr_t base = 0;
   vta::Allocation a{};
-  if (space.backend_kind() == VTA_BACKEND_CUDA && space.containing(ptr, &base, &a) && base == ptr &&
-      vta::capi::stream_capturing(VTA_BACKEND_CUDA, reinterpret_cast<void*>(a.stream))) {
+  if (space.capabilities().can_capture && space.containing(ptr, &base, &a) && base == ptr &&
+      vta::capi::stream_capturing(space.backend_kind(), reinterpret_cast<void*>(a.stream))) {
     shim().parking.park(device, ptr, reinterpret_cast<void*>(a.stream));
     count_deferred_free(device);
     return;
@@ -96,43 +71,11 @@ int32_t vta_torch_native_abi(void) { return VTA_TORCH_NATIVE_ABI; }
 
 vta_status_t vta_torch_malloc(uint64_t size, int32_t device, void* stream, const vta_torch_pool_id_t* pool,
                               void** out) {
-  FailureKind kind = FailureKind::other;
   return guarded([&] {
     need(out, "output");
     *out = nullptr;
-    try {
-      if (size == 0) vta::fail(VTA_ERR_INVALID_ARGUMENT, "allocation size must be positive");
-      DeviceSpaces::check_device(device);
-      Shim& s = shim();
-      CudaContextGuard guard(s.cuda.load(std::memory_order_acquire));
-      AddressSpace& space = space_for(device);
-      auto handle = reinterpret_cast<vta::StreamHandle>(stream);
-      bool in_pool = PrivatePools::is_pool(pool);
-      bool capturing = false;
-      if (space.backend_kind() == VTA_BACKEND_CUDA) {
-        flush_parked(device, space);
-        capturing = vta::capi::stream_capturing(VTA_BACKEND_CUDA, stream);
-        if (capturing && !in_pool) {
-          kind = FailureKind::capture;
-          vta::fail(VTA_ERR_INVALID_ARGUMENT, "vtalloc cannot allocate on device " + std::to_string(device) +
-                                                  " while a CUDA graph is being captured on this stream without "
-                                                  "a graph-private pool: pass the capture's pool");
-        }
-      }
-      std::unique_ptr<RelaxedCaptureMode> relaxed;
-      if (capturing) relaxed = std::make_unique<RelaxedCaptureMode>();
-      uint32_t region = current_region();
-      uintptr_t address = in_pool ? s.pools.malloc(device, pool_key(*pool), space, size, handle, region)
-                                  : space.malloc(size, handle, true, true, region);
-      *out = reinterpret_cast<void*>(address);
-    } catch (const vta::OutOfMemory& e) {
-      record_failure(device, FailureKind::oom, oom_message(device, e), &e);
-      throw vta::OutOfMemory(oom_message(device, e), e.requested(), e.capacity(), e.mapped());
-    } catch (const std::exception& e) {
-      record_failure(device, kind, std::string("vtalloc could not allocate ") + std::to_string(size) +
-                                       " bytes on device " + std::to_string(device) + ": " + e.what(), nullptr);
-      throw;
-    }
+    std::string failure;  // recorded by torch_allocate; the status and last error come from what it rethrows
+    *out = reinterpret_cast<void*>(torch_allocate(size, device, stream, pool, TorchAbi::native, &failure));
   });
 }
 
@@ -144,7 +87,7 @@ vta_status_t vta_torch_free_ptr(void* ptr, int32_t* device_out) {
     device = device_of_or_fail(p);
     if (device_out) *device_out = device;
     AddressSpace& space = existing_space(device, "no vtalloc address space serves device " + std::to_string(device));
-    CudaContextGuard guard(space.backend_kind() == VTA_BACKEND_CUDA);
+    ContextGuard guard(&space.backend_info());
     free_on(device, space, p);
   });
   if (st != VTA_OK)
@@ -185,7 +128,7 @@ vta_status_t vta_torch_record_stream(void* ptr, void* stream) {
   return guarded([&] {
     uintptr_t p = reinterpret_cast<uintptr_t>(ptr);
     AddressSpace& space = *shim().spaces.get(device_of_or_fail(p));
-    CudaContextGuard guard(space.backend_kind() == VTA_BACKEND_CUDA);
+    ContextGuard guard(&space.backend_info());
     space.record_stream(p, reinterpret_cast<vta::StreamHandle>(stream));
   });
 }
@@ -203,7 +146,7 @@ vta_status_t vta_torch_set_limit(int32_t device, uint64_t bytes) {
     DeviceSpaces::check_device(device);
     AddressSpace* space = shim().spaces.get(device);
     if (space) {
-      CudaContextGuard guard(space->backend_kind() == VTA_BACKEND_CUDA);
+      ContextGuard guard(&space->backend_info());
       space->set_limit(bytes);
     }
     shim().limits[device].store(bytes, std::memory_order_release);
@@ -230,7 +173,7 @@ vta_status_t vta_torch_pool_release(int32_t device, vta_torch_pool_id_t pool) {
   return guarded([&] {
     DeviceSpaces::check_device(device);
     AddressSpace* space = shim().spaces.get(device);
-    CudaContextGuard guard(space && space->backend_kind() == VTA_BACKEND_CUDA);
+    ContextGuard guard(space ? &space->backend_info() : nullptr);
     shim().pools.release(device, pool_key(pool), space);
   });
 }
@@ -260,7 +203,7 @@ vta_status_t vta_torch_blocks(int32_t device, const vta_torch_pool_id_t* pool, v
     AddressSpace* space = shim().spaces.get(device);
     std::vector<vta_torch_block_t> blocks;
     if (space) {
-      CudaContextGuard guard(space->backend_kind() == VTA_BACKEND_CUDA);
+      ContextGuard guard(&space->backend_info());
       PrivatePools::Id only = pool ? pool_key(*pool) : PrivatePools::Id{};
       for (auto& [address, a] : space->records()) {
         PrivatePools::Id id{};
@@ -300,7 +243,7 @@ vta_status_t vta_torch_pool_set_live(int32_t device, vta_torch_pool_id_t pool, c
       *n_freed = *n_allocated = 0;
       return;
     }
-    CudaContextGuard guard(space->backend_kind() == VTA_BACKEND_CUDA);
+    ContextGuard guard(&space->backend_info());
     uint64_t blocks = 0;
     shim().pools.for_each_block(device, &id, [&](uintptr_t, const PrivatePools::Block&, PrivatePools::Id) { ++blocks; });
     if (freed_capacity < blocks || allocated_capacity < blocks || (blocks && (!freed || !allocated)))

@@ -2,7 +2,8 @@
 //
 // Owns: the process-wide shim state (shim()), finding a device's space (existing_space, and
 // space_for, which creates it with the limit set for it) and flushing the frees parked on it,
-// and the entry points over the spaces: vta_torch_alloc / vta_torch_free, the devices, their
+// and the entry points over the spaces: vta_torch_alloc (over torch_allocate, the body it shares
+// with vta_torch_malloc: torch_allocate.cpp) / vta_torch_free, the devices, their
 // stats, peaks, trim, offloaded pages and residency calls, and vta_torch_release, which closes
 // every space and forgets the state. The options are torch_shim_options.cpp's, the failure
 // records torch_shim_failures.cpp's, the C face of the out-of-memory exception
@@ -10,14 +11,15 @@
 // during CUDA graph capture capture_parking.hpp's, the last error guard.hpp's.
 // Invariants: the state is immortal (never destroyed at exit: torch frees tensors during its
 // own static destruction), so a space pointer, once published, stays valid for the life of the
-// process; the calling thread's current CUDA context is the same after every call as before it
-// (the cuda backend switches contexts: CudaContextGuard).
+// process; the calling thread's current context is the same after every call as before it (a
+// backend that needs a context switches it: ContextGuard). What a backend can do (capture, a
+// context) is asked of its capabilities, never of its kind.
 #include <atomic>
 #include <mutex>
 #include <stdexcept>
 #include <string>
 
-#include "backend/cuda_context_guard.hpp"
+#include "backend/context_guard.hpp"
 #include "torch/c10_oom.hpp"
 #include "torch/capture_parking.hpp"
 #include "capi/guard.hpp"
@@ -27,7 +29,7 @@
 namespace vta::capi::torch {
 
 using vta::AddressSpace;
-using vta::CudaContextGuard;
+using vta::ContextGuard;
 using vta::DeviceSpaces;
 
 static_assert(DeviceSpaces::kMaxDevices == VTA_TORCH_MAX_DEVICES, "one device range for the shim and its spaces");
@@ -70,42 +72,18 @@ const char* vta_torch_last_error(void) { return vta::capi::last_error().c_str();
 
 void* vta_torch_alloc(size_t size, int device, void* stream) {
   if (size == 0) return nullptr;  // torch never frees a null pointer
-  FailureKind kind = FailureKind::other;
   std::string message;
-  Shim& s = shim();
+  bool oom = false;
   try {
-    DeviceSpaces::check_device(device);
-    CudaContextGuard guard(s.cuda.load(std::memory_order_acquire));
-    AddressSpace* space = &space_for(device);
-    if (space->backend_kind() == VTA_BACKEND_CUDA) {
-      flush_parked(device, *space);
-      if (vta::capi::stream_capturing(VTA_BACKEND_CUDA, stream)) {
-        kind = FailureKind::capture;
-        vta::fail(VTA_ERR_INVALID_ARGUMENT,
-                  "vtalloc cannot allocate while a CUDA graph is being captured on device " + std::to_string(device) +
-                      ": PyTorch's pluggable allocator has no graph-private pools, so memory freed after the capture "
-                      "could be reused under the graph. Allocate the graph's tensors before capture, or capture "
-                      "with PyTorch's native allocator");
-      }
-    }
-    return reinterpret_cast<void*>(
-        space->malloc(size, reinterpret_cast<vta::StreamHandle>(stream), true, true, current_region()));
-  } catch (const vta::OutOfMemory& e) {
-    message = oom_message(device, e);
-    record_failure(device, FailureKind::oom, message, &e);
-    kind = FailureKind::oom;
-  } catch (const std::exception& e) {
-    message = std::string("vtalloc could not allocate ") + std::to_string(size) + " bytes on device " +
-              std::to_string(device) + ": " + e.what();
-    record_failure(device, kind, message, nullptr);
+    return reinterpret_cast<void*>(torch_allocate(size, device, stream, nullptr, TorchAbi::pluggable, &message));
+  } catch (const vta::OutOfMemory&) {
+    oom = true;  // recorded by torch_allocate, as every failure
   } catch (...) {
-    message = "vtalloc could not allocate: unknown internal error";
-    record_failure(device, kind, message, nullptr);
   }
-  if (s.on_failure.load(std::memory_order_acquire) == VTA_TORCH_FAIL_RETURN_NULL) return nullptr;
+  if (shim().on_failure.load(std::memory_order_acquire) == VTA_TORCH_FAIL_RETURN_NULL) return nullptr;
   // By design the one exception that leaves the shim: torch's global allocator has no other way
   // to fail, and its C++ callers turn it into a Python exception (see torch_shim.h).
-  if (kind == FailureKind::oom) vta::c10_oom::throw_oom(message);
+  if (oom) vta::c10_oom::throw_oom(message);
   throw std::runtime_error(message);
 }
 
@@ -113,10 +91,9 @@ void vta_torch_free(void* ptr, size_t /*size*/, int device, void* stream) {
   if (!ptr) return;
   try {
     AddressSpace& space = existing_space(device, "no vtalloc address space serves device " + std::to_string(device));
-    bool cuda = space.backend_kind() == VTA_BACKEND_CUDA;
-    CudaContextGuard guard(cuda);
-    if (cuda) {
-      if (vta::capi::stream_capturing(VTA_BACKEND_CUDA, stream)) {
+    ContextGuard guard(&space.backend_info());
+    if (space.capabilities().can_capture) {
+      if (vta::capi::stream_capturing(space.backend_kind(), stream)) {
         // Recording the free's event on a capturing stream would put it in the graph; free later.
         shim().parking.park(device, reinterpret_cast<uintptr_t>(ptr), stream);
         count_deferred_free(device);
@@ -166,7 +143,7 @@ vta_status_t vta_torch_release_offloaded(int32_t device, uint32_t flags, uint64_
     if (flags & ~uint32_t{VTA_RELEASE_WAIT}) vta::fail(VTA_ERR_INVALID_ARGUMENT, "release_offloaded: unknown flags");
     uint64_t released = 0;
     for_devices(device, [&](int, AddressSpace& space) {
-      CudaContextGuard guard(space.backend_kind() == VTA_BACKEND_CUDA);
+      ContextGuard guard(&space.backend_info());
       released += space.release_offloaded(flags & VTA_RELEASE_WAIT);
     });
     if (out_released) *out_released = released;
@@ -179,7 +156,7 @@ vta_status_t vta_torch_residency_op(int32_t device, int32_t op, uint64_t address
                                     int32_t use_stream, int32_t* out) {
   return guarded([&] {
     AddressSpace& space = existing_space(device, "no vtalloc address space serves this device yet");
-    CudaContextGuard guard(space.backend_kind() == VTA_BACKEND_CUDA);
+    ContextGuard guard(&space.backend_info());
     const uint64_t* consumer = use_stream ? &stream : nullptr;
     if ((op == VTA_TORCH_OP_OFFLOAD || op == VTA_TORCH_OP_SET_EVICTABLE) && shim().pools.in_used_pool(device, address))
       vta::fail(VTA_ERR_INVALID_ARGUMENT, "the block at " + vta::hex(address) +
@@ -204,7 +181,7 @@ vta_status_t vta_torch_offload_bytes(int32_t device, uint64_t address, uint64_t*
   return guarded([&] {
     need(moved, "output");
     AddressSpace& space = existing_space(device, "no vtalloc address space serves this device yet");
-    CudaContextGuard guard(space.backend_kind() == VTA_BACKEND_CUDA);
+    ContextGuard guard(&space.backend_info());
     if (shim().pools.in_used_pool(device, address))
       vta::fail(VTA_ERR_INVALID_ARGUMENT, "the block at " + vta::hex(address) +
                                               " belongs to a graph-private pool that still has users: a captured "
@@ -217,7 +194,7 @@ vta_status_t vta_torch_release(void) {
   return guarded([&] {
     Shim& s = shim();
     std::lock_guard<std::mutex> lk(s.mu);
-    CudaContextGuard guard(s.cuda.load(std::memory_order_acquire) && s.spaces.any());
+    ContextGuard guard(s.spaces.any() ? s.backend.load(std::memory_order_acquire) : nullptr);
     vta::Status closed = s.spaces.release(
         "vtalloc's torch allocator", [&](int d) { return s.parking.parked(d) + s.pools.cached_count(d); },
         default_config().space);

@@ -2,9 +2,10 @@
 // entry points that set, read and normalize them.
 //
 // Owns: default_config() and normalized(), the one place the torch options get their defaults
-// (space.device and space.flags zeroed, backend "auto" made cuda), and the option fields of the
-// shim state (Shim::config, configured, on_failure, cuda): set by vta_torch_configure, forgotten
-// by forget_options_locked at vta_torch_release, both under Shim::mu.
+// (space.device and space.flags zeroed, backend "auto" made the first registered backend of
+// device memory: cuda), and the option fields of the shim state (Shim::config, configured,
+// on_failure, backend): set by vta_torch_configure, forgotten by forget_options_locked at
+// vta_torch_release, both under Shim::mu.
 // Invariants: vta_torch_configure is one call: it normalizes, then applies and returns what it
 // keeps, or refuses and changes nothing; the options change only while no space exists (to the
 // very same options, it is a no-op).
@@ -17,12 +18,20 @@
 
 namespace vta::capi::torch {
 
+namespace {
+// What "auto" means for torch: the first registered backend of device memory (cuda).
+int32_t torch_auto_backend() {
+  const BackendInfo* b = first_device_memory_backend();
+  return b ? b->kind : VTA_BACKEND_AUTO;
+}
+}  // namespace
+
 vta_torch_config_t default_config() {
   vta_torch_config_t c{};
   c.struct_size = sizeof c;
   c.on_failure = VTA_TORCH_FAIL_THROW;
   c.space.struct_size = sizeof c.space;
-  c.space.backend = VTA_BACKEND_CUDA;
+  c.space.backend = torch_auto_backend();
   return c;
 }
 
@@ -40,9 +49,9 @@ vta_torch_config_t normalized(const vta_torch_config_t& in) {
   c.space.struct_size = sizeof c.space;
   c.space.device = 0;  // the ordinal comes with each request
   c.space.flags = 0;   // torch spaces create their own pages (never leased)
-  // Torch hands these pointers to CUDA kernels: "auto" must never fall back to host memory.
-  if (c.space.backend == VTA_BACKEND_AUTO) c.space.backend = VTA_BACKEND_CUDA;
-  if (c.space.backend != VTA_BACKEND_CUDA && c.space.backend != VTA_BACKEND_HOST)
+  // Torch hands these pointers to GPU kernels: "auto" must never fall back to host memory.
+  if (c.space.backend == VTA_BACKEND_AUTO) c.space.backend = torch_auto_backend();
+  if (!find_backend(c.space.backend))
     vta::fail(VTA_ERR_INVALID_ARGUMENT, "unknown backend kind " + std::to_string(c.space.backend));
   return c;
 }
@@ -53,7 +62,7 @@ void forget_options_locked(Shim& s) {
   s.config = default_config();
   s.configured = false;
   s.on_failure.store(VTA_TORCH_FAIL_THROW, std::memory_order_release);
-  s.cuda.store(true, std::memory_order_release);
+  s.backend.store(first_device_memory_backend(), std::memory_order_release);
 }
 
 }  // namespace vta::capi::torch
@@ -87,7 +96,7 @@ vta_status_t vta_torch_configure(const vta_torch_config_t* config, vta_torch_con
       s.config = c;
       s.configured = true;
       s.on_failure.store(c.on_failure, std::memory_order_release);
-      s.cuda.store(c.space.backend == VTA_BACKEND_CUDA, std::memory_order_release);
+      s.backend.store(vta::find_backend(c.space.backend), std::memory_order_release);
     }
     if (kept) *kept = s.config;  // what is in force now: c itself, whichever branch ran
   });

@@ -5,7 +5,8 @@
 // Owns: the declarations of the shim state (Shim) and of what each room of the shim defines
 // for the others: the options (torch_shim_options.cpp), the failure records
 // (torch_shim_failures.cpp), the state itself, its spaces and parked frees (torch_shim.cpp), the
-// region tag of the calling thread (torch_regions.cpp).
+// region tag of the calling thread (torch_regions.cpp), the allocation body both ABIs share
+// (torch_allocate.cpp).
 // Invariants: shim() is immortal (see torch_shim.cpp); an out-of-memory is recorded with the
 // same fields and message shape whichever ABI saw it (oom_message).
 #pragma once
@@ -15,7 +16,8 @@
 #include <mutex>
 #include <string>
 
-#include "backend/cuda_context_guard.hpp"
+#include "backend/backend_registry.hpp"
+#include "backend/context_guard.hpp"
 #include "torch/capture_parking.hpp"
 #include "torch/private_pools.hpp"
 #include "space/device_spaces.hpp"
@@ -49,7 +51,8 @@ struct Shim {
   bool configured = false;
   vta_torch_config_t config = default_config();
   std::atomic<uint32_t> on_failure{VTA_TORCH_FAIL_THROW};
-  std::atomic<bool> cuda{true};  // the configured backend is cuda (contexts and capture matter)
+  // The configured backend's registry entry (what a space not made yet will need: its context).
+  std::atomic<const BackendInfo*> backend{first_device_memory_backend()};
   DeviceSpaces spaces{default_config().space};
   CaptureParking parking;
   PrivatePools pools;
@@ -69,6 +72,20 @@ AddressSpace& space_for(int device);
 // Free what was parked during a capture on `device`, once its stream no longer captures.
 void flush_parked(int device, AddressSpace& space);
 
+// The key of a graph-private pool's id.
+inline PrivatePools::Id pool_key(vta_torch_pool_id_t id) { return {id.first, id.second}; }
+
+// Which torch ABI allocates: the pluggable allocator (torch_shim.h) or the torch-native one
+// (torch_native.h). They differ only in what a refused capture tells the user.
+enum class TorchAbi { pluggable, native };
+
+// The one allocation body of both ABIs (torch_allocate.cpp): the address of a block of `size`
+// bytes on `device` for `stream`, in graph-private pool `pool` when it names one (native only;
+// null: none). On failure the failure is recorded, its message written to *failure, and the
+// exception rethrown: an out-of-memory as vta::OutOfMemory carrying that message.
+uintptr_t torch_allocate(uint64_t size, int device, void* stream, const vta_torch_pool_id_t* pool, TorchAbi abi,
+                         std::string* failure);
+
 // The region tag the calling thread's torch allocations carry (torch_regions.cpp; 0: none).
 uint32_t current_region();
 
@@ -81,14 +98,15 @@ void count_deferred_free(int device);
 // Every device's record back to zero (vta_torch_release).
 void forget_failures();
 
-// Runs `body(space)` for `device`'s space (the ordinal checked) with its CUDA context current;
+// Runs `body(space)` for `device`'s space (the ordinal checked), the calling thread's context
+// restored after it where its backend needs a context;
 // false, running nothing, when the device has no space yet.
 template <typename F>
 bool with_space(int32_t device, F&& body) {
   DeviceSpaces::check_device(device);
   AddressSpace* space = shim().spaces.get(device);
   if (!space) return false;
-  CudaContextGuard guard(space->backend_kind() == VTA_BACKEND_CUDA);
+  ContextGuard guard(&space->backend_info());
   body(*space);
   return true;
 }

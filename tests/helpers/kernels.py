@@ -1,6 +1,6 @@
 """Test kernels on the host backend: the pattern they write, and making a range inaccessible.
 
-``kernel_pattern`` is an independent Python reference of csrc/backend/host_kernels.hpp's
+``kernel_pattern`` is an independent Python reference of csrc/backend/testing/host_kernels.hpp's
 pattern: byte ``i`` of a kernel's range is byte ``i % 8`` (little-endian) of the word hash of
 ``(seed, i // 8)``. ``inaccessible`` mprotects a range PROT_NONE for a while, which is what an
 unmap does to the bytes under running stream work (without touching the backend's tables).

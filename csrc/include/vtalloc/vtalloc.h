@@ -34,7 +34,31 @@ enum {
   VTA_ERR_PAUSED = 8             /* the allocation belongs to a paused region: resume it first */
 };
 
+/* Backend codes (vta_config_t.backend). AUTO: a backend of device memory when one is usable, else
+ * another. The built-ins' codes below never change; every backend the library knows, these and
+ * any registered later (next codes), with its name and capabilities, is listed by vta_backends(). */
 enum { VTA_BACKEND_AUTO = 0, VTA_BACKEND_HOST = 1, VTA_BACKEND_CUDA = 2 };
+
+/* What a backend can do (vta_backend_info_t.capabilities). A kind's flags say what it may do:
+ * HOST_PAGES and EXPORT_PAGES also depend on the device (cuda). */
+enum {
+  VTA_BACKEND_CAP_DEVICE_MEMORY = 1,     /* its pages are GPU memory kernels can use ("auto" prefers it) */
+  VTA_BACKEND_CAP_NEEDS_CONTEXT = 2,     /* its calls switch the thread's context (the torch shim restores it) */
+  VTA_BACKEND_CAP_CAN_CAPTURE = 4,       /* its streams may capture a graph (frees parked, capture asked) */
+  VTA_BACKEND_CAP_HOST_PAGES = 8,        /* host-located pages: VTA_EVICT_MAPPED */
+  VTA_BACKEND_CAP_EXPORT_PAGES = 16,     /* pages shared as file descriptors (the service's leases) */
+  VTA_BACKEND_CAP_TEST_KERNELS = 32      /* vta_test_launch_kernel */
+};
+
+#define VTA_BACKEND_NAME_MAX 32
+
+typedef struct vta_backend_info {
+  uint32_t struct_size;            /* sizeof(vta_backend_info_t) */
+  int32_t backend;                 /* its code: what vta_config_t.backend takes */
+  uint32_t capabilities;           /* VTA_BACKEND_CAP_* */
+  uint32_t reserved;
+  char name[VTA_BACKEND_NAME_MAX]; /* what users type ("host", "cuda"), NUL-terminated */
+} vta_backend_info_t;
 
 /* Config flags. LEASED: the space creates no page itself; it holds only pages imported with
  * vta_space_import_page() (a lease from the service), and capacity_bytes is the ceiling. */
@@ -193,6 +217,13 @@ VTA_API vta_status_t vta_global_counters(vta_global_counters_t* out);
 
 /* Probe whether a backend can be created on `device`; VTA_OK or VTA_ERR_BACKEND_UNAVAILABLE. */
 VTA_API vta_status_t vta_backend_probe(int32_t backend, int32_t device);
+/* The backend registry: writes the first `capacity` backends (code order) to `out` and how many
+ * there are to *count (capacity 0: only the count). */
+VTA_API vta_status_t vta_backends(vta_backend_info_t* out, uint64_t capacity, uint64_t* count);
+/* Tests only: registers `name` as a new backend kind, a toy that wraps the host backend
+ * (csrc/backend/testing/toy_backend.cpp: no host pages), and writes its code to *backend. A name
+ * registered already is VTA_ERR_INVALID_ARGUMENT. */
+VTA_API vta_status_t vta_test_register_toy_backend(const char* name, int32_t* backend);
 /* Run the driver-seam contract checks (backend.hpp) on a fresh backend; writes a report and
  * the number of failed checks. For tests: the same checks on host and on cuda. */
 VTA_API vta_status_t vta_backend_conformance(int32_t backend, int32_t device, char* report, uint64_t report_len,

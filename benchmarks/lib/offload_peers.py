@@ -9,6 +9,9 @@ memory budget (``compile``); :class:`RecomputeCount`, which counts the operation
 checkpointing runs again in backward (the ones run with grad enabled inside backward) and what
 they cost on a cost model; and :func:`calibrate`, the constants of the cost model measured on a
 GPU (copy link, matmul and memory rates, launch, a dispatch mode's cost per operation).
+The configuration names (``GPU_CONFIGS``, ``CPU_CONFIGS``, ``REFERENCE_ORDER``, ``RUN_ORDER``,
+``PAGER_CONFIGS``), the stream-overlapped offloader (:class:`StreamOffloader`, the strongest
+simple baseline) and ``counted_save_on_cpu`` (torch's ``save_on_cpu`` counting what it copies).
 Invariants: a peer keeps the model's parameters and their order (gradients compare one to one);
 nothing here is a measurement until a run writes it.
 """
@@ -18,7 +21,18 @@ from __future__ import annotations
 import time
 from typing import Any
 
-HF_MODELS = ("gpt2", "llama")
+from lib.training_models import HF_MODELS
+
+MiB = 1 << 20
+GPU_CONFIGS = ["native", "expandable", "save_on_cpu", "offloader", "checkpoint", "checkpoint_offload", "uncapped",
+               "compile", "vtalloc_off", "vtalloc"]
+CPU_CONFIGS = ["native", "save_on_cpu", "offloader", "checkpoint", "vtalloc_off", "vtalloc"]
+REFERENCE_ORDER = ["native", "uncapped", "save_on_cpu", "offloader", "expandable", "checkpoint", "checkpoint_offload",
+                   "compile", "vtalloc_off", "vtalloc"]
+# The order runs start in: what the comparison needs first, so a time limit cuts the least useful.
+RUN_ORDER = ["vtalloc", "checkpoint", "uncapped", "native", "checkpoint_offload", "vtalloc_off", "save_on_cpu",
+             "offloader", "compile", "expandable"]
+PAGER_CONFIGS = {"vtalloc": "auto", "vtalloc_off": "off"}  # config -> paged_activations(recompute=...)
 
 
 def blocks_of(model: str, net: Any) -> list[tuple[Any, str, int]]:
@@ -156,3 +170,68 @@ def calibrate(torch: Any) -> dict[str, Any]:
     out["dispatch_mode_per_op_s"] = timed(moded, 3) / 1000 - out["launch_s"]
     torch.cuda.empty_cache()
     return out
+
+
+# -- the stream-overlapped offloader (the strongest simple baseline) -------------------------------
+
+class StreamOffloader:
+    """Saved tensors >= ``min_bytes`` go to pinned host buffers on a side stream during forward
+    and come back on demand (on the current stream) in backward. On CPU the copies are plain."""
+
+    def __init__(self, min_bytes: int = MiB) -> None:
+        import torch
+
+        self.torch, self.min_bytes, self.stream = torch, min_bytes, None
+        self.d2h_bytes = self.h2d_bytes = 0
+
+    def hooks(self) -> Any:
+        return self.torch.autograd.graph.saved_tensors_hooks(self.pack, self.unpack)
+
+    def pack(self, t: Any) -> Any:
+        torch = self.torch
+        base = t._base if t._base is not None else t
+        nbytes = t.numel() * t.element_size()
+        if (base.is_leaf and base.requires_grad) or nbytes < self.min_bytes:
+            return t  # parameters stay; small tensors cost more to move than they free
+        dense = t.is_contiguous() or t.is_contiguous(memory_format=torch.channels_last)
+        stride = t.stride() if dense else torch.empty(t.shape, device="meta").stride()
+        host = torch.empty_strided(t.shape, stride, dtype=t.dtype, pin_memory=t.is_cuda)
+        if t.is_cuda:
+            if self.stream is None:
+                self.stream = torch.cuda.Stream(t.device)
+            self.stream.wait_stream(torch.cuda.current_stream(t.device))
+            with torch.cuda.stream(self.stream):
+                host.copy_(t, non_blocking=True)
+            t.record_stream(self.stream)  # its device memory is reused only after the copy
+        else:
+            host.copy_(t)
+        self.d2h_bytes += nbytes
+        return (t.device, host)
+
+    def unpack(self, packed: Any) -> Any:
+        if not isinstance(packed, tuple):
+            return packed
+        device, host = packed
+        if device.type != "cuda":
+            return host
+        self.torch.cuda.current_stream(device).wait_stream(self.stream)
+        self.h2d_bytes += host.numel() * host.element_size()
+        return host.to(device, non_blocking=True)
+
+
+def counted_save_on_cpu(torch: Any, moved: dict[str, int]) -> Any:
+    """torch's save_on_cpu(pin_memory=True) with its hooks wrapped to count the bytes they copy."""
+    ctx = torch.autograd.graph.save_on_cpu(pin_memory=True)
+    pack0, unpack0 = ctx.pack_hook, ctx.unpack_hook
+
+    def pack(t: Any) -> Any:
+        moved["d2h"] += t.numel() * t.element_size()  # pin_memory=True copies every saved tensor
+        return pack0(t)
+
+    def unpack(p: Any) -> Any:
+        if p[0].type != "cpu":
+            moved["h2d"] += p[1].numel() * p[1].element_size()
+        return unpack0(p)
+
+    ctx.pack_hook, ctx.unpack_hook = pack, unpack
+    return ctx

@@ -1,12 +1,14 @@
-// Test kernels for the host backend, and the fault guard that contains an illegal access.
+// The fault guard: an illegal access by the host backend's stream work stops that work and is
+// counted, instead of ending the process.
 //
-// Owns: the byte pattern of (seed, byte index), the FILL and CHECK kernel bodies, the
-// process-wide SIGSEGV/SIGBUS handler with the per-thread guard it jumps back to, and the
-// counters of one backend's kernels and guarded copies.
+// Owns: the process-wide SIGSEGV/SIGBUS handler with the per-thread guard it jumps back to, the
+// process-wide fault totals, guarded copies, and KernelCounters (one backend's tally of its test
+// kernels and guarded copies).
 // Why: cuMemMap/cuMemUnmap/cuMemSetAccess are not stream-ordered, so changing a mapping under
-// an address that queued or running stream work still touches is a race. Test kernels are
-// stream work that reads and writes an allocation's bytes for a while, so a test can run
-// paging, restore and reclaim under them and count faults and corrupted bytes on a CPU.
+// an address that queued or running stream work still touches is a race. The host backend runs
+// its copies (and the test kernels, backend/testing/host_kernels.hpp) under this guard, so a
+// test can run paging, restore and reclaim under stream work and count faults and corrupted
+// bytes on a CPU.
 // Invariants: the handler is installed once, from a normal thread, never in a signal
 // context; it jumps only into a guard armed on the faulting thread, for a real fault
 // (si_code > 0), and otherwise chains to the handler that was installed before it, so a crash
@@ -22,13 +24,11 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <string>
 
 #include "vtalloc/vtalloc.h"
 
 namespace vta {
-
-// Test kernels run for at most this long (a longer one is refused as invalid).
-constexpr uint64_t kMaxTestKernelNs = 60ull * 1000 * 1000 * 1000;
 
 // One backend's tally (the fields of vta_kernel_counters_t).
 struct KernelCounters {
@@ -36,29 +36,30 @@ struct KernelCounters {
   vta_kernel_counters_t snapshot() const;
 };
 
-// The 8 pattern bytes of word `word` (bytes 8*word .. 8*word+7 of a kernel's range, in memory
-// order, little-endian) for `seed`: a multiplicative hash, cheap enough for GiB/s.
-inline uint64_t kernel_pattern_word(uint64_t seed, uint64_t word) {
-  uint64_t x = seed * 0xD1B54A32D192ED03ull + (word + 1) * 0x9E3779B97F4A7C15ull;
-  x ^= x >> 29;
-  x *= 0xBF58476D1CE4E5B9ull;
-  return x ^ (x >> 32);
-}
-
 // Install the guard's SIGSEGV/SIGBUS handler once (idempotent, thread-safe; normal threads only).
 void install_fault_guard();
 
-// Run one kernel on the calling thread, under the guard: VTA_KERNEL_FILL writes the pattern of
-// `seed` over [va, va + bytes), VTA_KERNEL_CHECK counts the bytes that differ from it; whole
-// passes repeat until `duration_ns` has elapsed (at least one). Counts completion or the fault,
-// and a CHECK's bytes checked and mismatched (per completed pass) in `counters`.
-void run_test_kernel(KernelCounters& counters, uintptr_t va, uint64_t bytes, int kind, uint64_t seed,
-                     uint64_t duration_ns);
+// Runs fn(arg) on the calling thread with its guard armed; true when it ran to the end, false
+// when a SIGSEGV/SIGBUS stopped it. fn is C-style: nothing with a destructor lives in it.
+bool run_guarded(void (*fn)(void*), void* arg);
 
 // memmove under the guard; false (and one more counters.copy_faults) when it faulted.
 bool guarded_copy(KernelCounters& counters, void* dst, const void* src, size_t bytes);
 
+// Count one test kernel stopped by the guard in the process totals (backend/testing/host_kernels.cpp).
+void count_kernel_fault();
+
 // Faults the guards caught in this process, every backend together (never reset).
 void guarded_fault_totals(uint64_t* kernel_faults, uint64_t* copy_faults);
+
+// The host backend's test kernels are test code (backend/testing/host_kernels.cpp defines these):
+// declared here so the backend queues them without including the testing room, as backend.hpp
+// declares make_cost_model_backend.
+// Why a test kernel is refused (an unknown kind, an empty range, too long a duration); empty
+// when it may run.
+std::string test_kernel_refusal(int kind, uint64_t bytes, uint64_t duration_ns);
+// Run one test kernel on the calling thread, under the guard, counting it in `counters`.
+void run_test_kernel(KernelCounters& counters, uintptr_t va, uint64_t bytes, int kind, uint64_t seed,
+                     uint64_t duration_ns);
 
 }  // namespace vta

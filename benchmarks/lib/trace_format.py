@@ -47,7 +47,7 @@ from pathlib import Path
 from typing import Any, Iterable
 
 FORMAT = "vtalloc-trace/1"
-TRACES_DIR = Path(__file__).resolve().parent / "traces"
+TRACES_DIR = Path(__file__).resolve().parents[1] / "traces"
 SOURCES = ("cpu-profiler", "cuda-memory-history")
 
 

@@ -1,5 +1,4 @@
-// Test kernels and the fault guard; see host_kernels.hpp for what they are and how they
-// differ from CUDA.
+// The fault guard; see fault_guard.hpp for what it is and how it differs from CUDA.
 //
 // Owns: the previous SIGSEGV/SIGBUS actions (to chain to), the per-thread guard pointer, and
 // the process-wide fault totals.
@@ -8,15 +7,14 @@
 // while some guard is armed, and a thread's TLS block for it exists once run_guarded() has
 // written it before arming. (A thread that never ran a guard and crashes while another
 // thread's guard is armed may have its block allocated inside the handler: not
-// async-signal-safe in principle, on a thread that is crashing anyway.) run_guarded(), the kernel bodies and copy_body() are C-style: between sigsetjmp and
-// the guard's end nothing with a destructor lives, so a siglongjmp out of them skips no
-// cleanup.
-#include "backend/host_kernels.hpp"
+// async-signal-safe in principle, on a thread that is crashing anyway.) run_guarded() and
+// copy_body() are C-style (and so are the test kernels' bodies): between sigsetjmp and the
+// guard's end nothing with a destructor lives, so a siglongjmp out of them skips no cleanup.
+#include "backend/fault_guard.hpp"
 
 #include <pthread.h>
 #include <setjmp.h>
 #include <signal.h>
-#include <time.h>
 
 #include <cerrno>
 #include <cstring>
@@ -71,8 +69,19 @@ void on_fault(int sig, siginfo_t* info, void* context) {
   errno = saved_errno;
 }
 
-// Runs fn(arg) with this thread's guard armed; true when it ran to the end, false when a
-// SIGSEGV/SIGBUS stopped it.
+struct Copy {
+  void* dst;
+  const void* src;
+  size_t bytes;
+};
+
+void copy_body(void* arg) {
+  Copy* c = static_cast<Copy*>(arg);
+  std::memmove(c->dst, c->src, c->bytes);
+}
+
+}  // namespace
+
 bool run_guarded(void (*fn)(void*), void* arg) {
   sigjmp_buf jb;
   t_guard = nullptr;  // touch this thread's TLS block now, outside any signal context
@@ -97,85 +106,6 @@ bool run_guarded(void (*fn)(void*), void* arg) {
   return true;
 }
 
-uint64_t now_ns() {
-  timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return static_cast<uint64_t>(ts.tv_sec) * 1000000000ull + static_cast<uint64_t>(ts.tv_nsec);
-}
-
-// Bytes of x that are not zero (no popcount instruction needed).
-inline uint64_t nonzero_bytes(uint64_t x) {
-  const uint64_t low7 = 0x7F7F7F7F7F7F7F7Full;
-  uint64_t high = (((x & low7) + low7) | x) & ~low7;  // 0x80 in each nonzero byte
-  return ((high >> 7) * 0x0101010101010101ull) >> 56;  // their sum, in the top byte
-}
-
-void fill_pass(unsigned char* p, uint64_t bytes, uint64_t seed) {
-  uint64_t words = bytes / 8;
-  for (uint64_t i = 0; i < words; ++i) {
-    uint64_t w = kernel_pattern_word(seed, i);
-    std::memcpy(p + 8 * i, &w, 8);
-  }
-  if (bytes % 8) {
-    uint64_t w = kernel_pattern_word(seed, words);
-    std::memcpy(p + 8 * words, &w, bytes % 8);
-  }
-}
-
-uint64_t check_pass(const unsigned char* p, uint64_t bytes, uint64_t seed) {
-  uint64_t words = bytes / 8, bad = 0;
-  for (uint64_t i = 0; i < words; ++i) {
-    uint64_t w;
-    std::memcpy(&w, p + 8 * i, 8);
-    uint64_t diff = w ^ kernel_pattern_word(seed, i);
-    if (diff) bad += nonzero_bytes(diff);
-  }
-  if (bytes % 8) {
-    uint64_t w = 0, want = kernel_pattern_word(seed, words);
-    std::memcpy(&w, p + 8 * words, bytes % 8);
-    uint64_t mask = (1ull << (8 * (bytes % 8))) - 1;  // the tail's bytes, little-endian
-    bad += nonzero_bytes((w ^ want) & mask);
-  }
-  return bad;
-}
-
-// A kernel's arguments and results; lives in run_test_kernel's frame, outside the guard.
-struct Kernel {
-  unsigned char* base;
-  uint64_t bytes;
-  int kind;
-  uint64_t seed;
-  uint64_t duration_ns;
-  uint64_t checked;     // by completed CHECK passes
-  uint64_t mismatched;
-};
-
-void kernel_body(void* arg) {
-  Kernel* k = static_cast<Kernel*>(arg);
-  uint64_t start = now_ns();
-  do {
-    if (k->kind == VTA_KERNEL_FILL) {
-      fill_pass(k->base, k->bytes, k->seed);
-    } else {
-      uint64_t bad = check_pass(k->base, k->bytes, k->seed);
-      k->mismatched += bad;
-      k->checked += k->bytes;
-    }
-  } while (now_ns() - start < k->duration_ns);
-}
-
-struct Copy {
-  void* dst;
-  const void* src;
-  size_t bytes;
-};
-
-void copy_body(void* arg) {
-  Copy* c = static_cast<Copy*>(arg);
-  std::memmove(c->dst, c->src, c->bytes);
-}
-
-}  // namespace
 
 vta_kernel_counters_t KernelCounters::snapshot() const {
   vta_kernel_counters_t c;
@@ -205,20 +135,6 @@ void install_fault_guard() {
   });
 }
 
-void run_test_kernel(KernelCounters& counters, uintptr_t va, uint64_t bytes, int kind, uint64_t seed,
-                     uint64_t duration_ns) {
-  Kernel k{reinterpret_cast<unsigned char*>(va), bytes, kind, seed, duration_ns, 0, 0};
-  bool completed = run_guarded(kernel_body, &k);
-  counters.bytes_checked += k.checked;
-  counters.bytes_mismatched += k.mismatched;
-  if (completed) {
-    counters.completed++;
-  } else {
-    counters.faulted++;
-    g_kernel_faults++;
-  }
-}
-
 bool guarded_copy(KernelCounters& counters, void* dst, const void* src, size_t bytes) {
   Copy c{dst, src, bytes};
   if (run_guarded(copy_body, &c)) return true;
@@ -226,6 +142,8 @@ bool guarded_copy(KernelCounters& counters, void* dst, const void* src, size_t b
   g_copy_faults++;
   return false;
 }
+
+void count_kernel_fault() { g_kernel_faults++; }
 
 void guarded_fault_totals(uint64_t* kernel_faults, uint64_t* copy_faults) {
   *kernel_faults = g_kernel_faults.load();
