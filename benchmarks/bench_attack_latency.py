@@ -34,7 +34,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from provenance import git_info, machine_info
+from lib.provenance import git_info, machine_info
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
