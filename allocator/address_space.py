@@ -149,15 +149,19 @@ class AddressSpace(RegionCalls, TestHooks, NativeHandle):
         source = self._source
         if source is not None:
             source.stop()
+        deferred = False
         try:
             if getattr(self, "_live_tensors", 0):
                 from .tensors import defer_close
 
-                if defer_close(self):  # tensors over its pages live: the last one's finalizer closes it
+                # Tensors over its pages live: the last one's finalizer closes it, and its page
+                # source (a lease ends by revoking its pages: they must outlive the tensors).
+                deferred = defer_close(self)
+                if deferred:
                     return
             _native.check(self._lib.vta_space_close(self._handle))
         finally:
-            if source is not None:
+            if source is not None and not deferred:
                 source.close()
 
     def __repr__(self) -> str:
@@ -219,7 +223,12 @@ class AddressSpace(RegionCalls, TestHooks, NativeHandle):
                                   lambda may_evict, counted: self._malloc(n, s, may_evict, counted))
 
     def free(self, address: int) -> None:
-        """Free an address returned by :meth:`malloc` (double, foreign or interior frees raise)."""
+        """Free an address returned by :meth:`malloc` (double, foreign or interior frees raise; so
+        does the address of a live :meth:`tensor`'s storage: the tensor frees it when it dies)."""
+        if getattr(self, "_live_tensors", 0):
+            from .tensors import refuse_if_tensor_owned
+
+            refuse_if_tensor_owned(self, address, "free")
         source = self._source
         if source is not None:
             source.check_usable()

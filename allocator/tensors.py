@@ -11,7 +11,13 @@ Invariants:
   torch keeps alive dies and its finalizer runs), never while any view of it lives;
 - closing a space while tensors over it live never unmaps their pages: ``close()`` marks the
   space closed at once (every further call raises ClosedError) and the pages stay mapped
-  until the last such tensor dies, whose finalizer then releases the space;
+  until the last such tensor dies, whose finalizer then releases the space and, for a leased
+  space, only then ends its lease (the daemon revokes the pages of an ended lease);
+- an allocation a live tensor owns is the tensor's alone: ``free`` of its address is refused
+  (:func:`refuse_if_tensor_owned`, an InvalidArgumentError), so nothing but the tensor's death
+  frees its bytes (a free accepted there let the next malloc land under the tensor, whose
+  finalizer then freed that allocation, and trim() unmapped it: SIGSEGV); eviction
+  (``set_evictable``, ``offload``) stays allowed: the bytes come back at the same address;
 - a finalizer never raises (it runs inside torch's deleter or at exit): failures are counted
   in :func:`release_failures`.
 """
@@ -29,7 +35,7 @@ from . import _native
 from .errors import ClosedError, InvalidArgumentError, VtallocError
 from .extras import import_torch
 
-__all__ = ["space_tensor", "live_tensor_storages", "release_failures", "defer_close"]
+__all__ = ["space_tensor", "live_tensor_storages", "release_failures", "defer_close", "refuse_if_tensor_owned"]
 
 _lock = threading.Lock()
 _failures: list[str] = []
@@ -88,6 +94,8 @@ def space_tensor(space: Any, shape: Any, dtype: Any = None) -> Any:
         flat = torch.frombuffer(buffer, dtype=dtype, count=max(numel, 1))
         with _lock:
             space._live_tensors = getattr(space, "_live_tensors", 0) + 1
+            owned = space.__dict__.setdefault("_tensor_owned", set())
+            owned.add(address)
         # torch keeps `buffer` alive exactly as long as the storage: its death frees the allocation.
         weakref.finalize(buffer, _release, space, address)
     except BaseException:
@@ -99,6 +107,7 @@ def space_tensor(space: Any, shape: Any, dtype: Any = None) -> Any:
 def _release(space: Any, address: int) -> None:
     with _lock:
         space._live_tensors -= 1
+        space._tensor_owned.discard(address)
         last = space._live_tensors == 0
         closed = space.closed
         handle = space._handle
@@ -119,6 +128,28 @@ def _release(space: Any, address: int) -> None:
                 _native.check(lib.vta_space_close(handle))
             except VtallocError as e:
                 _failures.append(f"deferred close of the address space: {e}")
+            source = getattr(space, "_source", None)
+        else:
+            source = None
+    if source is not None:  # a leased space's lease ends only now (outside the lock: it talks to the daemon)
+        try:
+            source.close()
+        except Exception as e:  # noqa: BLE001 - a finalizer never raises
+            with _lock:
+                _failures.append(f"deferred close of the address space's page source: {e}")
+
+
+def refuse_if_tensor_owned(space: Any, address: int, what: str) -> None:
+    """InvalidArgumentError when a live tensor owns the allocation at ``address`` (``what``: the
+    refused call): its bytes are the tensor's until the tensor dies, which frees them."""
+    if type(address) is not int:
+        return  # not an address at all: the call itself refuses it
+    with _lock:
+        owned = address in space.__dict__.get("_tensor_owned", ())
+    if owned:
+        raise InvalidArgumentError(
+            f"{what} of {address:#x}: the allocation is the storage of a live tensor (space.tensor()); it is freed "
+            "when the tensor and its views die: drop them (del) instead")
 
 
 def defer_close(space: Any) -> bool:

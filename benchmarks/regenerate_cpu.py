@@ -68,6 +68,7 @@ EVICT = "Eviction and paged training"
 OFFLOAD = "Offload training against every peer"
 RECOMPUTE = "Keep, page out or recompute under one byte budget (CPU)"
 SEGMENTS = "Segments against checkpointing (CPU; H100 modelled and predicted)"
+ATTACK = "The daemon under attack: another user's lease latency (host backend)"
 CHURN = "Churn: random-size tensors under a cap"
 EVICT_MODEL = "Predicted (host cost model): eviction on an H100"
 SIZES = "Predicted: in-place paged training at default settings"
@@ -143,6 +144,10 @@ COMMANDS: tuple[Command, ...] = (
             "python benchmarks/predict_gpu_plan.py --model resnet50 "
             "--out benchmarks/results/predicted_resnet50_4x-h100-{date}.json",
             None, skip_quick="records ResNet-50 twice on CPU (minutes)"),
+    Command("attack_latency", ATTACK,
+            "python benchmarks/bench_attack_latency.py --out benchmarks/results/attack-latency-{date}.json",
+            "python benchmarks/bench_attack_latency.py --only hello_storm --windows 1 --window 0.5 --seconds 0.5 "
+            "--warmup 0.5 --out benchmarks/results/attack-latency-{date}.json"),
     Command("churn", CHURN,
             "python benchmarks/bench_churn.py --backend host --out benchmarks/results/churn-host-{date}.json",
             _SMALL_CHURN + " --out benchmarks/results/churn-host-{date}.json"),

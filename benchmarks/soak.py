@@ -28,7 +28,7 @@ from typing import Any
 
 from lib.provenance import git_info, machine_info
 
-CAMPAIGNS = ("api", "service", "faults", "kills", "concurrency")
+CAMPAIGNS = ("api", "service", "faults", "kills", "concurrency", "round3")
 
 
 def _plain(value: Any) -> Any:
@@ -60,6 +60,8 @@ def run_campaign(name: str, scale: int, seed: int) -> dict[str, Any]:
         from reliability import faults as mod
     elif name == "kills":
         from reliability import kills as mod
+    elif name == "round3":
+        from reliability import hostile_round3 as mod
     else:
         from reliability import concurrency as mod
     t0 = time.monotonic()

@@ -47,7 +47,7 @@ def quiet_broken_pipe() -> NoReturn:
     killed by SIGPIPE does. stdout is pointed at /dev/null first, so the interpreter's last
     flush of what is still buffered cannot fail again on the way out."""
     try:
-        devnull = os.open(os.devnull, os.O_WRONLY)
+        devnull = os.open(os.devnull, os.O_WRONLY | os.O_NOFOLLOW)
         os.dup2(devnull, sys.stdout.fileno())
         os.close(devnull)
     except (OSError, ValueError):

@@ -6,8 +6,9 @@ option is an InvalidArgumentError), the socket directory (created 0750; one it d
 is used only as it is, never chmod'ed or chgrp'ed: one that does not fit is refused with the
 reason, an UntrustedRendezvousError), the
 single-daemon lock (``flock`` on ``<socket>.lock``, released by the kernel if we die, so a
-stale socket is safely removed), the gRPC server (health checking and reflection on) and
-an orderly stop on SIGTERM/SIGINT: health goes NOT_SERVING, clients are told on Watch,
+stale socket is safely removed), the gRPC server (health checking and reflection on; it
+listens on a private socket behind the daemon's own front door on the public one,
+grpc_front.py, Note [The front door]) and an orderly stop on SIGTERM/SIGINT: health goes NOT_SERVING, clients are told on Watch,
 sessions end, pages are released (clients keep what they have mapped, and the state file
 ``<socket>.state`` says so to the next daemon: state_keeper.py).
 Must not: hold a page or a session itself; logic lives in ledger.py and node.py.
@@ -21,10 +22,12 @@ import grp
 import json
 import logging
 import os
+import shutil
 import signal
 import socket
 import stat
 import sys
+import tempfile
 from pathlib import Path
 from typing import Callable
 
@@ -36,9 +39,12 @@ from vtalloc.allocator.page_pool import PagePool
 from .daemon_config import DaemonConfig
 from .errors import ErrorInterceptor
 from .ledger import Ledger, NodeGeometry
+from .grpc_front import GrpcFront, connections_per_uid
 from .limits import RpcLimiter, RpcSlots
 from .node import Node
-from .principals import limit_key, own_cgroup
+from .page_reclaim import reclaim_of
+from .principals import boot_ticks_now, limit_key, own_cgroup
+from .side_channel import peer_pidfd
 from .proto.vtalloc.v1 import admin_pb2_grpc, pages_pb2_grpc
 from .protocol.address import UNIX_SCHEME
 from .protocol.errors import FailedPreconditionError, UntrustedRendezvousError
@@ -57,6 +63,20 @@ _SOCKET_MODE = 0o660                       # owner and the --group
 _DIRECTORY_MODE = 0o750
 _STOP_GRACE_S = 1.0                        # in-flight RPCs may finish this long on a clean stop
 _METRICS_JOIN_S = 2.0
+_PRIVATE_PREFIX = ".vtg"                    # <socket dir>/.vtgXXXXXXXX/g.sock: the gRPC server's own socket
+_MAX_UNIX_PATH = 107
+
+
+def _private_socket(sock_dir: Path) -> tuple[str, str]:
+    """(a new 0700 directory only this uid can enter, the gRPC server's socket path in it):
+    in the socket directory when the path fits a Unix socket address, else in the temporary one.
+    Leftovers of a daemon that died there are removed first (the caller holds the lock)."""
+    for stale in sock_dir.glob(_PRIVATE_PREFIX + "*"):
+        if stale.is_dir() and not stale.is_symlink() and stale.stat().st_uid == os.geteuid():
+            shutil.rmtree(stale, ignore_errors=True)
+    where = str(sock_dir) if len(str(sock_dir)) + len(_PRIVATE_PREFIX) + 16 <= _MAX_UNIX_PATH else None
+    private = tempfile.mkdtemp(prefix=_PRIVATE_PREFIX, dir=where)   # mode 0700, ours, a fresh name
+    return private, os.path.join(private, "g.sock")
 
 
 def _prepare_directory(path: Path, gid: int, group: str | None) -> None:
@@ -105,7 +125,7 @@ class _Lock:
 
     def __init__(self, path: str) -> None:
         self.path = path
-        self.fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        self.fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
         try:
             fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -141,13 +161,14 @@ async def serve(config: DaemonConfig, *, on_ready: Callable[[dict], None] | None
     # before the directory is touched: InvalidArgumentError from here is a bad option.
     pool = PagePool(config=config.pages)
     page_pool: PagePool | None = pool  # None once a clean stop handed it to node.close()
-    lock = listener = metrics = keeper = None
+    lock = listener = metrics = keeper = front = grpc_listener = private = None
     server = None
     side_task = None
     try:
         info = pool.info()
         geometry = NodeGeometry(info.backend, info.device, info.page_bytes, info.capacity_bytes // info.page_bytes,
-                                int(config.host_capacity or 0), config.evict_deadline_s)  # an int since __post_init__
+                                int(config.host_capacity or 0), config.evict_deadline_s,  # an int since __post_init__
+                                reclaim=reclaim_of(info.backend))
         admins = {0, os.geteuid(), *config.admin_uids}
         admin_cgroups = None
         if config.principal_by == "pod":
@@ -172,6 +193,19 @@ async def serve(config: DaemonConfig, *, on_ready: Callable[[dict], None] | None
             s = ledger.authenticate(token)
             return limit_key(s.uid, s.pod), ledger.is_admin(s)
 
+        def connection_key(sock: socket.socket, pid: int, uid: int) -> int | str:
+            """Whom a gRPC connection counts against: its uid, or its pod (read as the side channel reads it)."""
+            if config.principal_by != "pod":
+                return uid
+            accepted = boot_ticks_now()
+            pidfd, exact = peer_pidfd(sock, pid)
+            try:
+                ident = node._identify(sock, pid, pidfd, exact, accepted)  # PeerIdentityError: refused
+            finally:
+                if pidfd is not None:
+                    os.close(pidfd)
+            return limit_key(uid, ident.pod if ident else None)
+
         # Not gRPC's maximum_concurrent_rpcs: it counts calls before their caller is known.
         rpc_slots = RpcSlots(config.limits.max_rpcs_per_uid, config.max_concurrent_rpcs)
         server = grpc.aio.server(
@@ -183,13 +217,20 @@ async def serve(config: DaemonConfig, *, on_ready: Callable[[dict], None] | None
         health_servicer = health.aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
         enable_reflection((*SERVICE_NAMES, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name), server)
-        if server.add_insecure_port(UNIX_SCHEME + config.socket_path) == 0:
-            raise OSError(f"could not bind {config.socket_path}")
+        private, upstream = _private_socket(sock_path.parent)
+        if server.add_insecure_port(UNIX_SCHEME + upstream) == 0:
+            raise OSError(f"could not bind {upstream}")
+        grpc_listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+        grpc_listener.bind(config.socket_path)
+        grpc_listener.listen(_LISTEN_BACKLOG)
+        front = GrpcFront(grpc_listener, upstream, per_uid=connections_per_uid(config.limits.max_sessions_per_uid),
+                          closer=node._closer, identify=connection_key, session_keys=ledger.session_keys)
 
         listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC)
         listener.bind(config.side_channel_path)
         listener.listen(_LISTEN_BACKLOG)
         await server.start()
+        front.start()
         for path in (config.socket_path, config.side_channel_path):
             os.chown(path, -1, gid)
             os.chmod(path, _SOCKET_MODE)
@@ -233,7 +274,7 @@ async def serve(config: DaemonConfig, *, on_ready: Callable[[dict], None] | None
         side_task.cancel()
         await asyncio.gather(side_task, return_exceptions=True)
         side_task = None
-        await server.stop(grace=_STOP_GRACE_S)
+        await server.stop(grace=_STOP_GRACE_S)  # in-flight calls finish through the front door
         server = None
         keeper.freeze()  # the clients keep their mapped pages: the next daemon must count them
         await node.close()
@@ -246,6 +287,12 @@ async def serve(config: DaemonConfig, *, on_ready: Callable[[dict], None] | None
             await asyncio.gather(side_task, return_exceptions=True)
         if server is not None:
             await server.stop(grace=None)
+        if front is not None:
+            front.stop()
+        if grpc_listener is not None:
+            grpc_listener.close()
+        if private is not None:
+            shutil.rmtree(private, ignore_errors=True)
         if page_pool is not None:
             page_pool.close()
         if listener is not None:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Iterable
 
-from .records import Holder, Session, add_bytes
+from .records import Holder, Retained, Session, add_bytes
 
 __all__ = ["Inherited"]
 
@@ -43,9 +43,15 @@ class Inherited:
     def processes(self) -> int:
         return len(self._by_pid)
 
-    def holders(self, sessions: Iterable[Session]) -> list[Holder]:
-        """One Holder per process: what its sessions hold here plus what it inherited, by pid."""
+    def holders(self, sessions: Iterable[Session], retained: Iterable[Retained] = (),
+                page_bytes: int = 0) -> list[Holder]:
+        """One Holder per process: what its sessions hold here, what it retains (page_reclaim.py)
+        and what it inherited, by pid."""
         held = {(h.pid, h.start_ticks): h for h in self._by_pid.values()}
+        for r in retained:
+            old = held.get((r.pid, r.start_ticks))
+            held[r.pid, r.start_ticks] = Holder(r.pid, r.start_ticks, r.uid,
+                                                add_bytes(len(r.pages) * page_bytes, old.bytes if old else 0))
         for s in sessions:
             if s.pages:
                 old = held.get((s.pid, s.start_ticks))

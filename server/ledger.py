@@ -12,10 +12,11 @@ ledger, creates or releases pages, and tells the ledger what happened. What it a
 the frozen views of views.py.
 
 Invariants (``check_invariants()``; each module's header says which rules hold each):
-- every leased page id has exactly one owner, a live session, and is in that session's pages;
+- every leased page id has exactly one owner, a live session, and is in that session's pages,
+  or is retained by exactly one process that may still reach it (page_reclaim.py), never both;
 - the pages held by all sessions never exceed the node's capacity, and a lease is admitted only
   while they fit beside the pages *inherited*: those that live processes of a previous daemon
-  still hold (state_file.py), counted until each such process exits;
+  still hold (state_file.py), counted until each such process exits, and those retained;
 - the quota minimums of all principals together fit in the node's capacity;
 - a principal's pages never exceed its maximum because of a lease the ledger admitted.
 Reports are untrusted: reports.py keeps their values in range and their sums in a uint64.
@@ -61,8 +62,10 @@ class Ledger(LedgerViews):
                 held += len(s.pages)
             if held != len(self._owner):
                 raise InternalError(f"{len(self._owner)} owned pages but sessions hold {held}")
-            if held > self.geometry.capacity_pages:
-                raise InternalError("more pages held than the node's capacity")
+            if self._unavailable() > self.geometry.capacity_pages:
+                raise InternalError("more pages held, inherited and retained than the node's capacity")
+            if any(p in self._owner for r in self._retained.values() for p in r.pages):
+                raise InternalError("a retained page is also a session's")
             page = self.geometry.page_bytes
             if sum(-(-q.min_bytes // page) for q in self._quotas.values()) > self.geometry.capacity_pages:
                 raise InternalError("quota minimums exceed the node's capacity")

@@ -19,7 +19,7 @@ from typing import Callable, Iterable
 
 from .inherited import Inherited
 from .quota import PrincipalMap, Quota
-from .records import EvictTicket, Holder, NodeCounters, NodeGeometry, Session
+from .records import EvictTicket, Holder, NodeCounters, NodeGeometry, Retained, Session
 
 __all__ = ["LedgerBooks"]
 
@@ -48,7 +48,7 @@ class LedgerBooks:
         self._next_lease = 1
         self._counters = NodeCounters()
         self._quota_rejections: dict[str, int] = {}
-        self._ended_evicted: dict[str, int] = {}
+        self._retained: dict[int, Retained] = {}   # pid -> pages it may still reach (page_reclaim.py)
 
     # -- counters ---------------------------------------------------------------------------
     def count_protocol_error(self) -> None:
@@ -71,7 +71,58 @@ class LedgerBooks:
 
     def free_pages(self) -> int:
         with self._lock:
-            return max(0, self.geometry.capacity_pages - len(self._owner) - self._inherited.pages)
+            return max(0, self.geometry.capacity_pages - self._unavailable())
+
+    def _unavailable(self) -> int:
+        """Pages not free: owned by sessions, inherited, or retained by processes that may reach them."""
+        return len(self._owner) + self._inherited.pages + self._retained_count()
+
+    def _retained_count(self) -> int:
+        return sum(len(r.pages) for r in self._retained.values())
+
+    # -- retained: pages a process may still reach, no session of it holding them ------------
+    def retain(self, s: Session, page_ids: Iterable[int]) -> None:
+        """Count ``page_ids`` (no longer any session's) as reachable by ``s``'s process until it exits."""
+        ids = set(page_ids)
+        if not ids:
+            return
+        with self._lock:
+            r = self._retained.get(s.pid)
+            if r is None or r.start_ticks != s.start_ticks:
+                # A new process under a pid whose old one's exit is not seen yet: the old pages
+                # stay counted (the safe side) until this one exits too.
+                old = r.pages if r is not None else set()
+                r = self._retained[s.pid] = Retained(s.pid, s.start_ticks, s.uid, s.principal, old)
+            r.pages |= ids
+
+    def retained_by(self, pid: int) -> int:
+        with self._lock:
+            r = self._retained.get(pid)
+            return len(r.pages) if r else 0
+
+    def take_retained(self, s: Session, most: int) -> list[int]:
+        """Up to ``most`` pages ``s``'s own process retains, no longer retained (to lease again)."""
+        with self._lock:
+            r = self._retained.get(s.pid)
+            if r is None or r.start_ticks != s.start_ticks or most <= 0:
+                return []
+            ids = sorted(r.pages)[:most]
+            r.pages.difference_update(ids)
+            if not r.pages:
+                del self._retained[s.pid]
+            return ids
+
+    def reusable(self, s: Session) -> int:
+        """Pages ``s``'s process retains, which its next lease gets first."""
+        with self._lock:
+            r = self._retained.get(s.pid)
+            return len(r.pages) if r is not None and r.start_ticks == s.start_ticks else 0
+
+    def forget_retained(self, pid: int) -> list[int]:
+        """Process ``pid`` exited: its retained pages, for the caller to release."""
+        with self._lock:
+            r = self._retained.pop(pid, None)
+            return sorted(r.pages) if r else []
 
 
     # -- inherited: what a previous daemon's clients still hold (inherited.py) -------------
@@ -87,4 +138,5 @@ class LedgerBooks:
     def holders(self) -> list[Holder]:
         """What the state file records: client processes holding pages, inherited ones included."""
         with self._lock:
-            return self._inherited.holders(self._sessions.values())
+            return self._inherited.holders(self._sessions.values(), self._retained.values(),
+                                           self.geometry.page_bytes)

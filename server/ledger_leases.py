@@ -4,8 +4,10 @@ pages a session gives back.
 Owns: the owner of every leased page from the moment the node creates it (``delivering``)
 through its delivery (``leased``) until the session gives it back or ends; lease ids.
 Invariants: every leased page id has exactly one owner, a live session, and is in that
-session's pages; the pages held by all sessions never exceed the node's capacity, and a lease
-is admitted only while they fit beside the pages inherited; a principal's pages never exceed
+session's pages (or is retained by its process: ledger_books.py, page_reclaim.py); the pages
+held by all sessions never exceed the node's capacity, and a lease is admitted only while they
+fit beside the pages inherited and retained, a process's own retained pages counted as its
+lease's first; a principal's pages never exceed
 its maximum because of a lease the ledger admitted (lowering a maximum later refuses new
 leases; it takes nothing away); pages given back are checked all or none (each owned by the
 session, none twice, none still being delivered) and any of them given back while the
@@ -20,6 +22,7 @@ from typing import Iterable
 from vtalloc.allocator.errors import InternalError, InvalidArgumentError
 
 from .ledger_quotas import LedgerQuotas
+from .reports import check_uses_count
 from .protocol.errors import FailedPreconditionError, NotFoundError, PermissionDeniedError, QuotaExceededError
 from .records import Session
 
@@ -40,19 +43,22 @@ class LedgerLeases(LedgerQuotas):
         with self._lock:
             if s.kind != "client":
                 raise FailedPreconditionError("an observer session cannot lease pages")
-            q = self.quota_of(s.principal)
-            used = self._principal_pages(s.principal)
-            if (used + pages) * g.page_bytes > q.max_bytes:
+            new = max(0, pages - self.reusable(s))   # its process's retained pages come first, counted already
+            over = self.over_maximum(s, new)
+            if over is not None:
+                q, used = over
+                whose = s.principal if q == self._operator_quota(s.principal) else \
+                    f"{s.principal} (uid {s.uid}'s sessions, by their declared quota)"
                 self._counters.quota_rejections_total += 1
                 s.counters.quota_rejections += 1
                 self._quota_rejections[s.principal] = self._quota_rejections.get(s.principal, 0) + 1
-                log.info("lease of %d pages for session %s (%s, pid %d) refused: its principal holds %d pages, its "
-                         "maximum is %d bytes", pages, s.session_id, s.principal, s.pid, used, q.max_bytes)
+                log.info("lease of %d pages for session %s (%s, pid %d) refused: %s holds %d pages, its "
+                         "maximum is %d bytes", pages, s.session_id, s.principal, s.pid, whose, used, q.max_bytes)
                 raise QuotaExceededError(
-                    f"{s.principal} holds {used} pages of {g.page_bytes} bytes; {pages} more would pass its "
+                    f"{whose} holds {used} pages of {g.page_bytes} bytes; {pages} more would pass its "
                     f"maximum of {q.max_bytes} bytes", requested_bytes=pages * g.page_bytes,
                     capacity_bytes=q.max_bytes, mapped_bytes=used * g.page_bytes)
-            return max(0, pages - (g.capacity_pages - len(self._owner) - self._inherited.pages))
+            return max(0, new - (g.capacity_pages - self._unavailable()))
 
 
     def count_node_short(self) -> None:
@@ -66,11 +72,12 @@ class LedgerLeases(LedgerQuotas):
             return n
 
     def add_pages(self, s: Session, page_ids: list[int]) -> None:
-        """Record fresh pages as on their way to ``s``."""
+        """Record fresh pages (or pages its process had retained, given to it again: take_retained)
+        as on their way to ``s``."""
         with self._lock:
             if not s.live:
                 raise NotFoundError(f"session {s.session_id} has ended")
-            if len(self._owner) + len(page_ids) + self._inherited.pages > self.geometry.capacity_pages:
+            if self._unavailable() + len(page_ids) > self.geometry.capacity_pages:
                 raise InternalError("the ledger would hold more pages than the node's capacity")
             if twice := [p for p in page_ids if p in self._owner]:  # checked first: a refusal records none
                 raise InternalError(f"page {twice[0]} handed out twice")
@@ -96,10 +103,17 @@ class LedgerLeases(LedgerQuotas):
                     del self._owner[p]
                     s.pages.pop(p, None)
 
+    def admit_return(self, s: Session, count: int, what: str = "return") -> None:
+        """Refuse, before any work, a request naming more page ids than ``s`` holds pages (or
+        than max_return_pages; reports.check_uses_count): each id must be a page of the
+        session's, named once."""
+        with self._lock:
+            held = len(s.pages)
+        check_uses_count(count, held, self.geometry.max_return_pages, what=f"{what} carries {count} page ids")
+
     def _owned(self, s: Session, page_ids: Iterable[int], what: str) -> list[int]:
         ids = list(page_ids)
-        if len(ids) > self.geometry.max_return_pages:
-            raise InvalidArgumentError(f"{what} carries {len(ids)} page ids; at most {self.geometry.max_return_pages}")
+        self.admit_return(s, len(ids), what)
         if len(set(ids)) != len(ids):
             raise InvalidArgumentError(f"{what} names a page more than once")
         for p in ids:

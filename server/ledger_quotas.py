@@ -1,11 +1,29 @@
 """The ledger's quotas: each principal's guaranteed minimum and hard maximum, as in force.
 
 Owns: the operator's quotas (set at start or by ``SetQuota``), the quota in force for a
-principal, the pages a principal holds, and what it holds above its minimum.
+principal and for one session, the pages a principal (and one declaring scope) holds, and
+what it holds above its minimum.
 Invariants: the quota minimums of all principals together fit in the node's capacity (a
-``set_quota`` that would break it is refused and changes nothing); a principal's quota is
-the operator's (its own, else the default) lowered, per field, by what its live client
-sessions declared in their hellos (the lowest wins); a declaration never raises it.
+``set_quota`` that would break it is refused and changes nothing); a principal's pages never
+pass the operator's maximum (its own, else the default); a quota a client declares in its
+hello binds only its *scope*, the client sessions of its principal **and its uid**
+(Note [Declared quotas bind their own uid]), lowered per field to the lowest declaration
+alive there, never raised.
+
+Note [Declared quotas bind their own uid]
+-----------------------------------------
+A client may declare ``VTALLOC_QUOTA_MIN``/``MAX`` (protocol/declared_quota.py) to lower its
+quota, e.g. a pod's spec lowering the pod's. The declaration used to lower the whole
+principal's: under ``--principal team=1001,1002`` one member declaring 0:0 set the other
+member's quota to 0:0 as long as it lived, and a declared minimum of 0 made the other
+member's pages evictable. Uids do not trust each other (the side channel's SO_PEERCRED is
+what tells them apart), so a declaration now binds its scope: the sessions of its principal
+and its uid. The scope's pages must stay under the lowest maximum declared in it (and the
+principal's, under the operator's maximum); the scope's pages above the lowest minimum
+declared in it are not guaranteed (they are asked back first); no other scope is touched.
+A principal of one uid (``uid:N``; a pod whose processes share a uid) is one scope, so there
+nothing changed. ``quota_of(principal)`` is what binds every live member: lowered by a
+scope's declarations only while all of the principal's live client sessions are that scope.
 """
 
 from __future__ import annotations
@@ -24,14 +42,39 @@ log = logging.getLogger("vtalloc.server")
 
 
 class LedgerQuotas(LedgerSessions):
+    def _operator_quota(self, principal: str) -> Quota:
+        return self._quotas.get(principal) or self._default_quota.for_principal(principal)
+
+    def _members(self, principal: str) -> list[Session]:
+        return [s for s in self._sessions.values() if s.principal == principal and s.kind == "client"]
+
+    def _scope_quota(self, principal: str, uid: int) -> Quota:
+        """The operator's quota lowered by the declarations of the scope (principal, uid)."""
+        q = self._operator_quota(principal)
+        for s in self._sessions.values():
+            if s.declared is not None and s.principal == principal and s.uid == uid:
+                q = q.lowered(*s.declared)
+        return q
+
     def quota_of(self, principal: str) -> Quota:
-        """The principal's quota: the operator's, lowered by its live client sessions' declarations."""
+        """The principal's quota as it binds every live member: the operator's, lowered by the
+        declarations of one scope only while all of its live client sessions are that scope
+        (Note [Declared quotas bind their own uid])."""
         with self._lock:
-            q = self._quotas.get(principal) or self._default_quota.for_principal(principal)
-            for s in self._sessions.values():
-                if s.declared is not None and s.principal == principal:
-                    q = q.lowered(*s.declared)
-            return q
+            uids = {s.uid for s in self._members(principal)}
+            if len(uids) == 1:
+                return self._scope_quota(principal, uids.pop())
+            return self._operator_quota(principal)
+
+    def quota_for(self, s: Session) -> Quota:
+        """The quota in force for session ``s``: its principal's, lowered by its scope's declarations."""
+        with self._lock:
+            return self._scope_quota(s.principal, s.uid)
+
+    def scope_of(self, s: Session) -> list[Session]:
+        """The live client sessions a declaration of ``s`` binds: its principal's, of its uid."""
+        with self._lock:
+            return [x for x in self._members(s.principal) if x.uid == s.uid]
 
     def quotas(self) -> tuple[Quota, ...]:
         with self._lock:
@@ -59,18 +102,60 @@ class LedgerQuotas(LedgerSessions):
         return q
 
     def _principal_pages(self, principal: str) -> int:
-        return sum(len(s.pages) for s in self._sessions.values() if s.principal == principal)
+        """Pages its sessions hold and its processes retain (page_reclaim.py: they may still reach them)."""
+        return (sum(len(s.pages) for s in self._sessions.values() if s.principal == principal)
+                + sum(len(r.pages) for r in self._retained.values() if r.principal == principal))
 
+    def _scope_pages(self, principal: str, uid: int) -> int:
+        return (sum(len(s.pages) for s in self._sessions.values() if s.principal == principal and s.uid == uid)
+                + sum(len(r.pages) for r in self._retained.values() if r.principal == principal and r.uid == uid))
+
+    def over_maximum(self, s: Session, pages: int) -> tuple[Quota, int] | None:
+        """(the maximum that ``pages`` more would pass, what it bounds now), or None: the
+        principal's pages under the operator's maximum, the scope's under its declared one."""
+        with self._lock:
+            page = self.geometry.page_bytes
+            q = self._operator_quota(s.principal)
+            used = self._principal_pages(s.principal)
+            if (used + pages) * page > q.max_bytes:
+                return q, used
+            scoped = self._scope_quota(s.principal, s.uid)
+            used = self._scope_pages(s.principal, s.uid)
+            if (used + pages) * page > scoped.max_bytes:
+                return scoped, used
+            return None
+
+    def _protected_pages(self, principal: str) -> int:
+        """The principal's pages its guarantee covers: up to the operator's minimum, where each
+        scope that declared a lower minimum is covered only up to that one."""
+        page = self.geometry.page_bytes
+        op_min = self._operator_quota(principal).min_bytes // page
+        covered = 0
+        for uid in {s.uid for s in self._members(principal)}:
+            held = self._scope_pages(principal, uid)
+            covered += min(held, self._scope_quota(principal, uid).min_bytes // page)
+        return min(op_min, covered)
 
     def excess_pages(self, principal: str) -> int:
-        """Pages the principal holds above its guaranteed minimum."""
+        """Pages the principal holds above its guaranteed minimum (Note [Declared quotas bind their own uid])."""
         with self._lock:
-            q = self.quota_of(principal)
-            return max(0, self._principal_pages(principal) - q.min_bytes // self.geometry.page_bytes)
+            return max(0, self._principal_pages(principal) - self._protected_pages(principal))
 
+    def scope_excess_pages(self, s: Session) -> int:
+        """Pages ``s``'s scope holds above the minimum it declared (0 when it declared none):
+        these are asked back before any other member's."""
+        with self._lock:
+            if not any(x.declared is not None and x.declared[0] is not None for x in self.scope_of(s)):
+                return 0
+            page = self.geometry.page_bytes
+            return max(0, self._scope_pages(s.principal, s.uid)
+                       - self._scope_quota(s.principal, s.uid).min_bytes // page)
 
     def within_guarantee(self, s: Session, pages: int) -> bool:
-        """Whether a lease of ``pages`` keeps the principal within its guaranteed minimum."""
+        """Whether a lease of ``pages`` keeps the principal within its guaranteed minimum, and
+        the session's scope within the minimum it declared."""
         with self._lock:
-            q = self.quota_of(s.principal)
-            return (self._principal_pages(s.principal) + pages) * self.geometry.page_bytes <= q.min_bytes
+            page = self.geometry.page_bytes
+            if (self._principal_pages(s.principal) + pages) * page > self._operator_quota(s.principal).min_bytes:
+                return False
+            return (self._scope_pages(s.principal, s.uid) + pages) * page <= self.quota_for(s).min_bytes

@@ -7,7 +7,8 @@ Invariants: a session sees, and acts on, only sessions of its own uid *and* prin
 all); under ``--principal-by pod`` a session is admin only if its uid is and its cgroup is
 exactly the daemon's own or under an ``--admin-cgroup`` (a pod's root is not the node's root);
 an ended session holds no page and no open eviction ticket; reports are untrusted: one with a
-value out of range is refused whole and counted as a protocol error.
+value out of range, or naming more page uses than its session holds pages (checked before any
+work is done with it), is refused whole and counted as a protocol error.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import secrets
 from vtalloc.allocator.errors import InvalidArgumentError
 
 from .ledger_books import LedgerBooks
-from .principals import under_cgroup
+from .principals import limit_key, under_cgroup
 from .protocol.errors import (
     FailedPreconditionError,
     NotFoundError,
@@ -27,7 +28,7 @@ from .protocol.errors import (
 )
 from .quota import check_principal, pod_principal
 from .records import SESSION_KINDS, Session
-from .reports import check_report, take_report
+from .reports import ReportedUses, check_regions_count, check_report, check_uses_count, take_report
 from .views import ClientReport
 
 __all__ = ["LedgerSessions"]
@@ -67,6 +68,11 @@ class LedgerSessions(LedgerBooks):
                     "no live session for this call: open one on the side channel and send its token "
                     "as x-vtalloc-session")
             return s
+
+    def session_keys(self) -> set[int | str]:
+        """The limit keys (principals.limit_key: uid, or pod) of every caller with a live session."""
+        with self._lock:
+            return {limit_key(s.uid, s.pod) for s in self._sessions.values()}
 
     def is_admin(self, s: Session) -> bool:
         if s.uid not in self._admin_uids:
@@ -119,17 +125,33 @@ class LedgerSessions(LedgerBooks):
 
 
     # -- reports ----------------------------------------------------------------------------
-    def record_report(self, s: Session, report: ClientReport) -> None:
-        """Take a client's report; one with a value out of range is refused whole (reports.py)
-        and counted as a protocol error."""
+    def admit_report(self, s: Session, uses: int, regions: int = 0) -> None:
+        """Whether ``s`` may send a report naming ``uses`` page uses and ``regions`` regions:
+        checked before anything is done with it (a client session, live, naming at most the
+        pages it holds and MAX_REPORT_REGIONS regions: reports.py); a refusal counts as a
+        protocol error."""
         with self._lock:
             if s.kind != "client":
                 raise FailedPreconditionError("an observer session has no pages to report")
             if not s.live:
                 raise NotFoundError(f"session {s.session_id} has ended")
             try:
+                check_uses_count(uses, len(s.pages), self.geometry.max_return_pages)
+                check_regions_count(regions)
+            except InvalidArgumentError:
+                self._counters.protocol_errors_total += 1
+                raise
+
+    def record_report(self, s: Session, report: ClientReport, uses: ReportedUses | None = None) -> None:
+        """Take a client's report (its page uses as received: ``uses``, else ``report.page_uses``);
+        one with a value out of range, or naming more page uses than its session holds pages, is
+        refused whole (reports.py) and counted as a protocol error."""
+        with self._lock:
+            page_uses = report.page_uses if uses is None else uses
+            self.admit_report(s, uses.received if uses is not None else len(page_uses))
+            try:
                 check_report(report)
             except InvalidArgumentError:
                 self._counters.protocol_errors_total += 1
                 raise
-            take_report(s, report, self._clock(), self._counters)
+            take_report(s, report, self._clock(), self._counters, page_uses)

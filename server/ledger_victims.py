@@ -39,7 +39,10 @@ class LedgerVictims(LedgerLeases):
             order.sort(key=lambda t: (-t[0], t[1]))
             picked: list[tuple[Session, int]] = []
             for spare, _, sessions in order:
-                for s in sorted(sessions, key=lambda x: (-(len(x.pages) - x.outstanding_evict), x.session_id)):
+                # A scope above the minimum it declared is asked first (ledger_quotas.py,
+                # Note [Declared quotas bind their own uid]); then the sessions holding most.
+                for s in sorted(sessions, key=lambda x: (-self.scope_excess_pages(x),
+                                                         -(len(x.pages) - x.outstanding_evict), x.session_id)):
                     if need <= 0 or spare <= 0:
                         break
                     k = min(need, spare, len(s.pages) - s.outstanding_evict)

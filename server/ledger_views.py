@@ -24,7 +24,7 @@ class LedgerViews(LedgerVictims):
     def _info(self, s: Session) -> SessionInfoView:
         g = self.geometry
         return SessionInfoView(s.session_id, s.pid, s.uid, s.principal, s.kind, g.backend, g.device, g.page_bytes,
-                               g.capacity_bytes, g.host_capacity_bytes, self.quota_of(s.principal), len(s.pages),
+                               g.capacity_bytes, g.host_capacity_bytes, self.quota_for(s), len(s.pages),
                                g.evict_deadline_s, self.is_admin(s))
 
     def session_info(self, s: Session) -> SessionInfoView:
@@ -32,7 +32,9 @@ class LedgerViews(LedgerVictims):
             return self._info(s)
 
     def _device(self) -> DeviceView:
-        return device_view(self.geometry, self._sessions.values(), len(self._owner), self._inherited.pages,
+        # Retained pages are held by clients (page_reclaim.py): leased, as the node sees it.
+        return device_view(self.geometry, self._sessions.values(), len(self._owner) + self._retained_count(),
+                           self._inherited.pages,
                            self._inherited.processes)
 
     def _visible(self, caller: Session | None, session_id: str) -> tuple[list[Session], int, bool]:
@@ -73,4 +75,5 @@ class LedgerViews(LedgerVictims):
         """Everything metrics need, from one consistent moment: the full view and pages by state."""
         with self._lock:
             by_state = pages_by_state(self._sessions.values(), self.free_pages(), self._inherited.pages)
+            by_state["leased"] += self._retained_count()
             return self.node_view(None), by_state

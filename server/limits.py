@@ -14,6 +14,16 @@ Under ``--principal-by pod`` a pod's connections count per pod instead (the key 
 ``pod:<uid>``, principals.py :func:`limit_key`): pods mostly share one uid (often root), and
 one pod must not use up the slots of the others; a process outside any pod counts per uid.
 
+Note [Paced session opens]
+--------------------------
+Opening a session costs the daemon's event loop work (credentials, pidfd, the hello, the
+books, the answer, its end), and nothing bounded how often one uid did it: one uid's hellos
+in a loop, each declaring a quota, tripled another user's lease latency. Each uid (pod) may
+open SESSIONS_PER_S sessions per second after a burst of SESSIONS_BURST; past that its new
+connections wait (holding their pending slot, so at most --max-pending-per-uid wait) until
+their turn, before any work is done on them; one that would wait longer than the hello
+timeout is refused with LimitExceededError. A waiting connection costs the loop a timer.
+
 Note [Calls per uid]
 --------------------
 gRPC's own ``maximum_concurrent_rpcs`` counts a call as soon as its headers arrive, before
@@ -27,11 +37,15 @@ shared bucket), then one of the node's (``--max-concurrent-rpcs``), except for a
 uid can starve them. Both come back when the call ends, however it ends. Health's ``Check``
 (answered from memory at once) counts against neither, so no flood of other calls makes the
 daemon look down. A call over a limit ends with RESOURCE_EXHAUSTED naming
-LimitExceededError and the limit.
+LimitExceededError and the limit. Calls are also paced by what they cost (the same callers: a
+session's uid or pod, or "no session"): each call is charged its handler's own event-loop time,
+the time gRPC took to decode its request and encode its replies, and gRPC's per-call cost, and a caller past its share of the loop waits for its turn (a timer,
+no work, holding its slot) before its next handler runs (loop_share.py, Note [Loop share]).
 """
 
 from __future__ import annotations
 
+import asyncio
 import collections
 import logging
 import time
@@ -43,15 +57,18 @@ import grpc
 from vtalloc.allocator.errors import InvalidArgumentError
 
 from .errors import Continuation, abort
+from .loop_share import CALL_COST_S, LOOP_SHARE, LoopShare, timed
 from .protocol.errors import LimitExceededError, UnauthenticatedError
 from .protocol.rpc import session_token
 
 __all__ = ["SessionLimits", "UidSlots", "who", "RefusalLog", "REFUSAL_LOG_EVERY_S", "RpcSlots", "RpcLimiter",
-           "NO_SESSION", "UNCOUNTED_METHODS"]
+           "NO_SESSION", "UNCOUNTED_METHODS", "RatePacer", "SESSIONS_PER_S", "SESSIONS_BURST"]
 
 log = logging.getLogger("vtalloc.server")
 
 REFUSAL_LOG_EVERY_S = 10.0
+SESSIONS_PER_S = 100.0      # sessions one uid (pod) opens per second, after a burst of
+SESSIONS_BURST = 100        # (Note [Paced session opens])
 _HELLO_TIMEOUT_RANGE_S = (0.05, 60.0)   # shorter fails busy clients; longer lets idle ones hold a slot
 _MAX_SLOTS = 1 << 20
 
@@ -107,6 +124,32 @@ class UidSlots:
 
     def held(self, uid: Hashable) -> int:
         return self._held[uid]
+
+
+class RatePacer:
+    """A token bucket per caller (Note [Paced session opens]): ``delay(key)`` takes one unit and
+    says how long the caller waits before it may use it (0 within its rate and burst), or None
+    when that would be longer than ``max_wait_s`` (then nothing is taken). Not thread-safe: the
+    event loop's. Idle callers are forgotten, so it holds one entry per caller active lately."""
+
+    def __init__(self, rate_per_s: float, burst: int, max_wait_s: float,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.rate, self.burst, self.max_wait_s, self._clock = rate_per_s, burst, max_wait_s, clock
+        self._buckets: dict[Hashable, tuple[float, float]] = {}   # key -> (tokens, at)
+
+    def delay(self, key: Hashable) -> float | None:
+        now = self._clock()
+        tokens, at = self._buckets.get(key, (float(self.burst), now))
+        tokens = min(float(self.burst), tokens + (now - at) * self.rate) - 1.0
+        wait = max(0.0, -tokens / self.rate)
+        if wait > self.max_wait_s:
+            return None
+        self._buckets[key] = (tokens, now)
+        if len(self._buckets) > 4096:       # forget callers whose buckets are full again
+            full = [k for k, (t, a) in self._buckets.items() if t + (now - a) * self.rate >= self.burst]
+            for k in full:
+                del self._buckets[k]
+        return wait
 
 
 class RefusalLog:
@@ -165,10 +208,12 @@ class RpcSlots:
 class RpcLimiter(grpc.aio.ServerInterceptor):
     """Takes a slot of :class:`RpcSlots` when a call's handler starts, vacates it when it ends."""
 
-    def __init__(self, slots: RpcSlots, identify: Callable[[str | None], tuple[Hashable, bool]]) -> None:
+    def __init__(self, slots: RpcSlots, identify: Callable[[str | None], tuple[Hashable, bool]],
+                 share: LoopShare | None = None) -> None:
         self.slots = slots
         self._identify = identify            # token -> (limit key: uid or pod, admin); raises UnauthenticatedError
         self._refusals = RefusalLog()
+        self.share = share or LoopShare()    # each caller's share of the loop (loop_share.py)
 
     def _caller(self, metadata: Any) -> tuple[Hashable, bool]:
         token = session_token(metadata)
@@ -184,25 +229,58 @@ class RpcLimiter(grpc.aio.ServerInterceptor):
         handler = await continuation(details)
         if handler is None or details.method in UNCOUNTED_METHODS:
             return handler
-        method, metadata, slots = details.method, details.invocation_metadata, self.slots
+        method, metadata, slots, share = details.method, details.invocation_metadata, self.slots, self.share
+        payer = self._caller(metadata)[0]   # who pays for decoding its request (Note [Loop share])
+
+        def charged(code: Callable[[Any], Any] | None) -> Callable[[Any], Any] | None:
+            """``code`` (a request's decoder, a reply's encoder), its time on the loop charged to
+            the caller: gRPC runs both on the event loop, outside any handler (decoding a 4 MiB
+            Report: about 50 ms)."""
+            if code is None:
+                return None
+
+            def run(data: Any) -> Any:
+                t0 = time.perf_counter()
+                try:
+                    return code(data)
+                finally:
+                    share.charge(payer, time.perf_counter() - t0)
+            return run
 
         async def enter(context: grpc.aio.ServicerContext) -> tuple[Hashable, bool]:
             """The caller's slots, or the call ends here (abort raises)."""
             caller, admin = self._caller(metadata)
+            whose = "gRPC call without a session" if caller == NO_SESSION else f"gRPC call of {who(caller)}"
+            wait = self.share.wait(caller)
+            if wait is None:
+                e = LimitExceededError(f"{whose} is past its share of the vtalloc daemon's time ({LOOP_SHARE:g} of "
+                                       "each second); try again shortly")
+                self._refusals.refused(caller, 0, slots.per_uid, f"{method}: {e}", who=whose)
+                await abort(context, e, method)
             try:
                 slots.take(caller, admin)
             except LimitExceededError as e:
-                whose = "gRPC call without a session" if caller == NO_SESSION else f"gRPC call of {who(caller)}"
                 self._refusals.refused(caller, 0, slots.per_uid, f"{method}: {e}", who=whose)
                 await abort(context, e, method)
+            share.charge(caller, CALL_COST_S)   # gRPC's own work for the call (loop_share.py)
+            if wait:
+                try:
+                    await asyncio.sleep(wait)   # its turn (Note [Calls per uid]): holding its slot, doing no work
+                except BaseException:
+                    slots.vacate(caller, admin)
+                    raise
             return caller, admin
 
         def unary(inner: Callable) -> Callable:
             async def call(request: Any, context: grpc.aio.ServicerContext) -> Any:
                 held = await enter(context)
+                t0 = time.perf_counter()
                 try:
                     result = inner(request, context)
-                    return await result if hasattr(result, "__await__") else result
+                    if not hasattr(result, "__await__"):
+                        return result
+                    share.charge(held[0], time.perf_counter() - t0)
+                    return await timed(result, lambda seconds: share.charge(held[0], seconds))
                 finally:
                     slots.vacate(*held)
             return call
@@ -230,6 +308,6 @@ class RpcLimiter(grpc.aio.ServerInterceptor):
                                  ("stream_stream", stream, grpc.stream_stream_rpc_method_handler)):
             inner = getattr(handler, kind)
             if inner is not None:
-                return make(wrap(inner), request_deserializer=handler.request_deserializer,
-                            response_serializer=handler.response_serializer)
+                return make(wrap(inner), request_deserializer=charged(handler.request_deserializer),
+                            response_serializer=charged(handler.response_serializer))
         return handler

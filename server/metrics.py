@@ -8,16 +8,20 @@ standard ``process_*`` metrics). Invariants: every ``vtalloc_*`` series carries 
 in the CLI and the protobuf (ClientReport.pages_resident, PAGE_USE_RESIDENT); a scrape reads one
 consistent ledger snapshot and changes nothing; counters only ever grow (client-reported
 counters are summed as deltas); the HTTP server holds at most METRICS_MAX_CONNECTIONS
-connections (more are closed at once), each for at most METRICS_REQUEST_DEADLINE_S and
-idle at most METRICS_IDLE_TIMEOUT_S, one request per connection: whoever reaches the port
-(any local user, on the default 127.0.0.1) cannot make the daemon hold more descriptors or
-threads than that.
+connections (more are closed at once), at most METRICS_PER_PEER of them from one peer (a
+local uid, asked of the kernel (sock_diag, else ``/proc/net/tcp``); a remote address), each for at most
+METRICS_REQUEST_DEADLINE_S and idle at most METRICS_IDLE_TIMEOUT_S, one request per
+connection: whoever reaches the port (any local user, on the default 127.0.0.1) cannot make
+the daemon hold more descriptors or threads than that, nor one user keep the others out.
 """
 
 from __future__ import annotations
 
+import collections
+import ipaddress
 import logging
 import socket
+import struct
 import threading
 import time
 from socketserver import ThreadingMixIn
@@ -36,11 +40,13 @@ from .reports import saturating_sum
 from .views import SessionView
 
 __all__ = ["LedgerCollector", "make_registry", "start_metrics_server", "version", "NODE_LABELS",
-           "METRICS_MAX_REGIONS", "OTHER_REGIONS", "regions_paused", "METRICS_MAX_CONNECTIONS", "METRICS_IDLE_TIMEOUT_S", "METRICS_REQUEST_DEADLINE_S"]
+           "METRICS_MAX_REGIONS", "OTHER_REGIONS", "regions_paused", "METRICS_MAX_CONNECTIONS", "METRICS_PER_PEER",
+           "METRICS_IDLE_TIMEOUT_S", "METRICS_REQUEST_DEADLINE_S", "tcp_peer"]
 
 log = logging.getLogger("vtalloc.server")
 
 METRICS_MAX_CONNECTIONS = 16      # a scraper needs one; a few for people with curl
+METRICS_PER_PEER = 4              # of those, one local uid's (or one remote address's)
 METRICS_IDLE_TIMEOUT_S = 5.0      # a connection that sends nothing this long is closed
 METRICS_REQUEST_DEADLINE_S = 10.0  # and none is held longer, however slowly it sends
 _REFUSAL_LOG_EVERY_S = 10.0
@@ -183,6 +189,90 @@ def make_registry(ledger: Ledger) -> CollectorRegistry:
     return registry
 
 
+def _proc_net_address(text: str) -> tuple[str, int]:
+    """``0100007F:1F90`` (``/proc/net/tcp``: the address's 32-bit words as the host stores them) as (ip, port)."""
+    addr, port = text.split(":")
+    raw = b"".join(struct.pack("=I", int(addr[i:i + 8], 16)) for i in range(0, len(addr), 8))
+    ip = ipaddress.ip_address(raw)
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped:
+        ip = ip.ipv4_mapped
+    return str(ip), int(port, 16)
+
+
+def _normal(ip: str) -> str:
+    a = ipaddress.ip_address(ip.split("%")[0])
+    if isinstance(a, ipaddress.IPv6Address) and a.ipv4_mapped:
+        a = a.ipv4_mapped
+    return str(a)
+
+
+_NETLINK_SOCK_DIAG, _SOCK_DIAG_BY_FAMILY, _NLM_F_REQUEST, _NLMSG_ERROR = 4, 20, 1, 2
+_NOCOOKIE = 0xFFFFFFFF
+
+
+_GONE = -1   # sock_diag answered: no such socket (it closed already)
+
+
+def _diag_uid(client: tuple[str, int], server: tuple[str, int]) -> int | None:
+    """The uid owning the local TCP socket ``client`` connected to ``server``: one exact
+    sock_diag lookup (netlink); _GONE when the kernel knows no such socket (here, or any more);
+    None when sock_diag cannot be asked (then /proc/net/tcp is read)."""
+    a, b = ipaddress.ip_address(client[0]), ipaddress.ip_address(server[0])
+    family = socket.AF_INET6 if a.version == 6 else socket.AF_INET
+    if a.version != b.version:
+        return None
+    pad = 16 - len(a.packed)
+    sockid = (struct.pack("!HH", client[1], server[1]) + a.packed + b"\0" * pad + b.packed + b"\0" * pad
+              + struct.pack("=III", 0, _NOCOOKIE, _NOCOOKIE))
+    body = struct.pack("=BBBBI", family, socket.IPPROTO_TCP, 0, 0, 0xFFFFFFFF) + sockid
+    msg = struct.pack("=IHHII", 16 + len(body), _SOCK_DIAG_BY_FAMILY, _NLM_F_REQUEST, 1, 0) + body
+    try:
+        with socket.socket(socket.AF_NETLINK, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC, _NETLINK_SOCK_DIAG) as nl:
+            nl.settimeout(1.0)
+            nl.send(msg)
+            reply = nl.recv(8192)
+    except OSError:
+        return None
+    if len(reply) < 16:
+        return None
+    _, kind = struct.unpack_from("=IH", reply, 0)
+    if kind == _NLMSG_ERROR:
+        return _GONE
+    if kind != _SOCK_DIAG_BY_FAMILY or len(reply) < 16 + 4 + 48 + 16:
+        return None
+    return struct.unpack_from("=I", reply, 16 + 4 + 48 + 12)[0]   # inet_diag_msg.idiag_uid
+
+
+def tcp_peer(client: tuple, server: tuple) -> tuple[str, int | str]:
+    """Who is at the other end of a TCP connection to ``server`` from ``client`` (addresses as
+    accept gives them): ``("uid", n)`` when the connecting socket is on this host (the kernel's
+    sock_diag answer for it, else its line in ``/proc/net/tcp`` or ``tcp6``), else
+    ``("address", ip)``."""
+    want_local, want_remote = (_normal(client[0]), client[1]), (_normal(server[0]), server[1])
+    uid = _diag_uid(want_local, want_remote)
+    if uid == _GONE:
+        return ("address", want_local[0])
+    if uid is not None:
+        return ("uid", uid)
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            with open(table) as f:
+                next(f, None)
+                for line in f:
+                    fields = line.split()
+                    if len(fields) < 8:
+                        continue
+                    try:
+                        if (_proc_net_address(fields[1]) == want_local
+                                and _proc_net_address(fields[2]) == want_remote):
+                            return ("uid", int(fields[7]))
+                    except ValueError:
+                        continue
+        except OSError:
+            continue
+    return ("address", want_local[0])
+
+
 class _Handler(WSGIRequestHandler):
     """One request per connection (HTTP/1.0), idle at most METRICS_IDLE_TIMEOUT_S; no access log."""
 
@@ -201,18 +291,25 @@ class _BoundedServer(ThreadingMixIn, WSGIServer):
     max_connections = METRICS_MAX_CONNECTIONS
     deadline_s = METRICS_REQUEST_DEADLINE_S
 
+    per_peer = METRICS_PER_PEER
+
     def __init__(self, *args, **kwargs) -> None:
         self._lock = threading.Lock()
         self.active = 0
         self.refused = 0
+        self._by_peer: collections.Counter[tuple[str, int | str]] = collections.Counter()
+        self._peer_of: dict[int, tuple[str, int | str]] = {}
         self._logged_at: float | None = None
         self._refused_since_log = 0
         super().__init__(*args, **kwargs)
 
     def verify_request(self, request, client_address) -> bool:
+        peer = tcp_peer(client_address, request.getsockname())   # before the lock: it reads procfs
         with self._lock:
-            if self.active < self.max_connections:
+            if self.active < self.max_connections and self._by_peer[peer] < self.per_peer:
                 self.active += 1
+                self._by_peer[peer] += 1
+                self._peer_of[id(request)] = peer
                 return True
             self.refused += 1
             now = time.monotonic()
@@ -221,15 +318,18 @@ class _BoundedServer(ThreadingMixIn, WSGIServer):
                 return False
             more = f" ({self._refused_since_log} more since the last line)" if self._refused_since_log else ""
             self._logged_at, self._refused_since_log = now, 0
-        log.warning("metrics: connection from %s closed at once: %d connections open, the limit%s",
-                    client_address[0] if client_address else "?", self.max_connections, more)
+            full = self.active >= self.max_connections
+        why = (f"{self.max_connections} connections open, the limit" if full else
+               f"{peer[0]} {peer[1]} has {self.per_peer} connections open, the limit per peer")
+        log.warning("metrics: connection from %s closed at once: %s%s",
+                    client_address[0] if client_address else "?", why, more)
         return False
 
     def process_request(self, request, client_address) -> None:
         try:
             super().process_request(request, client_address)
         except BaseException:  # no thread to serve it: the slot comes back, the socket is closed
-            self._done(request)
+            self._done(request, request)
             raise
 
     def process_request_thread(self, request, client_address) -> None:
@@ -241,13 +341,18 @@ class _BoundedServer(ThreadingMixIn, WSGIServer):
             super().process_request_thread(request, client_address)
         finally:
             timer.cancel()
-            self._done(None)
+            self._done(request, None)
 
-    def _done(self, request) -> None:
+    def _done(self, request, shut) -> None:
         with self._lock:
             self.active -= 1
-        if request is not None:
-            self.shutdown_request(request)
+            peer = self._peer_of.pop(id(request), None)
+            if peer is not None:
+                self._by_peer[peer] -= 1
+                if self._by_peer[peer] <= 0:
+                    del self._by_peer[peer]
+        if shut is not None:
+            self.shutdown_request(shut)
 
     def handle_error(self, request, client_address) -> None:
         """A client that timed out, hung up or sent garbage: its connection ends, nothing more."""

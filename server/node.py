@@ -17,6 +17,7 @@ zeroed; see docs/service.md on cuda pages).
 from __future__ import annotations
 
 import asyncio
+import os
 
 from .node_connections import NodeConnections
 from .node_events import EvictEvent, EvictOutcome, QuotaEvent, ShutdownEvent
@@ -33,6 +34,11 @@ class Node(NodeConnections, NodeLeases):
         self.stalls.stop()
         for peer in list(self._peers.values()):
             self._end(peer, clean=True)
+        loop = asyncio.get_running_loop()
+        for pid, fd in list(self._retainers.items()):  # retained pages go with the pool below
+            loop.remove_reader(fd)
+            os.close(fd)
+            del self._retainers[pid]
         for task in list(self._tasks):
             task.cancel()
         if self._tasks:

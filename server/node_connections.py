@@ -21,7 +21,7 @@ import socket
 
 from vtalloc.allocator.errors import InvalidArgumentError
 
-from .limits import UidSlots, who
+from .limits import SESSIONS_BURST, SESSIONS_PER_S, UidSlots, who
 from .node_peers import SEND_TIMEOUT_S, NodePeers, _Peer
 from .principals import PeerIdentity, PeerIdentityError, boot_ticks_now, limit_key, peer_cgroup
 from .protocol.declared_quota import declared_from_hello
@@ -92,6 +92,14 @@ class NodeConnections(NodePeers):
         held: list[UidSlots] = []
         try:
             await self._take(self._pending, held, conn, pid, key)  # an unidentified peer's, too: its uid's
+            wait = self._opens.delay(key)   # paced per uid before any work: limits.py, Note [Paced session opens]
+            if wait is None:
+                await self._refuse(conn, pid, key, self._pending, True, LimitExceededError(
+                    f"{who(key)} opens sessions faster than {SESSIONS_PER_S:g} per second (after {SESSIONS_BURST}) "
+                    "on this vtalloc daemon; try again shortly"))
+                return
+            if wait:
+                await asyncio.sleep(wait)
             if unknown is not None:
                 await self._refuse(conn, pid, uid, self._unidentified, True, PermissionDeniedError(
                     f"the vtalloc daemon cannot tell which cgroup pid {pid} is in, so it cannot tell whose quota it "
@@ -131,8 +139,8 @@ class NodeConnections(NodePeers):
                 log.info("session %s opened: pid %d uid %d (%s)%s", session.session_id, pid, uid, session.principal,
                          f", quota {info.quota.min_bytes}:{info.quota.max_bytes} after its declaration"
                          if declared else "")
-                if declared:
-                    self.quota_changed(self.ledger.quota_of(session.principal))
+                if declared:  # tell the sessions it binds: its principal's, of its uid (ledger_quotas.py)
+                    self.quota_changed(self.ledger.quota_for(session), uid)
             clean = await self._until_gone(peer)
             self._end(peer, clean=clean)
         except LimitExceededError:

@@ -4,8 +4,10 @@ and taking the pages a session gives back.
 Owns: a lease from admission to delivery (pages created in the page pool, recorded in the
 ledger, their descriptors sent on the session's side channel in batches), and pages given
 back (``give_back``, the ``Return`` RPC's work).
-Invariants: pages are created only after the ledger admits a lease, and released to the page
-pool at once when creating, recording or delivering it fails in any way (a cancellation too);
+Invariants: pages are created only after the ledger admits a lease (a process's own retained
+pages are leased to it again first), and released to the page pool at once when creating or
+recording it fails in any way (a cancellation too), or let go as given back when delivering
+fails (some may have reached the client: page_reclaim.py);
 what client processes hold is reported (``on_holdings_changed``) before delivery, so a crash
 never under-counts; a lease answers before its RPC's deadline (REPLY_MARGIN_S).
 """
@@ -60,25 +62,28 @@ class NodeLeases(NodePressure):
 
     async def _deliver(self, peer: _Peer, pages: int) -> tuple[int, list[int]]:
         s = peer.session
+        reused = self.ledger.take_retained(s, pages)   # its process may still reach these: no new memory
         created: list[int] = []
         try:
-            for _ in range(pages):
+            for _ in range(pages - len(reused)):
                 created.append(self.pool.create_page())
-            self.ledger.add_pages(s, created)
+            self.ledger.add_pages(s, reused + created)
         except BaseException as e:
             # Any failure, not only out-of-memory (a driver error, a cancellation): the pages
             # created so far are on no session's books, so they go back to the page pool now;
             # kept, the ledger would count them free while the pool holds them (the daemon then
-            # never leased again).
+            # never leased again). None was sent yet; the reused ones stay retained.
             self._release_pages(created)
+            self.ledger.retain(s, reused)
             if isinstance(e, OutOfMemoryError):
                 self.ledger.count_node_short()
             raise
+        ids = reused + created
         self.on_holdings_changed()  # recorded before delivery: a crash from here on never under-counts
         lease_id = self.ledger.new_lease_id()
         try:
-            for i in range(0, len(created), MAX_FDS_PER_MESSAGE):
-                batch = created[i:i + MAX_FDS_PER_MESSAGE]
+            for i in range(0, len(ids), MAX_FDS_PER_MESSAGE):
+                batch = ids[i:i + MAX_FDS_PER_MESSAGE]
                 fds: list[int] = []
                 try:
                     for p in batch:
@@ -89,17 +94,21 @@ class NodeLeases(NodePressure):
                     for fd in fds:
                         os.close(fd)
         except BaseException as e:
-            # Not delivered (client gone, not reading, or cancelled): descriptors already sent
-            # are closed with the client's socket; the pages come back here at once.
-            self.ledger.drop_pages(s, created)
-            self._release_pages(created)
+            # Not delivered (client gone, not reading, or cancelled): some descriptors may have
+            # reached the client, so the pages are let go as any it gave back (revoked, or
+            # retained until its process exits: page_reclaim.py).
+            self.ledger.drop_pages(s, ids)
+            self._let_go(s, ids, peer.pidfd)
             if isinstance(e, (OSError, EOFError, TimeoutError)):
                 raise ServiceUnavailableError(f"could not deliver pages to session {s.session_id}: {e}") from None
             raise
-        self.ledger.mark_delivered(s, created)
-        return lease_id, created
+        self.ledger.mark_delivered(s, ids)
+        return lease_id, ids
 
     def give_back(self, s: Session, page_ids: list[int], evict_request_id: int) -> int:
+        """The Return RPC: the pages leave the session's books and are let go (revoked and
+        released, or retained until its process exits: page_reclaim.py)."""
         ids = self.ledger.give_back(s, page_ids, evict_request_id)
-        self._release_pages(ids)
+        peer = self._peers.get(s.session_id)
+        self._let_go(s, ids, peer.pidfd if peer is not None else None)
         return len(ids)

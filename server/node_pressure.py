@@ -91,7 +91,7 @@ class NodePressure(NodePeers):
         if peer is None:
             return None
         t = self.ledger.open_eviction(victim, pages)
-        peer.events.put_nowait(EvictEvent(t.request_id, pages, max(0.0, deadline_s)))
+        peer.events.put(EvictEvent(t.request_id, pages, max(0.0, deadline_s)))
         return t
 
     def _kill(self, peer: _Peer, why: str) -> bool:

@@ -52,7 +52,7 @@ import time
 from dataclasses import dataclass
 
 __all__ = ["PRINCIPAL_MODES", "POD_UID_RE", "PeerIdentity", "PeerIdentityError", "cgroup_v2_path", "pod_from_cgroup",
-           "peer_cgroup", "own_cgroup", "under_cgroup", "limit_key",
+           "peer_cgroup", "own_cgroup", "under_cgroup", "limit_key", "pidfd_exited",
            "boot_ticks_now"]
 
 PRINCIPAL_MODES = ("uid", "pod")
@@ -63,8 +63,8 @@ _QOS = ("burstable", "besteffort")
 _UUID = r"[0-9a-f]{8}{0}[0-9a-f]{4}{0}[0-9a-f]{4}{0}[0-9a-f]{4}{0}[0-9a-f]{12}"
 POD_UID_RE = "(?:" + _UUID.replace("{0}", "-") + "|[0-9a-f]{32})"
 _SYSTEMD_UID = "(?:" + _UUID.replace("{0}", "_") + "|[0-9a-f]{32})"
-_SYSTEMD_POD = re.compile(rf"^kubepods(?:-(burstable|besteffort))?-pod({_SYSTEMD_UID})\.slice$")
-_CGROUPFS_POD = re.compile(rf"^pod({POD_UID_RE})$")
+_SYSTEMD_POD = re.compile(rf"kubepods(?:-(burstable|besteffort))?-pod({_SYSTEMD_UID})\.slice")  # fullmatch
+_CGROUPFS_POD = re.compile(rf"pod({POD_UID_RE})")  # fullmatch
 
 
 class PeerIdentityError(PermissionError):
@@ -102,7 +102,7 @@ def _systemd_chain(parts: list[str], relative: bool) -> str | None:
     if i < len(parts) and parts[i] in [f"kubepods-{q}.slice" for q in _QOS]:
         qos = parts[i][len("kubepods-"):-len(".slice")]
         i += 1
-    m = _SYSTEMD_POD.match(parts[i]) if i < len(parts) else None
+    m = _SYSTEMD_POD.fullmatch(parts[i]) if i < len(parts) else None
     if m is None:
         return None
     if m.group(1) != qos and not (relative and i == 0):
@@ -120,7 +120,7 @@ def _cgroupfs_chain(parts: list[str], relative: bool) -> str | None:
         i += 1
     if i >= len(parts):
         return None
-    m = _CGROUPFS_POD.match(parts[i])
+    m = _CGROUPFS_POD.fullmatch(parts[i])
     return m.group(1) if m else None
 
 
@@ -176,6 +176,9 @@ def _exited(pidfd: int) -> bool:
     p = select.poll()
     p.register(pidfd, select.POLLIN)
     return bool(p.poll(0))
+
+
+pidfd_exited = _exited
 
 
 def boot_ticks_now() -> int:

@@ -26,7 +26,8 @@ __all__ = [
     "pod_principal",
 ]
 
-_NAME_RE = re.compile(rf"^(uid:[0-9]{{1,10}}|pod:{POD_UID_RE}|[A-Za-z0-9_.-]{{1,64}})$")
+# fullmatch, never match with "$": "$" also matches before a trailing newline ('uid:1\n' was a principal)
+_NAME_RE = re.compile(rf"uid:[0-9]{{1,10}}|pod:{POD_UID_RE}|[A-Za-z0-9_.-]{{1,64}}")
 
 
 @dataclass(frozen=True)
@@ -70,7 +71,7 @@ def pod_principal(pod_uid: str) -> str:
 
 
 def check_principal(name: str) -> str:
-    if not isinstance(name, str) or not _NAME_RE.match(name):
+    if not isinstance(name, str) or not _NAME_RE.fullmatch(name):
         raise InvalidArgumentError(
             f"principal {echo(name)} is not 'uid:<n>', 'pod:<pod UID>' or a name of 1-64 letters, digits, '_', '.', "
             "'-'")

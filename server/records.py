@@ -8,14 +8,14 @@ is the one list of them. Invariant: no rule lives here; a record only holds stat
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, Sequence
 from dataclasses import dataclass, field
 
 from .protocol.rpc import MAX_LEASE_PAGES, MAX_RETURN_PAGES, NODE_COUNTERS
-from .views import ClientReport
+from .views import ClientReport, PageUseReport
 
 __all__ = ["SESSION_KINDS", "NodeGeometry", "NodeCounters", "SessionCounters", "Session", "EvictTicket", "Holder",
-           "MAX_HOLDER_BYTES", "add_bytes"]
+           "Retained", "MAX_HOLDER_BYTES", "add_bytes"]
 
 SESSION_KINDS = ("client", "observer")
 # The node's counters: one int field per field of pages.proto's Counters message.
@@ -39,6 +39,7 @@ class NodeGeometry:
     evict_deadline_s: float
     max_lease_pages: int = MAX_LEASE_PAGES
     max_return_pages: int = MAX_RETURN_PAGES
+    reclaim: str = "revoke"   # page_reclaim.py: "revoke" (host) or "retain" (pages counted until their process exits)
 
     @property
     def capacity_bytes(self) -> int:
@@ -70,7 +71,9 @@ class Session:
     kind: str
     started: float
     pages: dict[int, str] = field(default_factory=dict)  # page id -> a PAGE_STATES value
-    report: ClientReport | None = None
+    report: ClientReport | None = None                    # its last report (page uses apart: below)
+    page_uses: Sequence[PageUseReport] = ()               # that report's page uses (reports.ReportedUses:
+                                                          # as received, decoded when a view reads them)
     report_at: float = 0.0
     evictions_per_s: float = 0.0
     restores_per_s: float = 0.0
@@ -92,6 +95,19 @@ class EvictTicket:
     asked: int
     returned: int = 0
     open: bool = True
+
+
+@dataclass
+class Retained:
+    """Pages a process was leased and may still reach, though none of its sessions holds them
+    (given back, or its session ended) on a backend that cannot revoke them: counted against
+    its principal and the node until the process exits (page_reclaim.py)."""
+
+    pid: int
+    start_ticks: int
+    uid: int
+    principal: str
+    pages: set[int] = field(default_factory=set)
 
 
 @dataclass(frozen=True)

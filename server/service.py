@@ -19,14 +19,20 @@ from .proto.vtalloc.v1 import admin_pb2, admin_pb2_grpc, pages_pb2, pages_pb2_gr
 from .protocol.rpc import session_token
 from .quota import Quota
 from .records import Session
+from .reports import ReportedUses
 from .views import PAGE_STATES, PAGE_USES, ClientReport, PageUseReport, RegionReport
 
 __all__ = ["PagesService", "AdminService", "to_message"]
 
 _USE_VALUES = {name: pages_pb2.PageUse.Value("PAGE_USE_" + name.upper()) for name in PAGE_USES}
 _USE_NAMES = {v: k for k, v in _USE_VALUES.items()}  # an unknown enum number reads as "unknown"
+_REPORT_COUNTS = tuple(f for f in dataclasses.fields(ClientReport) if f.name not in ("page_uses", "regions"))
 _STATE_VALUES = {name: pages_pb2.PageState.Value("PAGE_STATE_" + name.upper())
                  for name in PAGE_STATES}
+
+
+def _page_use(u: Any) -> PageUseReport:
+    return PageUseReport(u.page_id, _USE_NAMES.get(u.use, "unknown"))
 
 
 def to_message(msg: Any, view: Any) -> Any:
@@ -78,18 +84,18 @@ class PagesService(pages_pb2_grpc.PagesServicer):
 
     async def Return(self, request: pages_pb2.ReturnRequest, context) -> pages_pb2.ReturnReply:
         s = _session(self.ledger, context)
+        self.ledger.admit_return(s, len(request.page_ids))  # bounded before any work
         n = self.node.give_back(s, list(request.page_ids), request.evict_request_id)
         return pages_pb2.ReturnReply(returned=n)
 
     async def Report(self, request: pages_pb2.ReportRequest, context) -> pages_pb2.ReportReply:
         s = _session(self.ledger, context)
         r = request.report
-        counts = {f.name: getattr(r, f.name) for f in dataclasses.fields(ClientReport)
-                  if f.name not in ("page_uses", "regions")}
-        uses = tuple(PageUseReport(u.page_id, _USE_NAMES.get(u.use, "unknown")) for u in r.page_uses)
+        self.ledger.admit_report(s, len(r.page_uses), len(r.regions))  # bounded before any work (reports.py)
+        counts = {f.name: getattr(r, f.name) for f in _REPORT_COUNTS}
         regions = tuple(RegionReport(x.tag, x.bytes, x.paused_bytes, x.host_bytes) for x in r.regions)
-        report = ClientReport(**counts, page_uses=uses, regions=regions)
-        self.ledger.record_report(s, report)
+        report = ClientReport(**counts, regions=regions)
+        self.ledger.record_report(s, report, ReportedUses(r.page_uses, _page_use, s.pages))
         return pages_pb2.ReportReply()
 
     async def Watch(self, request: pages_pb2.WatchRequest, context) -> AsyncIterator[pages_pb2.Event]:
@@ -128,7 +134,8 @@ class AdminService(admin_pb2_grpc.AdminServicer):
         else:
             if principal != s.principal:
                 self.ledger.require_admin(s, "reading another principal's quota")
-            quotas = (self.ledger.quota_of(principal),)
+            # one's own: the quota in force for this session (its scope's declarations included)
+            quotas = (self.ledger.quota_for(s) if principal == s.principal else self.ledger.quota_of(principal),)
         reply = admin_pb2.QuotaList(quotas=[to_message(pages_pb2.Quota(), q) for q in quotas])
         reply.default_quota.CopyFrom(to_message(pages_pb2.Quota(), self.ledger.default_quota))
         return reply

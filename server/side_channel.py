@@ -247,8 +247,9 @@ class Closer:
 class AcceptFailures:
     """A run of failed ``accept`` calls: how long to wait before the next, and rate-limited logs."""
 
-    def __init__(self, clock: Any = time.monotonic) -> None:
+    def __init__(self, clock: Any = time.monotonic, what: str = "side channel") -> None:
         self._clock = clock
+        self.what = what           # the socket, in the log lines
         self.count = 0             # failures in the current run
         self.total = 0             # failures since the daemon started
         self._since = 0.0
@@ -264,16 +265,16 @@ class AcceptFailures:
         hint = " (out of descriptors: too many sessions? see `vtalloc serve --max-sessions-per-uid` " \
                "and the daemon's RLIMIT_NOFILE)" if e.errno in (errno.EMFILE, errno.ENFILE) else ""
         if self.count == 1:
-            log.warning("side channel: accept failed: %s%s; retrying", e, hint)
+            log.warning("%s: accept failed: %s%s; retrying", self.what, e, hint)
             self._logged_at = now
         elif now - self._logged_at >= ACCEPT_LOG_EVERY_S:
-            log.warning("side channel: accept still failing: %d failures in %.0f s, the last: %s%s",
-                        self.count, now - self._since, e, hint)
+            log.warning("%s: accept still failing: %d failures in %.0f s, the last: %s%s",
+                        self.what, self.count, now - self._since, e, hint)
             self._logged_at = now
         return min(ACCEPT_BACKOFF_S * 2 ** min(self.count - 1, 16), ACCEPT_BACKOFF_MAX_S)
 
     def succeeded(self) -> None:
         if self.count:
-            log.warning("side channel: accepting again after %d failed accepts in %.1f s",
-                        self.count, self._clock() - self._since)
+            log.warning("%s: accepting again after %d failed accepts in %.1f s",
+                        self.what, self.count, self._clock() - self._since)
             self.count = 0

@@ -40,9 +40,16 @@ def device_view(g: NodeGeometry, sessions: Iterable[Session], owned: int, inheri
                       paused_bytes)
 
 
+def _report(s: Session) -> ClientReport:
+    """The session's last report with its page uses decoded now (a view refers to nothing live)."""
+    if s.report is None:
+        return ClientReport()
+    return dataclasses.replace(s.report, page_uses=tuple(s.page_uses))
+
+
 def session_view(info: SessionInfoView, s: Session, now: float) -> SessionView:
     return SessionView(info, now - s.started, sum(1 for v in s.pages.values() if v == "delivering"),
-                       s.report is not None, (now - s.report_at) if s.report else 0.0, s.report or ClientReport(),
+                       s.report is not None, (now - s.report_at) if s.report else 0.0, _report(s),
                        s.evictions_per_s, s.restores_per_s, **dataclasses.asdict(s.counters))
 
 
@@ -54,10 +61,9 @@ def principal_view(quota: Quota, members: list[Session], quota_rejections: int) 
 def page_views(seen: list[Session]) -> tuple[tuple[PageView, ...], tuple[SessionPagesView, ...]]:
     pages = []
     for s in seen:
-        uses = {u.page_id: u.use for u in s.report.page_uses} if s.report else {}
+        uses = {u.page_id: u.use for u in _report(s).page_uses}
         pages += [PageView(p, s.session_id, st, uses.get(p, "unknown")) for p, st in sorted(s.pages.items())]
-    sessions = tuple(SessionPagesView(s.session_id, s.principal, s.pid, s.report is not None,
-                                      s.report or ClientReport())
+    sessions = tuple(SessionPagesView(s.session_id, s.principal, s.pid, s.report is not None, _report(s))
                      for s in sorted(seen, key=lambda x: x.started))
     return tuple(pages), sessions
 

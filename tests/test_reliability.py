@@ -83,3 +83,11 @@ def test_concurrent_processes_and_threads_balance(tmp_path):
     assert svc["leased"] == svc["returned"] > 0 and svc["corrupt"] == svc["held_at_end"] == 0
     assert local["malloc"] == local["free"] > 0 and local["corrupt"] == 0
     assert got["leaks_after"] == {}
+
+
+def test_round_three_attacks_are_all_refused_or_harmless(tmp_path):
+    """Issue 38's classes (runtime-file races, descriptor retention, connection floods, per-session
+    state): every attempt refused or harmless, and each class tried something."""
+    got = soak(tmp_path, "round3", timeout=300)
+    for cls in ("runtime_files", "retention", "connection_floods", "session_state"):
+        assert got[cls]["tried"] >= 4 and got[cls]["other"] == 0, (cls, got[cls])

@@ -10,20 +10,18 @@ time; before the fix that was the daemon's event loop.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
 import shutil
 import socket
-import struct
 import threading
 import time
 
 import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+from helpers.lingering import LINGER_S, lingering_socket
 from helpers.service import NOGROUP, ClientProc, Daemon, Observer, short_dir, wait_until
 from helpers.spaces import PAGE
-
 from vtalloc.server.loop_stalls import STALL_GRACE_S, LoopStalls, wait_judged
 from vtalloc.server.node import Node
 from vtalloc.server.protocol.side_channel import PROTOCOL_VERSION, encode
@@ -31,30 +29,6 @@ from vtalloc.server.side_channel import Closer
 
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="clients of other uids need root to start")
 UID_A, UID_B = 1, 2
-LINGER_S = 3
-
-
-@contextlib.contextmanager
-def lingering_socket(linger_s: int = LINGER_S):
-    """A connected TCP socket whose close() blocks for ``linger_s``: SO_LINGER on, its send
-    queue full, its peer (kept open here, never reading) advertising a closed window."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as listener:
-        listener.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-        listener.bind(("127.0.0.1", 0))
-        listener.listen(1)
-        sender = socket.create_connection(listener.getsockname())
-        peer, _ = listener.accept()
-        try:
-            sender.setblocking(False)
-            chunk = b"x" * 65536
-            with contextlib.suppress(BlockingIOError):
-                while True:
-                    sender.send(chunk)
-            sender.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, linger_s))
-            yield sender, peer
-        finally:
-            sender.close()  # blocks here only if the test still holds the last reference
-            peer.close()    # a reset ends the linger wherever it is
 
 
 def send_with_hello(side_channel: str, fds: list[int]) -> socket.socket:

@@ -84,15 +84,15 @@ def send_message(sock: socket.socket, message: dict[str, Any], fds: Sequence[int
     send_datagram(sock, encode(message), fds)
 
 
-def recv_datagram(sock: socket.socket, max_fds: int) -> tuple[bytes, list[int], int]:
-    """One datagram, its descriptors and recvmsg's flags; room for ``max_fds`` descriptors (at
-    least one, so that strays are seen and refused).
+def recv_datagram(sock: socket.socket, max_fds: int, size: int = MAX_MESSAGE_BYTES + 1) -> tuple[bytes, list[int], int]:
+    """One datagram (of at most ``size`` bytes; on a stream socket, what one receive gives: the
+    gRPC front door's), its descriptors and recvmsg's flags; room for ``max_fds`` descriptors
+    (at least one, so that strays are seen and refused).
 
     Not ``socket.recv_fds``: up to at least Python 3.13 it ignores its ``flags`` argument
     (CPython gh-107898), so MSG_CMSG_CLOEXEC would be lost and a fork+exec in another thread
     could leak page descriptors into a child before they could be marked close-on-exec."""
-    data, ancdata, flags, _ = sock.recvmsg(MAX_MESSAGE_BYTES + 1, socket.CMSG_SPACE(max(max_fds, 1) * FD_BYTES),
-                                           socket.MSG_CMSG_CLOEXEC)
+    data, ancdata, flags, _ = sock.recvmsg(size, socket.CMSG_SPACE(max(max_fds, 1) * FD_BYTES), socket.MSG_CMSG_CLOEXEC)
     fds = array.array("i")
     for level, kind, payload in ancdata:
         if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
