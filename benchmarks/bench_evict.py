@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from lib.path_check import PathNotTaken, check, failed, summary
+from lib.pinned_copy import pinned_copy_times
 from lib.provenance import git_info, machine_info
 from vtalloc.allocator import AddressSpace, backend_available
 
@@ -142,23 +143,8 @@ def reference_copy(backend: str, size: int, repeats: int) -> dict[str, Any]:
             ctypes.memmove(dst, src, size)
             times.append(time.perf_counter() - t0)
         return {"what": "memmove between two host buffers", "s": times, "GBps": round(gbps(size, median_s(times)), 3)}
-    import torch
-
-    host = torch.empty(size, dtype=torch.uint8, pin_memory=True)
-    dev = torch.empty(size, dtype=torch.uint8, device="cuda")
-    result = {}
-    for name, (dst, src) in {"h2d": (dev, host), "d2h": (host, dev)}.items():
-        dst.copy_(src, non_blocking=True)
-        torch.cuda.synchronize()
-        times = []
-        for _ in range(repeats):
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            dst.copy_(src, non_blocking=True)
-            end.record()
-            end.synchronize()
-            times.append(start.elapsed_time(end) / 1e3)
-        result[name] = {"s": times, "GBps": round(gbps(size, median_s(times)), 3)}
+    result = {name: {"s": t["event_s"], "GBps": round(gbps(size, median_s(t["event_s"])), 3)}
+              for name, t in pinned_copy_times(size, repeats).items()}
     return {"what": "pinned cudaMemcpy through torch", **result}
 
 

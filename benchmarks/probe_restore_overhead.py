@@ -26,6 +26,8 @@ import sys
 import time
 from pathlib import Path
 
+from lib.pinned_copy import pinned_copy_times
+
 MiB = 1 << 20
 SIZES = (8 * MiB, 32 * MiB, 128 * MiB, 512 * MiB)
 COUNTERS = ("num_map_calls", "num_unmap_calls", "num_set_access_calls", "num_create_page_calls",
@@ -74,27 +76,11 @@ def cycle(mode: str, size: int, repeats: int, backend: str = "cuda") -> dict:
 
 
 def reference(size: int, repeats: int) -> dict:
-    import torch
-
-    host = torch.empty(size, dtype=torch.uint8, pin_memory=True)
-    dev = torch.empty(size, dtype=torch.uint8, device="cuda")
     out = {}
-    for name, (dst, src) in {"h2d": (dev, host), "d2h": (host, dev)}.items():
-        dst.copy_(src, non_blocking=True)
-        torch.cuda.synchronize()
-        events, walls = [], []
-        for _ in range(repeats):
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            t0 = time.perf_counter()
-            start.record()
-            dst.copy_(src, non_blocking=True)
-            end.record()
-            end.synchronize()
-            walls.append(time.perf_counter() - t0)
-            events.append(start.elapsed_time(end) / 1e3)
-        out[name] = {"event_GBps": round(size / statistics.median(events) / 1e9, 2),
-                     "wall_GBps": round(size / statistics.median(walls) / 1e9, 2),
-                     "event_s": statistics.median(events), "wall_s": statistics.median(walls)}
+    for name, t in pinned_copy_times(size, repeats).items():
+        event, wall = statistics.median(t["event_s"]), statistics.median(t["wall_s"])
+        out[name] = {"event_GBps": round(size / event / 1e9, 2), "wall_GBps": round(size / wall / 1e9, 2),
+                     "event_s": event, "wall_s": wall}
     return out
 
 
