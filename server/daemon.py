@@ -185,13 +185,13 @@ async def serve(config: DaemonConfig, *, on_ready: Callable[[dict], None] | None
                 os.unlink(stale)
         node = Node(pool, ledger, kill_on_missed_deadline=config.kill_on_missed_deadline, limits=config.limits,
                     principal_by=config.principal_by)
-        keeper = StateKeeper(config.state_path, ledger, node.capacity_changed)
+        keeper = StateKeeper(config.state_path, ledger, node.changes.changed)
         inherited_bytes = keeper.adopt()  # before any lease: what a previous daemon's clients still hold
-        node.on_holdings_changed = keeper.save
+        node.changes.on_holdings_changed = keeper.save
 
         def identify(token: str | None) -> tuple[int | str, bool]:
-            s = ledger.authenticate(token)
-            return limit_key(s.uid, s.pod), ledger.is_admin(s)
+            s = ledger.sessions.authenticate(token)
+            return limit_key(s.uid, s.pod), ledger.sessions.is_admin(s)
 
         def connection_key(sock: socket.socket, pid: int, uid: int) -> int | str:
             """Whom a gRPC connection counts against: its uid, or its pod (read as the side channel reads it)."""
@@ -200,7 +200,7 @@ async def serve(config: DaemonConfig, *, on_ready: Callable[[dict], None] | None
             accepted = boot_ticks_now()
             pidfd, exact = peer_pidfd(sock, pid)
             try:
-                ident = node._identify(sock, pid, pidfd, exact, accepted)  # PeerIdentityError: refused
+                ident = node.connections.identify(sock, pid, pidfd, exact, accepted)  # PeerIdentityError: refused
             finally:
                 if pidfd is not None:
                     os.close(pidfd)
@@ -224,7 +224,7 @@ async def serve(config: DaemonConfig, *, on_ready: Callable[[dict], None] | None
         grpc_listener.bind(config.socket_path)
         grpc_listener.listen(_LISTEN_BACKLOG)
         front = GrpcFront(grpc_listener, upstream, per_uid=connections_per_uid(config.limits.max_sessions_per_uid),
-                          closer=node._closer, identify=connection_key, session_keys=ledger.session_keys)
+                          closer=node.connections.closer, identify=connection_key, session_keys=ledger.sessions.limit_keys)
 
         listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC)
         listener.bind(config.side_channel_path)
@@ -234,7 +234,7 @@ async def serve(config: DaemonConfig, *, on_ready: Callable[[dict], None] | None
         for path in (config.socket_path, config.side_channel_path):
             os.chown(path, -1, gid)
             os.chmod(path, _SOCKET_MODE)
-        side_task = loop.create_task(node.serve_side_channel(listener))
+        side_task = loop.create_task(node.connections.serve_side_channel(listener))
         for name in ("", *SERVICE_NAMES):
             await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
 
@@ -270,7 +270,7 @@ async def serve(config: DaemonConfig, *, on_ready: Callable[[dict], None] | None
         log.info("stopping")
         _sd_notify("STOPPING=1")
         await health_servicer.enter_graceful_shutdown()
-        node.announce_shutdown("the vtalloc daemon is stopping")
+        node.peers.announce_shutdown("the vtalloc daemon is stopping")
         side_task.cancel()
         await asyncio.gather(side_task, return_exceptions=True)
         side_task = None

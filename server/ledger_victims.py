@@ -1,39 +1,47 @@
 """The ledger's victims: whom the node asks for pages when it runs short, and the requests.
 
-Owns: the daemon's victim choice (``pick_victims``: principals above their guaranteed
+Owns: the daemon's victim choice (``pick``: principals above their guaranteed
 minimum, most excess first) and the eviction tickets that record what was asked of whom.
+Holds the books (ledger_books.py, where the tickets are) and the quotas (ledger_quotas.py,
+what each principal holds above its minimum).
 It is one of the project's four victim choices, each where its pages are: the core's LRU
 of away-able handles (csrc/evict/), a client's answer to a request (client/pressure.py),
 the paged activations' (allocator/torch/activation_paging.py), and this one, across sessions.
 Invariants: pages already asked for are not asked again; the requester is never asked; a
 principal is never asked below its minimum; a ticket is judged at most once, and a miss is
-counted once (session and node).
+counted once (session and node); every public method takes the books' lock.
 """
 
 from __future__ import annotations
 
-from .ledger_leases import LedgerLeases
+from .ledger_books import LedgerBooks
+from .ledger_quotas import LedgerQuotas
 from .records import EvictTicket, Session
 
 __all__ = ["LedgerVictims"]
 
 
-class LedgerVictims(LedgerLeases):
-    def pick_victims(self, need: int, requester: Session | None) -> list[tuple[Session, int]]:
+class LedgerVictims:
+    def __init__(self, books: LedgerBooks, quotas: LedgerQuotas) -> None:
+        self._books = books
+        self._quotas = quotas
+        self._next_ticket = 1
+
+    def pick(self, need: int, requester: Session | None) -> list[tuple[Session, int]]:
         """Whom to ask for ``need`` pages: principals above their minimum, most excess first.
 
         Pages already asked for are not asked again; the requester itself is never asked.
         The result may cover less than ``need`` (then the node cannot free enough).
         """
-        with self._lock:
+        with self._books.lock:
             by_principal: dict[str, list[Session]] = {}
-            for s in self._sessions.values():
+            for s in self._books.sessions.values():
                 if s.kind == "client" and s is not requester and s.pages:
                     by_principal.setdefault(s.principal, []).append(s)
             order = []
             for principal, sessions in by_principal.items():
                 pending = sum(x.outstanding_evict for x in sessions)
-                spare = self.excess_pages(principal) - pending
+                spare = self._quotas.excess_pages(principal) - pending
                 if spare > 0:
                     order.append((spare, principal, sessions))
             order.sort(key=lambda t: (-t[0], t[1]))
@@ -41,7 +49,7 @@ class LedgerVictims(LedgerLeases):
             for spare, _, sessions in order:
                 # A scope above the minimum it declared is asked first (ledger_quotas.py,
                 # Note [Declared quotas bind their own uid]); then the sessions holding most.
-                for s in sorted(sessions, key=lambda x: (-self.scope_excess_pages(x),
+                for s in sorted(sessions, key=lambda x: (-self._quotas.scope_excess_pages(x),
                                                          -(len(x.pages) - x.outstanding_evict), x.session_id)):
                     if need <= 0 or spare <= 0:
                         break
@@ -53,23 +61,23 @@ class LedgerVictims(LedgerLeases):
             return picked
 
     def open_eviction(self, s: Session, pages: int) -> EvictTicket:
-        with self._lock:
+        with self._books.lock:
             t = EvictTicket(self._next_ticket, s.session_id, pages)
             self._next_ticket += 1
-            self._tickets[t.request_id] = t
+            self._books.tickets[t.request_id] = t
             s.outstanding_evict += pages
             s.counters.evict_requests += 1
             s.counters.evict_pages_asked += pages
-            self._counters.evict_requests_total += 1
-            self._counters.evict_pages_asked_total += pages
+            self._books.counters.evict_requests_total += 1
+            self._books.counters.evict_pages_asked_total += pages
             return t
 
     def close_eviction(self, t: EvictTicket, *, judge: bool) -> bool:
         """Close a request; with ``judge`` (its deadline passed and the pages are still needed),
         True if the session missed it (returned too little), counted as a deadline miss."""
-        with self._lock:
-            self._tickets.pop(t.request_id, None)
-            s = self._sessions.get(t.session_id)
+        with self._books.lock:
+            self._books.tickets.pop(t.request_id, None)
+            s = self._books.sessions.get(t.session_id)
             missed = judge and t.returned < t.asked and s is not None and t.open
             t.open = False
             if s is not None:
@@ -77,5 +85,5 @@ class LedgerVictims(LedgerLeases):
                 if missed:
                     s.counters.deadline_misses += 1
             if missed:
-                self._counters.deadline_misses_total += 1
+                self._books.counters.deadline_misses_total += 1
             return missed

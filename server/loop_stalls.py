@@ -56,7 +56,7 @@ class LoopStalls:
 
 async def wait_judged(wait: Callable[[Callable[[], bool], float], Awaitable[bool]], stalls: LoopStalls,
                       predicate: Callable[[], bool], end: float, limit: float) -> bool | None:
-    """``wait`` (Node._wait) until loop time ``end``, extended by the loop's own stalls meanwhile (plus
+    """``wait`` (NodeChanges.wait) until loop time ``end``, extended by the loop's own stalls meanwhile (plus
     STALL_GRACE_S each time), never past ``limit``: True when ``predicate()`` held, False
     when it did not by the extended end, None when ``limit`` left no room to extend
     (the daemon stalled: nobody can be judged late)."""

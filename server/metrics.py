@@ -112,12 +112,12 @@ def version() -> str:
 class LedgerCollector(Collector):
     def __init__(self, ledger: Ledger) -> None:
         self.ledger = ledger
-        view, _ = ledger.metrics_snapshot()
+        view, _ = ledger.views.metrics_snapshot()
         self.start_time = time.time() - view.uptime_s  # the ledger's start, on the wall clock
         self.version = version()
 
     def collect(self) -> Iterator:
-        view, by_state = self.ledger.metrics_snapshot()
+        view, by_state = self.ledger.views.metrics_snapshot()
         d = view.device
         node = [d.backend, str(d.device)]
 

@@ -4,7 +4,9 @@ Owns: accepting side-channel connections (identity by SO_PEERCRED, and under ``-
 pod`` the cgroup of the process that connected, read once, principals.py; never stopped by an
 accept error, side_channel.py Note [Accept errors]) within the operator's per-uid (per-pod)
 limits (limits.py: over one, the client is told ``refused`` with LimitExceededError and the
-connection closes); the hello, the session it opens, and its end.
+connection closes); the hello, the session it opens, and its end; the tasks serving the
+connections. Holds the ledger, the node's peers (node_peers.py) and the loop's stall watch
+(loop_stalls.py, started with the accept loop).
 Invariants: a session ends, and its pages go back to the page pool, as soon as its connection
 closes or its process exits (EOF or pidfd readable), whichever comes first; every slot a
 connection took is vacated once its connection is closed (what a caller leaves in the Closer
@@ -21,14 +23,16 @@ import socket
 
 from vtalloc.allocator.errors import InvalidArgumentError
 
-from .limits import SESSIONS_BURST, SESSIONS_PER_S, UidSlots, who
-from .node_peers import SEND_TIMEOUT_S, NodePeers, _Peer
+from .ledger import Ledger
+from .limits import SESSIONS_BURST, SESSIONS_PER_S, RatePacer, RefusalLog, SessionLimits, UidSlots, who
+from .loop_stalls import LoopStalls
+from .node_peers import SEND_TIMEOUT_S, NodePeers, Peer
 from .principals import PeerIdentity, PeerIdentityError, boot_ticks_now, limit_key, peer_cgroup
 from .protocol.declared_quota import declared_from_hello
 from .protocol.errors import LimitExceededError, PermissionDeniedError, echo
 from .protocol.side_channel import PROTOCOL_VERSION, ProtocolError, version_of
 from .records import SESSION_KINDS
-from .side_channel import AcceptFailures, AsyncConnection, peer_credentials, peer_pidfd
+from .side_channel import AcceptFailures, AsyncConnection, Closer, peer_credentials, peer_pidfd
 from .state_file import process_start_ticks
 
 __all__ = ["NodeConnections"]
@@ -39,7 +43,23 @@ REFUSE_SEND_TIMEOUT_S = 0.1  # a refusal is one small datagram on a new connecti
                              # a refused new connection's hello is waited for this long
 
 
-class NodeConnections(NodePeers):
+class NodeConnections:
+    def __init__(self, ledger: Ledger, peers: NodePeers, stalls: LoopStalls, *, limits: SessionLimits | None = None,
+                 principal_by: str = "uid") -> None:
+        self._ledger = ledger
+        self._peers = peers
+        self._stalls = stalls
+        self.principal_by = principal_by  # "uid" or "pod" (principals.py)
+        self.limits = limits = limits or SessionLimits()
+        self._pending = UidSlots("side-channel connections waiting for their hello", "--max-pending-per-uid",
+                                 limits.max_pending_per_uid)
+        self._sessions = UidSlots("open sessions", "--max-sessions-per-uid", limits.max_sessions_per_uid)
+        self._refusals = RefusalLog()
+        self._opens = RatePacer(SESSIONS_PER_S, SESSIONS_BURST, limits.hello_timeout_s)  # limits.py
+        self._unidentified = UidSlots("connections whose cgroup could not be read", "--principal-by pod", 0)
+        self.closer = Closer()   # sockets and descriptors closed off the loop (the gRPC front shares it)
+        self._tasks: set[asyncio.Task] = set()
+
     async def serve_side_channel(self, listener: socket.socket) -> None:
         """Accept connections until cancelled; each becomes a session after its hello.
 
@@ -47,7 +67,7 @@ class NodeConnections(NodePeers):
         loop = asyncio.get_running_loop()
         listener.setblocking(False)
         failures = AcceptFailures()
-        self.stalls.start()
+        self._stalls.start()
         while True:
             try:
                 sock, _ = await loop.sock_accept(listener)
@@ -59,7 +79,7 @@ class NodeConnections(NodePeers):
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
 
-    def _identify(self, sock: socket.socket, pid: int, pidfd: int | None, exact: bool,
+    def identify(self, sock: socket.socket, pid: int, pidfd: int | None, exact: bool,
                   accepted_ticks: int) -> PeerIdentity | None:
         """The peer's cgroup and pod under ``--principal-by pod`` (None in uid mode); raises
         PeerIdentityError when it cannot be read safely (principals.py, Note [Reading a peer's cgroup])."""
@@ -74,21 +94,21 @@ class NodeConnections(NodePeers):
         try:
             pid, uid, gid = peer_credentials(sock)
         except OSError:
-            self._closer.close(-1, [sock.detach()])  # never on the loop: side_channel.py, Note [Closing off the loop]
+            self.closer.close(-1, [sock.detach()])  # never on the loop: side_channel.py, Note [Closing off the loop]
             return
         pidfd, exact = peer_pidfd(sock, pid)  # at once: the process that connected (principals.py)
         try:
-            ident, unknown = self._identify(sock, pid, pidfd, exact, accepted_ticks), None
+            ident, unknown = self.identify(sock, pid, pidfd, exact, accepted_ticks), None
         except PeerIdentityError as e:
             ident, unknown = None, e
         except BaseException:
             if pidfd is not None:
                 os.close(pidfd)
-            self._closer.close(uid, [sock.detach()])
+            self.closer.close(uid, [sock.detach()])
             raise
         key = limit_key(uid, ident.pod if ident else None)
-        conn = AsyncConnection(sock, loop, self._closer, key)
-        peer: _Peer | None = None
+        conn = AsyncConnection(sock, loop, self.closer, key)
+        peer: Peer | None = None
         held: list[UidSlots] = []
         try:
             await self._take(self._pending, held, conn, pid, key)  # an unidentified peer's, too: its uid's
@@ -109,7 +129,7 @@ class NodeConnections(NodePeers):
             if hello.get("t") != "hello" or version_of(hello) != PROTOCOL_VERSION:
                 raise ProtocolError(f"expected hello v{PROTOCOL_VERSION}, got {echo(hello.get('t'))} "
                                     f"v{echo(hello.get('v'))}")
-            if self._closing:
+            if self._peers.closing:
                 return
             kind = hello.get("kind")
             if kind not in SESSION_KINDS:
@@ -117,17 +137,17 @@ class NodeConnections(NodePeers):
             try:
                 declared = declared_from_hello(hello)
             except InvalidArgumentError as e:
-                self.ledger.count_protocol_error()
+                self._ledger.books.count_protocol_error()
                 await self._refuse(conn, pid, key, self._pending, False, e)
                 return
             held.remove(self._pending)
             self._pending.vacate(key)
             await self._take(self._sessions, held, conn, pid, key)
-            session = self.ledger.open_session(pid, uid, gid, kind, process_start_ticks(pid) or 0,
+            session = self._ledger.sessions.open(pid, uid, gid, kind, process_start_ticks(pid) or 0,
                                                cgroup=ident.cgroup if ident else "", pod=ident.pod if ident else None,
                                                declared=declared)
-            peer = self._peers[session.session_id] = _Peer(session, conn, pidfd)
-            info = self.ledger.session_info(session)
+            peer = self._peers.add(Peer(session, conn, pidfd))
+            info = self._ledger.views.session_info(session)
             await conn.send({"t": "session", "v": PROTOCOL_VERSION, "token": session.token,
                              "session_id": session.session_id, "pid": pid, "uid": uid,
                              "principal": session.principal, "page_bytes": info.page_bytes,
@@ -140,13 +160,13 @@ class NodeConnections(NodePeers):
                          f", quota {info.quota.min_bytes}:{info.quota.max_bytes} after its declaration"
                          if declared else "")
                 if declared:  # tell the sessions it binds: its principal's, of its uid (ledger_quotas.py)
-                    self.quota_changed(self.ledger.quota_for(session), uid)
+                    self._peers.quota_changed(self._ledger.quotas.for_session(session), uid)
             clean = await self._until_gone(peer)
-            self._end(peer, clean=clean)
+            self._peers.end(peer, clean=clean)
         except LimitExceededError:
             pass  # refused and logged by _take
         except (ProtocolError, asyncio.TimeoutError, TimeoutError) as e:
-            self.ledger.count_protocol_error()
+            self._ledger.books.count_protocol_error()
             log.warning("side channel from pid %d uid %d dropped: %s", pid, uid, str(e) or type(e).__name__)
         except (EOFError, OSError):
             pass
@@ -154,7 +174,7 @@ class NodeConnections(NodePeers):
             log.exception("side channel from pid %d uid %d failed unexpectedly; dropped", pid, uid)
         finally:
             if peer is not None:
-                self._end(peer, clean=False)
+                self._peers.end(peer, clean=False)
             if pidfd is not None and peer is None:
                 os.close(pidfd)
             # The slots come back once the connection is closed: what a caller leaves in the Closer is bounded.
@@ -191,7 +211,7 @@ class NodeConnections(NodePeers):
             raise
         held.append(slots)
 
-    async def _until_gone(self, peer: _Peer) -> bool:
+    async def _until_gone(self, peer: Peer) -> bool:
         """Wait for the end of the session: True for a goodbye, False for EOF or process exit."""
         loop = asyncio.get_running_loop()
         exited = loop.create_future()
@@ -218,3 +238,10 @@ class NodeConnections(NodePeers):
                 await reader
             except BaseException:  # noqa: BLE001 - the reader's own end does not matter any more
                 pass
+
+    async def close(self) -> None:
+        """Cancel the connections' tasks and wait for their ends (the node is stopping)."""
+        for task in list(self._tasks):
+            task.cancel()
+        if self._tasks:
+            await asyncio.gather(*self._tasks, return_exceptions=True)

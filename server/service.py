@@ -64,7 +64,7 @@ def _package_version() -> str:
 
 
 def _session(ledger: Ledger, context: grpc.aio.ServicerContext) -> Session:
-    return ledger.authenticate(session_token(context.invocation_metadata()))
+    return ledger.sessions.authenticate(session_token(context.invocation_metadata()))
 
 
 class PagesService(pages_pb2_grpc.PagesServicer):
@@ -75,32 +75,32 @@ class PagesService(pages_pb2_grpc.PagesServicer):
 
     async def GetSession(self, request: pages_pb2.GetSessionRequest, context) -> pages_pb2.SessionInfo:
         s = _session(self.ledger, context)
-        return to_message(pages_pb2.SessionInfo(), self.ledger.session_info(s))
+        return to_message(pages_pb2.SessionInfo(), self.ledger.views.session_info(s))
 
     async def Lease(self, request: pages_pb2.LeaseRequest, context) -> pages_pb2.LeaseReply:
         s = _session(self.ledger, context)
-        lease_id, ids = await self.node.lease(s, request.pages, context.time_remaining())
+        lease_id, ids = await self.node.leases.lease(s, request.pages, context.time_remaining())
         return pages_pb2.LeaseReply(lease_id=lease_id, page_ids=ids)
 
     async def Return(self, request: pages_pb2.ReturnRequest, context) -> pages_pb2.ReturnReply:
         s = _session(self.ledger, context)
-        self.ledger.admit_return(s, len(request.page_ids))  # bounded before any work
-        n = self.node.give_back(s, list(request.page_ids), request.evict_request_id)
+        self.ledger.leases.admit_return(s, len(request.page_ids))  # bounded before any work
+        n = self.node.leases.give_back(s, list(request.page_ids), request.evict_request_id)
         return pages_pb2.ReturnReply(returned=n)
 
     async def Report(self, request: pages_pb2.ReportRequest, context) -> pages_pb2.ReportReply:
         s = _session(self.ledger, context)
         r = request.report
-        self.ledger.admit_report(s, len(r.page_uses), len(r.regions))  # bounded before any work (reports.py)
+        self.ledger.reports.admit(s, len(r.page_uses), len(r.regions))  # bounded before any work (reports.py)
         counts = {f.name: getattr(r, f.name) for f in _REPORT_COUNTS}
         regions = tuple(RegionReport(x.tag, x.bytes, x.paused_bytes, x.host_bytes) for x in r.regions)
         report = ClientReport(**counts, regions=regions)
-        self.ledger.record_report(s, report, ReportedUses(r.page_uses, _page_use, s.pages))
+        self.ledger.reports.record(s, report, ReportedUses(r.page_uses, _page_use, s.pages))
         return pages_pb2.ReportReply()
 
     async def Watch(self, request: pages_pb2.WatchRequest, context) -> AsyncIterator[pages_pb2.Event]:
         s = _session(self.ledger, context)
-        async for event in self.node.watch(s):
+        async for event in self.node.peers.watch(s):
             if isinstance(event, EvictEvent):
                 yield pages_pb2.Event(evict=pages_pb2.EvictRequest(
                     request_id=event.request_id, pages=event.pages, deadline_s=event.deadline_s))
@@ -111,13 +111,13 @@ class PagesService(pages_pb2_grpc.PagesServicer):
 
     async def GetStats(self, request: pages_pb2.GetStatsRequest, context) -> pages_pb2.NodeStats:
         s = _session(self.ledger, context)
-        msg = to_message(pages_pb2.NodeStats(), self.ledger.node_view(s, request.session_id))
+        msg = to_message(pages_pb2.NodeStats(), self.ledger.views.node_view(s, request.session_id))
         msg.version = self._version
         return msg
 
     async def ListPages(self, request: pages_pb2.ListPagesRequest, context) -> pages_pb2.PageMap:
         s = _session(self.ledger, context)
-        return to_message(pages_pb2.PageMap(), self.ledger.page_map(s, request.session_id))
+        return to_message(pages_pb2.PageMap(), self.ledger.views.page_map(s, request.session_id))
 
 
 class AdminService(admin_pb2_grpc.AdminServicer):
@@ -129,25 +129,25 @@ class AdminService(admin_pb2_grpc.AdminServicer):
         s = _session(self.ledger, context)
         principal = request.principal or s.principal
         if principal == "*":
-            self.ledger.require_admin(s, "listing every quota")
-            quotas = self.ledger.quotas()
+            self.ledger.sessions.require_admin(s, "listing every quota")
+            quotas = self.ledger.quotas.all()
         else:
             if principal != s.principal:
-                self.ledger.require_admin(s, "reading another principal's quota")
+                self.ledger.sessions.require_admin(s, "reading another principal's quota")
             # one's own: the quota in force for this session (its scope's declarations included)
-            quotas = (self.ledger.quota_for(s) if principal == s.principal else self.ledger.quota_of(principal),)
+            quotas = (self.ledger.quotas.for_session(s) if principal == s.principal else self.ledger.quotas.of(principal),)
         reply = admin_pb2.QuotaList(quotas=[to_message(pages_pb2.Quota(), q) for q in quotas])
-        reply.default_quota.CopyFrom(to_message(pages_pb2.Quota(), self.ledger.default_quota))
+        reply.default_quota.CopyFrom(to_message(pages_pb2.Quota(), self.ledger.quotas.default))
         return reply
 
     async def SetQuota(self, request: admin_pb2.SetQuotaRequest, context) -> pages_pb2.Quota:
         s = _session(self.ledger, context)
-        self.ledger.require_admin(s, "setting a quota")
-        q: Quota = self.ledger.set_quota(request.principal, request.min_bytes, request.max_bytes)
-        self.node.quota_changed(q)
+        self.ledger.sessions.require_admin(s, "setting a quota")
+        q: Quota = self.ledger.quotas.set(request.principal, request.min_bytes, request.max_bytes)
+        self.node.peers.quota_changed(q)
         return to_message(pages_pb2.Quota(), q)
 
     async def EvictSession(self, request: admin_pb2.EvictSessionRequest, context) -> admin_pb2.EvictSessionReply:
         s = _session(self.ledger, context)
-        out = await self.node.evict_session(s, request.session_id, request.pages, request.kill_on_miss)
+        out = await self.node.pressure.evict_session(s, request.session_id, request.pages, request.kill_on_miss)
         return to_message(admin_pb2.EvictSessionReply(), out)

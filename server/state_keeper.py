@@ -59,7 +59,7 @@ class StateKeeper:
                 if pidfd is not None:
                     os.close(pidfd)
                 continue
-            self.ledger.inherit(h)
+            self.ledger.books.inherit(h)
             self._watch(h, pidfd)
             total += h.bytes
             log.info("inherited from the previous daemon: pid %d uid %d holds %d bytes", h.pid, h.uid, h.bytes)
@@ -94,7 +94,7 @@ class StateKeeper:
             asyncio.get_running_loop().remove_reader(pidfd)
             os.close(pidfd)
         self._polled.pop(pid, None)
-        pages = self.ledger.forget_inherited(pid)
+        pages = self.ledger.books.forget_inherited(pid)
         log.info("inherited pid %d exited: %d pages free again", pid, pages)
         self.capacity_changed()
         self.save()
@@ -105,7 +105,7 @@ class StateKeeper:
             return
         g = self.ledger.geometry
         try:
-            self.file.write(g.backend, g.device, self.ledger.holders())
+            self.file.write(g.backend, g.device, self.ledger.books.holders())
             self._failing = False
         except OSError as e:
             if not self._failing:  # once per run of failures, not once per lease

@@ -38,10 +38,10 @@ def test_the_library_adds_only_a_null_handler_under_vtalloc():
 def test_quota_changes_and_refusals_are_logged(caplog):
     caplog.set_level(logging.INFO, logger="vtalloc")
     ledger = Ledger(NodeGeometry("host", 0, PAGE, 16, 0, 1.0), quotas=[Quota("uid:1000", 0, 4 * PAGE)])
-    ledger.set_quota("uid:1000", PAGE, 2 * PAGE)
-    s = ledger.open_session(10, 1000, 1000, "client")
+    ledger.quotas.set("uid:1000", PAGE, 2 * PAGE)
+    s = ledger.sessions.open(10, 1000, 1000, "client")
     with pytest.raises(QuotaExceededError):
-        ledger.admit(s, 3)
+        ledger.leases.admit(s, 3)
     lines = [(r.name, r.levelname, r.getMessage()) for r in caplog.records]
     assert ("vtalloc.server", "INFO", f"quota of uid:1000 set: min {PAGE} bytes, max {2 * PAGE} bytes "
             f"(was min 0, max {4 * PAGE})") in lines

@@ -385,32 +385,31 @@ def test_a_delivery_that_fails_at_any_step_gives_back_every_page_it_created(op, 
     """Node._deliver with a failure injected at each of its steps: afterwards the page pool holds
     no page (no memfd is open), the ledger counts every page free, and the next lease is served."""
     from vtalloc.server.ledger import Ledger, NodeGeometry
-    from vtalloc.server.node import Node, _Peer
+    from vtalloc.server.node import Node, Peer
 
     pages = 200  # two batches of descriptors (MAX_FDS_PER_MESSAGE is 128)
     with PagePool(backend="host", capacity=1024 * MiB) as real:
         ledger = Ledger(NodeGeometry("host", 0, PAGE, 1024 * MiB // PAGE, 0, 1.0))
         pool = FaultyPool(real, op, nth, error) if op in ("create_page", "export_page") else real
         node = Node(pool, ledger)
-        s = ledger.open_session(os.getpid(), os.getuid(), os.getgid(), "client")
+        s = ledger.sessions.open(os.getpid(), os.getuid(), os.getgid(), "client")
         conn = FakeConn(nth, error) if op == "send" else FakeConn()
-        node._peers[s.session_id] = _Peer(s, conn, None)
+        node.peers.add(Peer(s, conn, None))
         if op == "add_pages":
-            add = ledger.add_pages
-            ledger.add_pages = lambda *a: (_ for _ in ()).throw(error)
+            add = ledger.leases.add_pages
+            ledger.leases.add_pages = lambda *a: (_ for _ in ()).throw(error)
         with pytest.raises(BaseException) as e:
-            asyncio.run(node.lease(s, pages, None))
+            asyncio.run(node.leases.lease(s, pages, None))
         # The injected failure itself, or what the daemon makes of a lost client (it did fail there).
         assert e.value is error or (isinstance(e.value, VtallocError) and "injected" in str(e.value))
         assert real.info().pages_held == page_fds() == 0  # every created page went back
-        assert ledger.free_pages() == ledger.geometry.capacity_pages and not s.pages
+        assert ledger.books.free_pages() == ledger.geometry.capacity_pages and not s.pages
         if op == "add_pages":
-            ledger.add_pages = add
-        node.pool = real
-        node._peers[s.session_id] = _Peer(s, FakeConn(), None)
-        _, ids = asyncio.run(node.lease(s, 4, None))  # served
+            ledger.leases.add_pages = add
+        node.peers.add(Peer(s, FakeConn(), None))  # the faulty pool failed once: it works from now on
+        _, ids = asyncio.run(node.leases.lease(s, 4, None))  # served
         assert len(ids) == real.info().pages_held == page_fds() == 4
-        for p in ledger.give_back(s, ids, 0):
+        for p in ledger.leases.give_back(s, ids, 0):
             real.release_page(p)
 
 

@@ -26,6 +26,7 @@ import torch
 from helpers.service import Daemon, Observer, wait_until
 from helpers.sizes import PAGE
 from helpers.spaces import pattern
+from helpers.ledger_checks import check_invariants
 
 from vtalloc.allocator import PagePool
 from vtalloc.client import ServiceAddressSpace
@@ -187,11 +188,11 @@ def retain_node(capacity_pages: int = 8, quota_pages: int = 6) -> tuple[Node, Le
 
 
 def grant(node: Node, ledger: Ledger, s, k: int) -> list[int]:
-    assert ledger.admit(s, k) == 0
-    reused = ledger.take_retained(s, k)
+    assert ledger.leases.admit(s, k) == 0
+    reused = ledger.books.take_retained(s, k)
     ids = reused + [node.pool.create_page() for _ in range(k - len(reused))]
-    ledger.add_pages(s, ids)
-    ledger.mark_delivered(s, ids)
+    ledger.leases.add_pages(s, ids)
+    ledger.leases.mark_delivered(s, ids)
     return ids
 
 
@@ -212,26 +213,26 @@ async def retaining_child():
 def test_retained_pages_count_until_their_process_exits_and_come_back_to_it_first():
     async def main():
         async with retaining_child() as (node, ledger, pool, child):
-            s = ledger.open_session(child.pid, 1000, 1000, "client")
+            s = ledger.sessions.open(child.pid, 1000, 1000, "client")
             ids = grant(node, ledger, s, 4)
-            assert node.give_back(s, ids, 0) == 4
-            assert ledger.free_pages() == 4                  # not free: the process may still reach them
+            assert node.leases.give_back(s, ids, 0) == 4
+            assert ledger.books.free_pages() == 4                  # not free: the process may still reach them
             assert pool.info().pages_held == 4
             with pytest.raises(QuotaExceededError):
-                ledger.admit(s, 7)                            # 4 retained + 3 new > 6
+                ledger.leases.admit(s, 7)                            # 4 retained + 3 new > 6
             again = grant(node, ledger, s, 5)                 # the 4 retained first, then 1 new page
             assert set(ids) <= set(again) and pool.info().pages_held == 5
-            node.give_back(s, again, 0)
-            ledger.end_session(s, clean=True)
-            assert ledger.free_pages() == 3 and ledger.holders()[0].bytes == 5 * PAGE
+            node.leases.give_back(s, again, 0)
+            ledger.sessions.end(s, clean=True)
+            assert ledger.books.free_pages() == 3 and ledger.books.holders()[0].bytes == 5 * PAGE
             child.kill()
             child.wait()
             for _ in range(200):                              # the pidfd tells the loop
-                if ledger.free_pages() == 8:
+                if ledger.books.free_pages() == 8:
                     break
                 await asyncio.sleep(0.01)
-            assert ledger.free_pages() == 8 and pool.info().pages_held == 0
-            ledger.check_invariants()
+            assert ledger.books.free_pages() == 8 and pool.info().pages_held == 0
+            check_invariants(ledger)
 
     asyncio.run(main())
 
@@ -239,13 +240,13 @@ def test_retained_pages_count_until_their_process_exits_and_come_back_to_it_firs
 def test_an_ended_session_of_a_living_process_leaves_its_pages_retained():
     async def main():
         async with retaining_child() as (node, ledger, pool, child):
-            s = ledger.open_session(child.pid, 1000, 1000, "client")
+            s = ledger.sessions.open(child.pid, 1000, 1000, "client")
             grant(node, ledger, s, 3)
-            node._let_go(s, ledger.end_session(s, clean=False))
-            other = ledger.open_session(os.getpid(), 1001, 1001, "client")
-            assert ledger.admit(other, 5) == 0 and ledger.admit(other, 6) == 1   # 3 of 8 still held
-            assert ledger.node_view(None).device.leased_pages == 3
-            ledger.check_invariants()
-            ledger.end_session(other, clean=True)
+            node.reclaim.let_go(s, ledger.sessions.end(s, clean=False))
+            other = ledger.sessions.open(os.getpid(), 1001, 1001, "client")
+            assert ledger.leases.admit(other, 5) == 0 and ledger.leases.admit(other, 6) == 1   # 3 of 8 still held
+            assert ledger.views.node_view(None).device.leased_pages == 3
+            check_invariants(ledger)
+            ledger.sessions.end(other, clean=True)
 
     asyncio.run(main())

@@ -17,6 +17,7 @@ import threading
 import pytest
 from helpers.service import Daemon, Observer, wait_until
 from helpers.sizes import PAGE
+from helpers.ledger_checks import node_counters
 
 from vtalloc.allocator import InvalidArgumentError
 from vtalloc.client.session import ServiceSession
@@ -83,38 +84,38 @@ def test_reports_out_of_range_are_refused_and_stats_keep_working(daemon):
 
 def test_a_report_out_of_range_is_refused_by_the_ledger_and_changes_nothing():
     ledger = Ledger(NodeGeometry("host", 0, PAGE, 16, 0, 1.0))
-    s = ledger.open_session(10, 1, 1, "client")
-    ledger.record_report(s, ClientReport(evictions_total=5, evicted_bytes=PAGE))
+    s = ledger.sessions.open(10, 1, 1, "client")
+    ledger.reports.record(s, ClientReport(evictions_total=5, evicted_bytes=PAGE))
     for field in ("allocated_bytes", "evicted_bytes", "evictions_total", "restores_total", "ooms_total"):
         with pytest.raises(InvalidArgumentError, match=field):
-            ledger.record_report(s, ClientReport(**{field: MAX_REPORT_VALUE + 1}))
+            ledger.reports.record(s, ClientReport(**{field: MAX_REPORT_VALUE + 1}))
     with pytest.raises(InvalidArgumentError):
-        ledger.record_report(s, ClientReport(evicted_pages=-1))
-    assert ledger.counters()["protocol_errors_total"] == 6
-    assert ledger.counters()["evictions_total"] == 5
-    assert ledger.node_view(None).sessions[0].report.evicted_bytes == PAGE
+        ledger.reports.record(s, ClientReport(evicted_pages=-1))
+    assert node_counters(ledger)["protocol_errors_total"] == 6
+    assert node_counters(ledger)["evictions_total"] == 5
+    assert ledger.views.node_view(None).sessions[0].report.evicted_bytes == PAGE
 
 
 def test_node_counters_and_sums_saturate_at_the_protos_uint64():
     """Values in range still add up past 2**64 over many reports or sessions: the node's
     counters and sums stop at 2**64-1, and every view still fills its proto message."""
     ledger = Ledger(NodeGeometry("host", 0, PAGE, 16, 0, 1.0))
-    sessions = [ledger.open_session(10, 1, 1, "client") for _ in range(U64_MAX // MAX_REPORT_VALUE + 2)]
+    sessions = [ledger.sessions.open(10, 1, 1, "client") for _ in range(U64_MAX // MAX_REPORT_VALUE + 2)]
     for s in sessions:
-        ledger.record_report(s, ClientReport(evicted_bytes=MAX_REPORT_VALUE, evicted_pages=MAX_REPORT_VALUE))
+        ledger.reports.record(s, ClientReport(evicted_bytes=MAX_REPORT_VALUE, evicted_pages=MAX_REPORT_VALUE))
     hog = sessions[0]
     for _ in range(U64_MAX // MAX_REPORT_VALUE + 2):
-        ledger.record_report(hog, ClientReport(evictions_total=0, restores_total=0))
-        ledger.record_report(hog, ClientReport(evictions_total=MAX_REPORT_VALUE, restores_total=MAX_REPORT_VALUE))
-    counters = ledger.counters()
+        ledger.reports.record(hog, ClientReport(evictions_total=0, restores_total=0))
+        ledger.reports.record(hog, ClientReport(evictions_total=MAX_REPORT_VALUE, restores_total=MAX_REPORT_VALUE))
+    counters = node_counters(ledger)
     assert counters["evictions_total"] == counters["restores_total"] == U64_MAX
-    view = ledger.node_view(None)
+    view = ledger.views.node_view(None)
     assert view.device.evicted_bytes == view.device.evicted_pages == U64_MAX
     assert view.principals[0].evicted_bytes == U64_MAX
     to_message(pages_pb2.NodeStats(), view)          # ValueError: Value out of range, before the fix
-    to_message(pages_pb2.PageMap(), ledger.page_map(None))
-    ledger.record_report(hog, ClientReport(evictions_total=MAX_REPORT_VALUE))
-    assert ledger.counters()["evictions_total"] == U64_MAX  # stays saturated
+    to_message(pages_pb2.PageMap(), ledger.views.page_map(None))
+    ledger.reports.record(hog, ClientReport(evictions_total=MAX_REPORT_VALUE))
+    assert node_counters(ledger)["evictions_total"] == U64_MAX  # stays saturated
 
 
 # -- 8: the eviction deadline a client is told ----------------------------------------------------

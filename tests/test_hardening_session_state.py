@@ -25,13 +25,14 @@ import pytest
 from helpers.service import NOGROUP, ClientProc, Daemon, Observer
 from helpers.sizes import PAGE
 from helpers.users import made_users, needs_users
+from helpers.ledger_checks import node_counters
 from hypothesis import given
 from hypothesis import strategies as st
 
 from vtalloc.allocator import InvalidArgumentError
 from vtalloc.client.session import ServiceSession
 from vtalloc.server.ledger import Ledger, NodeGeometry
-from vtalloc.server.node import Node, _Peer
+from vtalloc.server.node import Node, Peer
 from vtalloc.server.node_events import MAX_EVICT_EVENTS, EventBox, EvictEvent, QuotaEvent, ShutdownEvent
 from vtalloc.server.proto.vtalloc.v1 import admin_pb2, pages_pb2
 from vtalloc.server.protocol.side_channel import PROTOCOL_VERSION, encode
@@ -123,10 +124,10 @@ def test_quota_changes_leave_one_event_per_session_however_many():
         node = Node(None, ledger)
         peers = []
         for pid in range(10, 20):
-            s = ledger.open_session(pid, 1000, 1000, "client")
-            peers.append(node._peers.setdefault(s.session_id, _Peer(s, None, None)))
+            s = ledger.sessions.open(pid, 1000, 1000, "client")
+            peers.append(node.peers.add(Peer(s, None, None)))
         for i in range(5000):
-            node.quota_changed(ledger.set_quota("uid:1000", 0, (i + 1) * PAGE))
+            node.peers.quota_changed(ledger.quotas.set("uid:1000", 0, (i + 1) * PAGE))
         assert [p.events.held() for p in peers] == [1] * len(peers)
         assert (await peers[0].events.get()).quota.max_bytes == 5000 * PAGE
 
@@ -138,22 +139,22 @@ def test_quota_changes_leave_one_event_per_session_however_many():
 def test_a_members_declaration_binds_only_its_own_uid_in_the_ledger():
     ledger = Ledger(NodeGeometry("host", 0, PAGE, 16, 0, 1.0), quotas=[Quota("team", 4 * PAGE, 12 * PAGE)],
                     principals=PrincipalMap(((1001, "team"), (1002, "team"))))
-    other = ledger.open_session(20, 1002, 1002, "client")
+    other = ledger.sessions.open(20, 1002, 1002, "client")
     ids = list(range(1, 5))
-    assert ledger.admit(other, 4) == 0
-    ledger.add_pages(other, ids)
-    ledger.mark_delivered(other, ids)
-    zero = ledger.open_session(21, 1001, 1001, "client", declared=(0, 0))
-    assert ledger.quota_for(zero) == Quota("team", 0, 0)
-    assert ledger.quota_for(other) == Quota("team", 4 * PAGE, 12 * PAGE)
-    assert ledger.admit(other, 2) == 0                   # not bound by 1001's 0:0
+    assert ledger.leases.admit(other, 4) == 0
+    ledger.leases.add_pages(other, ids)
+    ledger.leases.mark_delivered(other, ids)
+    zero = ledger.sessions.open(21, 1001, 1001, "client", declared=(0, 0))
+    assert ledger.quotas.for_session(zero) == Quota("team", 0, 0)
+    assert ledger.quotas.for_session(other) == Quota("team", 4 * PAGE, 12 * PAGE)
+    assert ledger.leases.admit(other, 2) == 0                   # not bound by 1001's 0:0
     with pytest.raises(Exception, match="declared"):
-        ledger.admit(zero, 1)                            # 1001 is
-    assert ledger.excess_pages("team") == 0              # 1002's 4 pages stay guaranteed
-    assert ledger.within_guarantee(other, 0)
-    assert ledger.quota_of("team") == Quota("team", 4 * PAGE, 12 * PAGE)  # what binds every member
-    ledger.end_session(zero, clean=True)
-    ledger.end_session(other, clean=True)
+        ledger.leases.admit(zero, 1)                            # 1001 is
+    assert ledger.quotas.excess_pages("team") == 0              # 1002's 4 pages stay guaranteed
+    assert ledger.quotas.within_guarantee(other, 0)
+    assert ledger.quotas.of("team") == Quota("team", 4 * PAGE, 12 * PAGE)  # what binds every member
+    ledger.sessions.end(zero, clean=True)
+    ledger.sessions.end(other, clean=True)
 
 
 @needs_users
@@ -365,7 +366,7 @@ def test_a_report_listing_too_many_regions_is_refused_before_any_region_is_read(
     built: list[object] = []
     monkeypatch.setattr(service, "RegionReport", lambda *fields: built.append(fields))
     ledger = Ledger(NodeGeometry("host", 0, PAGE, 16, 0, 1.0))
-    s = ledger.open_session(10, 1, 1, "client")
+    s = ledger.sessions.open(10, 1, 1, "client")
     pages = service.PagesService(types.SimpleNamespace(ledger=ledger))
     context = types.SimpleNamespace(invocation_metadata=lambda: ((SESSION_KEY, s.token),))
     n = 100 * MAX_REPORT_REGIONS
@@ -373,4 +374,4 @@ def test_a_report_listing_too_many_regions_is_refused_before_any_region_is_read(
         regions=[pages_pb2.RegionReport(tag=f"t{i}") for i in range(n)]))
     with pytest.raises(InvalidArgumentError, match=f"lists {n} regions; at most {MAX_REPORT_REGIONS}"):
         asyncio.run(pages.Report(request, context))
-    assert built == [] and ledger.counters()["protocol_errors_total"] == 1
+    assert built == [] and node_counters(ledger)["protocol_errors_total"] == 1

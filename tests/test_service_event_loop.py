@@ -23,7 +23,7 @@ from helpers.lingering import LINGER_S, lingering_socket
 from helpers.service import NOGROUP, ClientProc, Daemon, Observer, short_dir, wait_until
 from helpers.spaces import PAGE
 from vtalloc.server.loop_stalls import STALL_GRACE_S, LoopStalls, wait_judged
-from vtalloc.server.node import Node
+from vtalloc.server.node_changes import NodeChanges
 from vtalloc.server.protocol.side_channel import PROTOCOL_VERSION, encode
 from vtalloc.server.side_channel import Closer
 
@@ -166,11 +166,12 @@ def test_received_descriptors_are_closed_off_the_loop_one_uid_at_a_time():
     asyncio.run(main())
 
 
-async def _answer_after_a_stall(node: Node, stall_s: float, end_in_s: float, limit_in_s: float):
+async def _answer_after_a_stall(stall_s: float, end_in_s: float, limit_in_s: float):
     """The answer arrives during a stall of the loop and takes a few loop turns to process (as
     a gRPC call does); returns what _wait_judged says."""
     loop = asyncio.get_running_loop()
-    node.stalls.start()
+    changes, stalls = NodeChanges(), LoopStalls()   # what the node's pressure protocol waits with
+    stalls.start()
     answered = False
 
     async def process():
@@ -178,7 +179,7 @@ async def _answer_after_a_stall(node: Node, stall_s: float, end_in_s: float, lim
         for _ in range(5):
             await asyncio.sleep(0)
         answered = True
-        node._changed()
+        changes.changed()
 
     def client():
         time.sleep(0.15)                                # the client answers in time, during the stall
@@ -188,29 +189,27 @@ async def _answer_after_a_stall(node: Node, stall_s: float, end_in_s: float, lim
     loop.call_later(0.05, time.sleep, stall_s)          # the daemon stalls (any cause)
     now = loop.time()
     try:
-        return await wait_judged(node._wait, node.stalls, lambda: answered, now + end_in_s, now + limit_in_s)
+        return await wait_judged(changes.wait, stalls, lambda: answered, now + end_in_s, now + limit_in_s)
     finally:
-        node.stalls.stop()
+        stalls.stop()
 
 
 def test_a_stall_of_the_daemon_never_makes_an_answer_late():
-    node = Node(None, None)
-    assert asyncio.run(_answer_after_a_stall(node, stall_s=0.6, end_in_s=0.3, limit_in_s=5)) is True
+    assert asyncio.run(_answer_after_a_stall(stall_s=0.6, end_in_s=0.3, limit_in_s=5)) is True
     # No room left to extend (the lease's own deadline): nobody is judged (None), never "late" (False).
-    node = Node(None, None)
-    assert asyncio.run(_answer_after_a_stall(node, stall_s=0.6, end_in_s=0.3, limit_in_s=0.3)) is None
+    assert asyncio.run(_answer_after_a_stall(stall_s=0.6, end_in_s=0.3, limit_in_s=0.3)) is None
 
 
 def test_no_answer_is_still_late():
     async def main():
-        node = Node(None, None)
-        node.stalls.start()
+        changes, stalls = NodeChanges(), LoopStalls()
+        stalls.start()
         loop = asyncio.get_running_loop()
         t0 = loop.time()
         try:
-            assert await wait_judged(node._wait, node.stalls, lambda: False, t0 + 0.2, t0 + 5) is False
+            assert await wait_judged(changes.wait, stalls, lambda: False, t0 + 0.2, t0 + 5) is False
         finally:
-            node.stalls.stop()
+            stalls.stop()
         assert loop.time() - t0 < 0.2 + STALL_GRACE_S + 0.3
 
     asyncio.run(main())

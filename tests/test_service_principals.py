@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 from helpers.service import ClientProc, Daemon
 from helpers.sizes import PAGE
+from helpers.ledger_checks import check_invariants
 
 from vtalloc.allocator import InvalidArgumentError
 from vtalloc.server.daemon import DaemonConfig
@@ -152,71 +153,71 @@ def pod_ledger(**kw) -> Ledger:
 
 
 def lease(ledger, s, first, k):
-    assert ledger.admit(s, k) == 0
+    assert ledger.leases.admit(s, k) == 0
     ids = list(range(first, first + k))
-    ledger.add_pages(s, ids)
-    ledger.mark_delivered(s, ids)
+    ledger.leases.add_pages(s, ids)
+    ledger.leases.mark_delivered(s, ids)
     return ids
 
 
 def test_two_pods_of_one_uid_are_two_principals_with_their_own_quotas_and_no_view_of_each_other():
     ledger = pod_ledger()
-    a = ledger.open_session(10, 0, 0, "client", cgroup="/kubepods/pod-a", pod=POD)
-    b = ledger.open_session(11, 0, 0, "client", cgroup="/kubepods/pod-b", pod=OTHER)
+    a = ledger.sessions.open(10, 0, 0, "client", cgroup="/kubepods/pod-a", pod=POD)
+    b = ledger.sessions.open(11, 0, 0, "client", cgroup="/kubepods/pod-b", pod=OTHER)
     assert (a.principal, b.principal) == (f"pod:{POD}", f"pod:{OTHER}")
     pages = lease(ledger, a, 1, 4)
     with pytest.raises(QuotaExceededError):
-        ledger.admit(a, 1)
+        ledger.leases.admit(a, 1)
     lease(ledger, b, 100, 4)  # one shared uid:0 quota would refuse this
     with pytest.raises(PermissionDeniedError):
-        ledger.give_back(b, pages[:1])
+        ledger.leases.give_back(b, pages[:1])
     with pytest.raises(PermissionDeniedError, match="another uid or principal"):
-        ledger.session_for(b, a.session_id)
-    view = ledger.node_view(b)
+        ledger.sessions.find(b, a.session_id)
+    view = ledger.views.node_view(b)
     assert [s.info.session_id for s in view.sessions] == [b.session_id] and view.hidden_sessions == 1
     assert [p.quota.principal for p in view.principals] == [f"pod:{OTHER}"]
-    assert ledger.page_map(b).hidden_pages == 4
-    assert not ledger.is_admin(a) and not ledger.is_admin(b)  # root in a pod is not the node's root
-    ledger.check_invariants()
+    assert ledger.views.page_map(b).hidden_pages == 4
+    assert not ledger.sessions.is_admin(a) and not ledger.sessions.is_admin(b)  # root in a pod is not the node's root
+    check_invariants(ledger)
 
 
 def test_in_pod_mode_an_admin_uid_is_admin_only_in_the_daemons_cgroup_or_an_admin_cgroup():
     ledger = pod_ledger()
-    own = ledger.open_session(1, 0, 0, "observer", cgroup="/system.slice/vtalloc.service")
-    below_own = ledger.open_session(2, 0, 0, "observer", cgroup="/system.slice/vtalloc.service/x")
-    login = ledger.open_session(3, 0, 0, "observer", cgroup="/user.slice/user-0.slice/session-1.scope")
-    user = ledger.open_session(4, 1000, 1000, "observer", cgroup="/user.slice/user-1000.slice/session-2.scope")
-    outside = ledger.open_session(5, 0, 0, "observer", cgroup="/../user.slice/x")
-    assert [ledger.is_admin(s) for s in (own, below_own, login, user, outside)] == [True, False, True, False, False]
+    own = ledger.sessions.open(1, 0, 0, "observer", cgroup="/system.slice/vtalloc.service")
+    below_own = ledger.sessions.open(2, 0, 0, "observer", cgroup="/system.slice/vtalloc.service/x")
+    login = ledger.sessions.open(3, 0, 0, "observer", cgroup="/user.slice/user-0.slice/session-1.scope")
+    user = ledger.sessions.open(4, 1000, 1000, "observer", cgroup="/user.slice/user-1000.slice/session-2.scope")
+    outside = ledger.sessions.open(5, 0, 0, "observer", cgroup="/../user.slice/x")
+    assert [ledger.sessions.is_admin(s) for s in (own, below_own, login, user, outside)] == [True, False, True, False, False]
     uid_mode = Ledger(NodeGeometry("host", 0, PAGE, 16, 0, 1.0), admin_uids=(0,))
-    assert uid_mode.is_admin(uid_mode.open_session(1, 0, 0, "observer"))
+    assert uid_mode.sessions.is_admin(uid_mode.sessions.open(1, 0, 0, "observer"))
 
 
 def test_a_process_outside_any_pod_stays_its_uid():
     ledger = pod_ledger()
-    s = ledger.open_session(10, 1000, 1000, "client", cgroup="/user.slice/user-1000.slice/x.scope", pod=None)
+    s = ledger.sessions.open(10, 1000, 1000, "client", cgroup="/user.slice/user-1000.slice/x.scope", pod=None)
     assert s.principal == "uid:1000"
 
 
 # -- declared quotas -----------------------------------------------------------------------------
 def test_a_declared_quota_only_lowers_and_lasts_as_long_as_its_session():
     ledger = pod_ledger(quotas=[Quota(f"pod:{POD}", 2 * PAGE, 6 * PAGE)])
-    plain = ledger.open_session(10, 0, 0, "client", pod=POD)
-    assert ledger.quota_of(f"pod:{POD}") == Quota(f"pod:{POD}", 2 * PAGE, 6 * PAGE)
-    greedy = ledger.open_session(11, 0, 0, "client", pod=POD, declared=(8 * PAGE, 1 << 50))
-    assert ledger.quota_of(f"pod:{POD}") == Quota(f"pod:{POD}", 2 * PAGE, 6 * PAGE)  # never raised
-    modest = ledger.open_session(12, 0, 0, "client", pod=POD, declared=(PAGE, 3 * PAGE))
-    assert ledger.quota_of(f"pod:{POD}") == Quota(f"pod:{POD}", PAGE, 3 * PAGE)
+    plain = ledger.sessions.open(10, 0, 0, "client", pod=POD)
+    assert ledger.quotas.of(f"pod:{POD}") == Quota(f"pod:{POD}", 2 * PAGE, 6 * PAGE)
+    greedy = ledger.sessions.open(11, 0, 0, "client", pod=POD, declared=(8 * PAGE, 1 << 50))
+    assert ledger.quotas.of(f"pod:{POD}") == Quota(f"pod:{POD}", 2 * PAGE, 6 * PAGE)  # never raised
+    modest = ledger.sessions.open(12, 0, 0, "client", pod=POD, declared=(PAGE, 3 * PAGE))
+    assert ledger.quotas.of(f"pod:{POD}") == Quota(f"pod:{POD}", PAGE, 3 * PAGE)
     lease(ledger, plain, 1, 3)
     with pytest.raises(QuotaExceededError):
-        ledger.admit(plain, 1)  # the pod's declaration binds all of the pod's sessions
-    ledger.end_session(modest, clean=True)
-    assert ledger.quota_of(f"pod:{POD}").max_bytes == 6 * PAGE
-    observer = ledger.open_session(13, 0, 0, "observer", pod=POD, declared=(0, 0))
-    assert ledger.quota_of(f"pod:{POD}").max_bytes == 6 * PAGE  # an observer declares nothing
-    assert ledger.quota_of(f"pod:{OTHER}") == Quota(f"pod:{OTHER}", 0, 4 * PAGE)  # others untouched
+        ledger.leases.admit(plain, 1)  # the pod's declaration binds all of the pod's sessions
+    ledger.sessions.end(modest, clean=True)
+    assert ledger.quotas.of(f"pod:{POD}").max_bytes == 6 * PAGE
+    observer = ledger.sessions.open(13, 0, 0, "observer", pod=POD, declared=(0, 0))
+    assert ledger.quotas.of(f"pod:{POD}").max_bytes == 6 * PAGE  # an observer declares nothing
+    assert ledger.quotas.of(f"pod:{OTHER}") == Quota(f"pod:{OTHER}", 0, 4 * PAGE)  # others untouched
     for s in (plain, greedy, observer):
-        ledger.end_session(s, clean=True)
+        ledger.sessions.end(s, clean=True)
 
 
 def test_a_declared_minimum_above_the_declared_maximum_is_lowered_with_it():

@@ -268,11 +268,11 @@ def test_without_pidfd_an_inherited_exit_is_seen_by_polling_proc(tmp_path, monke
 
         async def run() -> float:
             keeper = StateKeeper(path, ledger, lambda: woken.append(1))
-            assert keeper.adopt() == 3 * MiB and ledger.free_pages() == 13
+            assert keeper.adopt() == 3 * MiB and ledger.books.free_pages() == 13
             sleeper.kill()
             sleeper.wait()
             t0 = time.monotonic()
-            while ledger.free_pages() != 16 and time.monotonic() - t0 < 5:
+            while ledger.books.free_pages() != 16 and time.monotonic() - t0 < 5:
                 await asyncio.sleep(0.01)
             keeper.close()
             return time.monotonic() - t0
