@@ -41,7 +41,7 @@ def __getattr__(name: str) -> tuple[str, ...]:
 
 # Driver cost models of the host backend (docs/cost-model.md): the GPU whose measured per-call
 # costs and copy bandwidths a modeled clock charges.
-COST_MODELS = ("h100",)
+COST_MODELS = ("h100", "h200")
 
 # Binary units match in any case; decimal ones only as spelled here (kB and KB, MB, GB, TB).
 _BINARY_UNITS = {"": 1, "b": 1, "k": 1 << 10, "kib": 1 << 10, "m": 1 << 20, "mib": 1 << 20, "g": 1 << 30,

@@ -14,12 +14,13 @@ Owns: the eviction benchmark and the JSON it writes. Not a test (outside ``testp
   machine without CUDA this is CPU training over a host-backend space: the figures show the
   scheduler's and the copies' overhead on a CPU, not GPU behaviour.
 
-* predicted  - with ``--cost-model h100`` (host backend): the eviction and restore rates the
-  driver cost model (docs/cost-model.md) predicts for each configuration measured on an H100,
-  beside the measured figures and the relative error. Predictions, not measurements.
+* predicted  - with ``--cost-model h100|h200`` (host backend): the eviction and restore rates the
+  driver cost model (docs/cost-model.md) predicts for each configuration measured on that GPU
+  (lib/measured_rates.py), beside the measured figures and the relative error. Predictions, not
+  measurements.
 
 Run from the repository root:  python benchmarks/bench_evict.py [--quick] [--backend host|cuda]
-                               python benchmarks/bench_evict.py --backend host --cost-model h100
+                               python benchmarks/bench_evict.py --backend host --cost-model h100|h200
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from lib.path_check import PathNotTaken, check, failed, summary
+from lib.measured_rates import fitted_to, measured_rows, measured_source, pinned_gbps
 from lib.pinned_copy import pinned_copy_times
 from lib.provenance import git_info, machine_info
 from vtalloc.allocator import AddressSpace, backend_available
@@ -149,41 +151,20 @@ def reference_copy(backend: str, size: int, repeats: int) -> dict[str, Any]:
 
 
 # -- predicted GPU rates: the host backend under a driver cost model -------------------------
-# History, not reproducible (no raw data in the repository; BENCHMARKS.md "History, not
-# reproducible"): measured on an H100 (80GB HBM3), 2026-11-22, with `bench_evict.py --backend cuda`
-# (run 1: 256 MiB as above, and 1 GiB; run 2: 1 GiB, median of 4 offload+restore cycles in one
-# process), one handle per page, before extents. The model was fitted to these; the reproducible
-# comparison at default settings is BENCHMARKS.md "GPU figures (H100, 2026-11-26)" (raw JSON
-# benchmarks/results/evict-cuda-2026-11-26.json and evict-cuda-32MiB-2026-11-26.json).
-# (allocation bytes, page bytes, mode, evict GB/s, restore GB/s, run)
-MEASURED_H100 = (
-    (256 * MiB, 2 * MiB, "mapped", 16.8, 15.5, 1),
-    (256 * MiB, 2 * MiB, "copy", 33.3, 46.2, 1),
-    (1024 * MiB, 2 * MiB, "copy", 30.5, 42.1, 1),
-    (1024 * MiB, 32 * MiB, "copy", 52.0, 53.9, 1),
-    (1024 * MiB, 2 * MiB, "mapped", 15.8, 13.9, 2),
-    (1024 * MiB, 32 * MiB, "mapped", 34.4, 53.7, 2),
-    (1024 * MiB, 64 * MiB, "mapped", 37.1, 53.9, 2),
-    (1024 * MiB, 2 * MiB, "copy", 34.2, 49.6, 2),
-    (1024 * MiB, 32 * MiB, "copy", 51.9, 54.2, 2),
-    (1024 * MiB, 64 * MiB, "copy", 53.2, 54.3, 2),
-)
-# Figures two parameters of the model were fitted to (csrc/backend/testing/cost_model.cpp, kH100): their
-# predictions are not independent of the measurement.
-FITTED_TO = {
-    (1024 * MiB, 32 * MiB, "mapped", "evict"): "d2h_to_host_page_factor",
-    (256 * MiB, 2 * MiB, "mapped", "restore"): "host_page_unmap_extra_us",
-    (1024 * MiB, 2 * MiB, "mapped", "restore"): "host_page_unmap_extra_us",
-}
+# The measured figures each model is set beside, and which of them it was fitted to:
+# lib/measured_rates.py. The comparison at default settings on the H100 is BENCHMARKS.md "GPU
+# figures (H100, 2026-11-26)"; on the H200, "GPU figures (H200, 2026-11-28)".
 TARGET_REL_ERROR = 0.25
 
 
-def predict(cost_model: str, size: int, page: int, mode: str, repeats: int) -> dict[str, Any]:
+def predict(cost_model: str, size: int, page: int | None, mode: str, repeats: int) -> dict[str, Any]:
     """Eviction and restore of one `size` allocation on the host backend under `cost_model`,
-    timed by the modeled clock (deterministic: the host's own speed does not enter)."""
-    # extent_size=page: one handle per page, as the measured runs had (before extents).
-    with AddressSpace(backend="host", capacity=size + page, host_capacity=size + page, page_size=page,
-                      extent_size=page, evict_mode=mode, cost_model=cost_model) as space:
+    timed by the modeled clock (deterministic: the host's own speed does not enter). `page`:
+    one handle per page (extent_size=page), as the runs before extents had; None: default settings."""
+    kw: dict[str, Any] = {"page_size": page, "extent_size": page} if page else {}
+    room = size + (page or 2 * MiB)
+    with AddressSpace(backend="host", capacity=room, host_capacity=room, evict_mode=mode, cost_model=cost_model,
+                      **kw) as space:
         a = space.malloc(size)
         space.set_evictable(a)
         evict, restore = evict_restore_cycles(space, a, repeats, lambda: space.modeled_ns() / 1e9)
@@ -193,30 +174,30 @@ def predict(cost_model: str, size: int, page: int, mode: str, repeats: int) -> d
 
 
 def prediction(cost_model: str, quick: bool, repeats: int) -> dict[str, Any]:
-    """The measured H100 rows beside the rates the model predicts for the same configuration."""
+    """The rows measured on the model's GPU beside the rates the model predicts for the same
+    configuration (`quick`: allocations up to 256 MiB)."""
     rows, cache = [], {}
-    for size, page, mode, evict, restore, run in MEASURED_H100:
-        if quick and size > 256 * MiB:
+    for m in measured_rows(cost_model):
+        if quick and m.size > 256 * MiB:
             continue
-        key = (size, page, mode)
+        key = (m.size, m.page, m.mode)
         if key not in cache:
-            cache[key] = predict(cost_model, size, page, mode, repeats)
+            cache[key] = predict(cost_model, m.size, m.page, m.mode, repeats)
         p = cache[key]
-        row: dict[str, Any] = {"size_bytes": size, "page_bytes": page, "mode": mode, "measured_run": run}
-        for what, measured in (("evict", evict), ("restore", restore)):
+        row: dict[str, Any] = {"size_bytes": m.size, "page_bytes": m.page, "mode": m.mode, "measured_run": m.run}
+        for what, measured in (("evict", m.evict_gbps), ("restore", m.restore_gbps)):
             predicted = p[f"{what}_GBps"]
             err = predicted / measured - 1
             row[what] = {"measured_GBps": measured, "predicted_GBps": predicted, "rel_error": round(err, 3),
                          "within_target": abs(err) <= TARGET_REL_ERROR,
-                         "fitted_parameter": FITTED_TO.get((size, page, mode, what))}
+                         "fitted_parameter": fitted_to(cost_model, m, what)}
         rows.append(row)
     return {"cost_model": cost_model, "target_rel_error": TARGET_REL_ERROR, "modeled_repeats": repeats,
-            "measured_source": "measured on an H100 (80GB HBM3), 2026-11-22, bench_evict.py --backend cuda",
+            "measured_source": measured_source(cost_model),
             "rows": rows}
 
 
 SWEEP_PAGES = (2 * MiB, 8 * MiB, 32 * MiB, 64 * MiB, 128 * MiB, 256 * MiB)
-PINNED_GBPS_H100 = 54.9  # pinned cudaMemcpy, 256 MiB, measured on an H100 (80GB HBM3), 2026-11-22
 
 
 def modeled_cycle(cost_model: str, mode: str, size: int, repeats: int, **space_kw: Any) -> dict[str, Any]:
@@ -233,9 +214,10 @@ def modeled_cycle(cost_model: str, mode: str, size: int, repeats: int, **space_k
         space.free(a)
     calls = {k: (after[k] - before[k]) // repeats for k in ("map", "unmap", "set_access")}
     ev, re = gbps(size, median_s(evict)), gbps(size, median_s(restore))
+    pinned = pinned_gbps(cost_model)
     return {"mode": mode, "evict_GBps": round(ev, 2), "restore_GBps": round(re, 2),
-            "evict_pct_of_pinned": round(100 * ev / PINNED_GBPS_H100),
-            "restore_pct_of_pinned": round(100 * re / PINNED_GBPS_H100), "calls_per_cycle": calls}
+            "evict_pct_of_pinned": round(100 * ev / pinned["d2h"]),
+            "restore_pct_of_pinned": round(100 * re / pinned["h2d"]), "calls_per_cycle": calls}
 
 
 def handle_sweep(cost_model: str, size: int, repeats: int) -> list[dict[str, Any]]:
@@ -286,7 +268,8 @@ def print_prediction(pred: dict[str, Any]) -> None:
             mark = "*" if c["fitted_parameter"] else ("" if c["within_target"] else " !")
             cells.append(f"{c['measured_GBps']:>{10 if what == 'evict' else 12}.1f} {c['predicted_GBps']:>6.1f} "
                          f"{c['rel_error'] * 100:>+5.0f}%{mark}")
-        print(f"{r['size_bytes'] // MiB:>4}Mi {r['page_bytes'] // MiB:>3}Mi {r['mode']:6} {r['measured_run']:>3} | "
+        page = f"{r['page_bytes'] // MiB:>3}Mi" if r["page_bytes"] else "  def"
+        print(f"{r['size_bytes'] // MiB:>4}Mi {page} {r['mode']:6} {r['measured_run']:>3} | "
               + " | ".join(cells))
     print(f"GB/s; * = a parameter of the model was fitted to this figure; ! = beyond "
           f"{pred['target_rel_error']:.0%}")
@@ -367,9 +350,10 @@ def main() -> None:
     ap.add_argument("--out", default="benchmarks/results/evict-{backend}-{date}.json")
     ap.add_argument("--threads", default=1, type=int, help="torch CPU threads for the training part (1: least noise)")
     ap.add_argument("--note", action="append", default=[])
-    ap.add_argument("--cost-model", choices=["h100"], default=None,
+    ap.add_argument("--cost-model", choices=["h100", "h200"], default=None,
                     help="host backend only: predict the GPU's eviction rates from the driver cost model's "
-                         "modeled clock, beside the rates measured on it (--quick: the 256 MiB rows only)")
+                         "modeled clock, beside the rates measured on that GPU (--quick: allocations up to "
+                         "256 MiB only)")
     ap.add_argument("--handle-sweep", action="store_true",
                     help="with --cost-model: predict evict/restore of one --size allocation for page (handle) "
                          "sizes 2..256 MiB, with the driver calls per cycle")

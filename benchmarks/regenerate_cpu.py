@@ -71,6 +71,7 @@ SEGMENTS = "Segments against checkpointing (CPU; H100 modelled and predicted)"
 ATTACK = "The daemon under attack: another user's lease latency (host backend)"
 CHURN = "Churn: random-size tensors under a cap"
 EVICT_MODEL = "Predicted (host cost model): eviction on an H100"
+EVICT_MODEL_H200 = "Predicted (host cost model): eviction on an H200, refit to its runs"
 SIZES = "Predicted: in-place paged training at default settings"
 TRACES = "Memory on real models' allocation traces"
 HELDOUT = "The same bounds on models that are not in the repo"
@@ -166,6 +167,11 @@ COMMANDS: tuple[Command, ...] = (
             "--out benchmarks/results/evict-host-h100-model-{date}.json",
             "python benchmarks/bench_evict.py --backend host --cost-model h100 --quick "
             "--out benchmarks/results/evict-host-h100-model-{date}.json"),
+    Command("evict_model_h200", EVICT_MODEL_H200,
+            "python benchmarks/bench_evict.py --backend host --cost-model h200 "
+            "--out benchmarks/results/evict-host-h200-model-{date}.json",
+            "python benchmarks/bench_evict.py --backend host --cost-model h200 --quick "
+            "--out benchmarks/results/evict-host-h200-model-{date}.json"),
     Command("activation_sizes", SIZES,
             "python benchmarks/saved_activation_sizes.py --out benchmarks/results/saved_activation_sizes-{date}.json",
             "python benchmarks/saved_activation_sizes.py --models cnn,tiny_transformer --batches cnn=16,tiny_transformer=8 "

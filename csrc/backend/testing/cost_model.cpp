@@ -1,6 +1,6 @@
 // CostModelBackend implementation and the cost tables (see cost_model.hpp).
 //
-// Owns: the H100 table, the timeline rules, and make_cost_model_backend (the factory's
+// Owns: the H100 and H200 tables, the timeline rules, and make_cost_model_backend (the factory's
 // cost_model option: the host backend wrapped in the model). Calls not in the table (reserve, free_va,
 // stream and event creation, cuMemcpyAsync issue, cuStreamWaitEvent, cuEventSynchronize's and cuCtxSynchronize's own
 // cost, pinned host allocation, import and export) were not measured and cost 0 here.
@@ -45,6 +45,45 @@ constexpr DriverCosts kH100 = {
     36.0,
 };
 
+// Measured on an H200 (143,771 MiB), driver 580.159.04 (CUDA 13.0 driver API), 2026-11-28, by
+// benchmarks/probe_restore_overhead.py (run 2, benchmarks/results/restore_overhead-cuda-2026-11-28-run2.json):
+// the VMM calls through libcuda, one thread, median of 20, handle sizes 2/32/256 MiB; pinned
+// copies through torch timed by CUDA events at copy sizes 8/32/128/512 MiB. cuEventRecord and
+// cuEventQuery were not timed there: the H100's figures stand in for them.
+constexpr DriverCosts kH200 = {
+    {2, 32, 256, 0},
+    {17.2, 17.2, 25.3, 0},   // cuMemCreate
+    {3.6, 3.8, 4.5, 0},      // cuMemMap
+    {31.4, 50.4, 57.2, 0},   // cuMemSetAccess, per handle in the range
+    {21.0, 29.2, 31.4, 0},   // cuMemUnmap, per handle in the range
+    {15.4, 41.6, 153.6, 0},  // cuMemRelease
+    0.98,                    // cuEventRecord (the H100's)
+    0.56,                    // cuEventQuery (the H100's)
+    {8, 32, 128, 512},
+    {53.28, 54.83, 54.66, 55.15},  // D2H GB/s (CUDA events)
+    {51.68, 54.50, 54.65, 55.38},  // H2D GB/s (CUDA events)
+    // FITTED as on the H100 (see kH100): mapped-mode eviction at default settings measured
+    // 37.31 GB/s for 512 MiB (two 256 MiB handles) in the same run; solving the model for it
+    // gives D2H copies into host-located pages 0.69 of pinned (it then predicts 36.5 GB/s at
+    // 128 MiB, measured 36.8; 33.7 at 32 MiB, measured 34.0 and 29.9).
+    0.69,
+    // Not used on the H200: with extents, host pages are large and the mapped-mode restore's gap
+    // grows with the bytes, not the unmaps (0.6 ms per 256 MiB page), so it is a copy rate below.
+    0.0,
+    3,
+    4,
+    // DERIVED from the same run's pinned copies: one synchronous copy timed by the wall clock
+    // has a fixed cost 26.2 us (H2D) and 20.5 us (D2H) above the same copy timed by CUDA
+    // events (fits over the four sizes: 44.1 against 17.9 us, 30.5 against 10.0). That gap is
+    // issuing the copy plus waking the waiting thread; all of it is put on the wake-up here
+    // (issuing cuMemcpyAsync costs 0 in these tables), the middle of the two: 23 us.
+    23.0,
+    // FITTED: mapped-mode restore at default settings measured 47.51 GB/s for 512 MiB in the
+    // same run; solving the model for it gives H2D copies out of host-located pages 0.89 of
+    // pinned (solved the same way at 8, 32 and 128 MiB: 0.91, 0.93, 0.91).
+    0.89,
+};
+
 double interpolate(const double* xs_mib, const double* ys, int n, size_t bytes) {
   double x = std::log2(std::max<double>(static_cast<double>(bytes) / (1 << 20), 1e-9));
   if (x <= std::log2(xs_mib[0])) return ys[0];
@@ -75,17 +114,19 @@ const DriverCosts* driver_costs(int cost_model) {
   switch (cost_model) {
     case VTA_COST_MODEL_H100:
       return &kH100;
+    case VTA_COST_MODEL_H200:
+      return &kH200;
     default:
       return nullptr;
   }
 }
 
 double CostModelBackend::call_us(double (DriverCosts::*table)[DriverCosts::kSizePoints], size_t bytes) const {
-  return interpolate(costs_.handle_mib, costs_.*table, DriverCosts::kSizePoints, bytes);
+  return interpolate(costs_.handle_mib, costs_.*table, costs_.size_points, bytes);
 }
 
 double CostModelBackend::copy_gbps(size_t bytes, bool d2h) const {
-  return interpolate(costs_.copy_mib, d2h ? costs_.d2h_gbps : costs_.h2d_gbps, DriverCosts::kCopyPoints, bytes);
+  return interpolate(costs_.copy_mib, d2h ? costs_.d2h_gbps : costs_.h2d_gbps, costs_.copy_points, bytes);
 }
 
 uint64_t CostModelBackend::host_ns() const {
@@ -99,6 +140,19 @@ void CostModelBackend::run_on_stream_locked(StreamHandle s, double ns, double* l
   if (link) start = std::max(start, *link);
   tail = start + ns;
   if (link) *link = tail;
+}
+
+void CostModelBackend::wait_until_locked(double ns) {
+  if (ns <= host_ns_) return;  // nothing to wait for: the call returns at once
+  host_ns_ = ns;
+  charge_locked(costs_.wake_after_wait_us);
+}
+
+bool CostModelBackend::on_host_page_locked(uintptr_t addr) const {
+  auto it = mappings_.upper_bound(addr);
+  if (it == mappings_.begin()) return false;
+  --it;
+  return addr < it->first + it->second.bytes && it->second.where == PageLocation::host;
 }
 
 bool CostModelBackend::on_device_locked(uintptr_t addr) const {
@@ -184,6 +238,8 @@ Status CostModelBackend::copy(uintptr_t d, uintptr_t s, size_t b, StreamHandle s
     auto it = mappings_.upper_bound(d);
     if (it != mappings_.begin() && d < std::prev(it)->first + std::prev(it)->second.bytes)
       gbps *= costs_.d2h_to_host_page_factor;  // into a host-located VMM page (fitted)
+  } else if (on_host_page_locked(s)) {
+    gbps *= costs_.h2d_from_host_page_factor;  // out of a host-located VMM page (fitted)
   }
   run_on_stream_locked(st, static_cast<double>(b) / gbps, d2h ? &d2h_link_ns_ : &h2d_link_ns_);
   return r;
@@ -212,14 +268,16 @@ Status CostModelBackend::stream_destroy(StreamHandle s) {
 Status CostModelBackend::stream_synchronize(StreamHandle s) {
   Status r = inner_->stream_synchronize(s);
   std::lock_guard<std::mutex> lk(mu_);
-  host_ns_ = std::max(host_ns_, tail_locked(s));
+  wait_until_locked(tail_locked(s));
   return r;
 }
 
 Status CostModelBackend::device_synchronize() {
   Status r = inner_->device_synchronize();
   std::lock_guard<std::mutex> lk(mu_);
-  for (auto& [s, tail] : stream_tail_) host_ns_ = std::max(host_ns_, tail);  // every stream drained
+  double until = host_ns_;
+  for (auto& [s, tail] : stream_tail_) until = std::max(until, tail);  // every stream drained
+  wait_until_locked(until);
   return r;
 }
 
@@ -251,7 +309,7 @@ Status CostModelBackend::event_synchronize(EventHandle e) {
   Status r = inner_->event_synchronize(e);
   std::lock_guard<std::mutex> lk(mu_);
   auto it = event_at_.find(e);
-  if (it != event_at_.end()) host_ns_ = std::max(host_ns_, it->second);
+  if (it != event_at_.end()) wait_until_locked(it->second);
   return r;
 }
 

@@ -1,8 +1,8 @@
 // CostModelBackend: an adaptor over the host backend that keeps a modeled clock of what each
 // call would cost on a GPU, so paging work can be measured without one (docs/cost-model.md).
 //
-// Owns: the per-call cost table of a GPU (DriverCosts; H100 figures measured on an H100
-// (80GB HBM3), 2026-11-22), and the modeled timelines: one for the host (the calling thread),
+// Owns: the per-call cost tables of the GPUs measured (DriverCosts: an H100 (80GB HBM3),
+// 2026-11-22, and an H200, 2026-11-28), and the modeled timelines: one for the host (the calling thread),
 // one per stream, one per copy direction (the PCIe link each way), and the modeled completion
 // time of every event. The wrapped backend still does every call for real (bytes move); the
 // model only accounts time.
@@ -24,9 +24,9 @@
 
 namespace vta {
 
-// What one backend call costs, in microseconds, at handle sizes of kSizePoints; copy
-// bandwidths in GB/s at copy sizes of kCopyPoints. Between points: linear in log2(size);
-// outside: the nearest point.
+// What one backend call costs, in microseconds, at the first `size_points` handle sizes (at
+// most kSizePoints); copy bandwidths in GB/s at the first `copy_points` copy sizes. Between
+// points: linear in log2(size); outside: the nearest point.
 struct DriverCosts {
   static constexpr int kSizePoints = 4;
   double handle_mib[kSizePoints];
@@ -43,6 +43,15 @@ struct DriverCosts {
   // Added to each cuMemUnmap of a mapping of a host-located VMM page (mapped-mode restore).
   // FITTED, not measured per call: see kH100 in cost_model.cpp and docs/cost-model.md.
   double host_page_unmap_extra_us;
+  int size_points = kSizePoints;
+  int copy_points = kCopyPoints;
+  // Charged to the host after each blocking wait (event or stream synchronize, device
+  // synchronize) that had work to wait for: the time from the GPU finishing to the waiting
+  // thread running again. DERIVED, not measured per call: see kH200 in cost_model.cpp.
+  double wake_after_wait_us = 0;
+  // Host-to-device copies whose source is a host-located VMM page (mapped-mode restore) run at
+  // this fraction of the pinned H2D figure. FITTED: see kH200 in cost_model.cpp.
+  double h2d_from_host_page_factor = 1.0;
 };
 
 // The table of VTA_COST_MODEL_*; null for VTA_COST_MODEL_NONE or an unknown model.
@@ -90,7 +99,10 @@ class CostModelBackend final : public ForwardingBackend {
   void charge_locked(double us) { host_ns_ += us * 1e3; }
   double& tail_locked(StreamHandle s) { return stream_tail_[s]; }
   void run_on_stream_locked(StreamHandle s, double ns, double* link);
+  // A blocking wait for modeled time `ns`: the host timeline moves there, plus the wake-up.
+  void wait_until_locked(double ns);
   bool on_device_locked(uintptr_t addr) const;
+  bool on_host_page_locked(uintptr_t addr) const;  // inside a mapping of a host-located VMM page
 
   const DriverCosts& costs_;
   mutable std::mutex mu_;  // guards every field below

@@ -89,7 +89,7 @@ typedef struct vta_config {
 
 /* A driver cost model for the host backend: the bytes still move, and a modeled clock charges
  * each backend call what it cost on the named GPU (docs/cost-model.md). NONE: no model. */
-enum { VTA_COST_MODEL_NONE = 0, VTA_COST_MODEL_H100 = 1 };
+enum { VTA_COST_MODEL_NONE = 0, VTA_COST_MODEL_H100 = 1, VTA_COST_MODEL_H200 = 2 };
 
 /* Where an evicted page's bytes go. AUTO: MAPPED where the backend supports host-located
  * pages (CUDA >= 12.2 HOST_NUMA; always on host), else COPY. */
