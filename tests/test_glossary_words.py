@@ -4,6 +4,9 @@ Owns: the checks that hold docs/design.md's glossary decisions on these words:
 - the engine *evicts* and *restores* pages; a user asks it per allocation to *offload* (evict
   now), *prefetch* (start restoring) or *ensure resident* (restore and wait); every public name
   of the C headers for these requests is named in the glossary, so a new one is a decision;
+- the C ABI has one restore entry, ``vta_restore``: ``vta_prefetch`` and ``vta_ensure_resident``
+  are documented aliases in ``vtalloc.h``, each one call of it in ``capi.cpp``, do what it does,
+  and nothing in the tree calls them;
 - one victim policy (the core's ``VictimPolicy``), and three other choices of what gives up
   memory with their own words (give-back order, pressure targets, evict-behind), each used in
   the module that makes the choice; the Python above the core calls none of them a victim policy
@@ -18,14 +21,20 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from vtalloc.allocator import AddressSpace
+from vtalloc.allocator import AddressSpace, _native
+from vtalloc.allocator.errors import Status
 
 from test_glossary import glossary_terms
 
 ROOT = Path(__file__).resolve().parents[1]
 DESIGN = ROOT / "docs" / "design.md"
 HEADERS = [ROOT / "csrc" / "include" / "vtalloc" / "vtalloc.h", ROOT / "csrc" / "include" / "vtalloc" / "torch_shim.h"]
+CAPI = ROOT / "csrc" / "capi" / "capi.cpp"
+MiB = 1 << 20
 
+# The restore entry and its aliases: alias -> the flags of the vta_restore call it is.
+RESTORE_ENTRY = "vta_restore"
+RESTORE_ALIASES = {"vta_prefetch": "0", "vta_ensure_resident": "VTA_RESTORE_WAIT"}
 # The choices of what gives up memory: word -> what makes that choice (its file is found by it,
 # so a module moved or split keeps the check).
 CHOICES = {
@@ -94,6 +103,58 @@ def test_every_public_python_name_for_moving_bytes_is_in_the_glossary():
     missing = [p for p in named for stem, row in where.items()
                if stem in p.rsplit(".", 1)[1] and p.rsplit(".", 1)[1] not in row]
     assert not missing, f"public calls the glossary does not name: {missing}"
+
+
+def test_the_c_abi_has_one_restore_entry_and_documented_aliases():
+    entries = c_entries(HEADERS[0].read_text())
+    restores = {n: c for n, c in entries.items() if re.search(r"prefetch|ensure_resident|restore", n)}
+    primary = [n for n, c in restores.items() if not c.startswith("/* Alias of ")]
+    assert primary == [RESTORE_ENTRY], f"restore entries that are not documented as aliases: {primary}"
+    assert set(restores) - {RESTORE_ENTRY} == set(RESTORE_ALIASES)
+    capi = CAPI.read_text()
+    for alias, flags in RESTORE_ALIASES.items():
+        call = f"vta_restore(space, address, stream, use_stream, {flags})"
+        assert restores[alias].startswith(f"/* Alias of {call}"), (alias, restores[alias])
+        body = re.search(rf"vta_status_t {alias}\([^)]*\) \{{\n(.*?)\n\}}", capi, re.S)
+        assert body and body.group(1).strip() == f"return {call};", f"{alias} in capi.cpp is not one call of vta_restore"
+
+
+def test_nothing_in_the_tree_calls_the_aliases():
+    """The tree calls the restore entry; the aliases are for callers built against them."""
+    kept = {"csrc/include/vtalloc/vtalloc.h", "csrc/capi/capi.cpp", "allocator/_native.py"}
+    found = []
+    for top in ("allocator", "client", "server", "csrc", "benchmarks", "tests", "scripts"):
+        for p in (ROOT / top).rglob("*"):
+            rel = p.relative_to(ROOT).as_posix()
+            if p.suffix not in {".py", ".cpp", ".hpp", ".h", ".c"} or rel in kept or rel.startswith("tests/test_glossary"):
+                continue
+            for n, line in enumerate(p.read_text(errors="replace").splitlines(), 1):
+                if re.search(rf"\b({'|'.join(RESTORE_ALIASES)})\s*\(", line):
+                    found.append(f"{rel}:{n}: {line.strip()}")
+    assert not found, "call vta_restore (its flags), not an alias:\n" + "\n".join(found)
+
+
+def test_the_aliases_restore_as_the_entry_does():
+    with AddressSpace(backend="host", capacity=8 * MiB, host_capacity=8 * MiB) as space:
+        lib, h = space._lib, space._h()
+        a = space.malloc(2 * MiB)
+        space.write(a, b"\x5a" * 4096)
+        space.set_evictable(a)
+        space.offload(a)
+        space.synchronize()
+        assert space.residency(a) == "evicted"
+        assert lib.vta_prefetch(h, a, 0, 0) == Status.OK  # starts the restore, as vta_restore(..., 0)
+        space.synchronize()
+        assert space.residency(a) == "resident"
+        space.offload(a)
+        space.synchronize()
+        assert lib.vta_ensure_resident(h, a, 0, 0) == Status.OK  # waits, as vta_restore(..., WAIT)
+        assert space.residency(a) == "resident" and space.read(a, 4096) == b"\x5a" * 4096
+        for call in (lambda: lib.vta_prefetch(h, a + 1, 0, 0), lambda: lib.vta_ensure_resident(h, a + 1, 0, 0),
+                     lambda: lib.vta_restore(h, a + 1, 0, 0, 0)):
+            assert call() == Status.INVALID_ARGUMENT  # not an allocation: refused alike
+        assert lib.vta_restore(h, a, 0, 0, _native.RESTORE_WAIT << 2) == Status.INVALID_ARGUMENT
+        space.free(a)
 
 
 def test_each_choice_of_what_gives_up_memory_has_its_own_word():

@@ -94,7 +94,8 @@ VTA_API vta_status_t vta_torch_release_offloaded(int32_t device, uint32_t flags,
 /* Counters and the last failure message of one device (message may be NULL). */
 /* Residency of the allocation at `address` (a tensor's storage under enable()) on `device`:
  * the eviction engine's calls (vtalloc.h) for the shim's spaces. `stream`/`use_stream` as in
- * vta_prefetch; `out` receives VTA_RESIDENT/EVICTED/IN_FLIGHT for VTA_TORCH_OP_RESIDENCY. */
+ * vta_restore (OP_PREFETCH: without VTA_RESTORE_WAIT, OP_ENSURE_RESIDENT: with it); `out`
+ * receives VTA_RESIDENT/EVICTED/IN_FLIGHT for VTA_TORCH_OP_RESIDENCY. */
 enum {
   VTA_TORCH_OP_SET_EVICTABLE = 0, VTA_TORCH_OP_CLEAR_EVICTABLE = 1, VTA_TORCH_OP_OFFLOAD = 2,
   VTA_TORCH_OP_PREFETCH = 3, VTA_TORCH_OP_ENSURE_RESIDENT = 4, VTA_TORCH_OP_RESIDENCY = 5
