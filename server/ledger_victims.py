@@ -4,7 +4,7 @@ Owns: the daemon's pressure targets (``pick_victims``: principals above their gu
 minimum, most excess first) and the eviction tickets that record what was asked of whom.
 Each choice of what gives up memory has its own word (docs/design.md, "Glossary"): the core's
 VictimPolicy (csrc/evict/), a client's give-back order (client/pressure.py), the paged
-activations' evict-behind (allocator/torch/activation_paging.py), and these, across sessions.
+activations' evict-behind and make room (allocator/torch/), and these, across sessions.
 Invariants: pages already asked for are not asked again; the requester is never asked; a
 principal is never asked below its minimum; a ticket is judged at most once, and a miss is
 counted once (session and node).

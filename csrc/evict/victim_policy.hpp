@@ -6,14 +6,16 @@
 // The first and only implementation in the core is LruPolicy (lru_policy.hpp): least recently
 // used first.
 //
-// This is vtalloc's one victim policy (docs/design.md, "Glossary"). Three other choices of what
+// This is vtalloc's one victim policy (docs/design.md, "Glossary"). Four other choices of what
 // gives up memory work at a coarser grain above it, each with its own word and inputs:
 //  - the give-back order (client/pressure.py, evict_for_pressure): when the daemon asks a
 //    client for pages, free and cached pages first, then allocations offloaded;
 //  - the pressure targets (server/ledger_victims.py, Ledger.pick_victims): which sessions the
 //    daemon asks for pages, principals above their minimum, most excess first;
 //  - evict-behind (allocator/torch/activation_paging.py): in a training step, the oldest saved
-//    tensors over a byte budget, on the order recorded in iteration 0.
+//    tensors over a byte budget, on the order recorded in iteration 0;
+//  - make room (allocator/torch/activation_room.py): when the space refuses the pager a page,
+//    saved tensors backward has finished with, then those needed last.
 //
 // Invariants: each page is a candidate at most once; forget() and forget_range() of pages that
 // are not ones do nothing; forget_range() costs no step per page it spans (a freed or evicted
