@@ -166,9 +166,10 @@ _PROTOTYPES: _cabi.Prototypes = {
     "vta_set_evictable": (i32, [ctypes.c_void_p, u64, i32]),
     "vta_offload": (i32, [ctypes.c_void_p, u64]),
     "vta_offload_bytes": (i32, [ctypes.c_void_p, u64, _P(u64)]),
+    "vta_restore": (i32, [ctypes.c_void_p, u64, u64, i32, u32]),
+    # vta_restore's aliases (vtalloc.h), typed for old callers; nothing here calls them.
     "vta_prefetch": (i32, [ctypes.c_void_p, u64, u64, i32]),
     "vta_ensure_resident": (i32, [ctypes.c_void_p, u64, u64, i32]),
-    "vta_restore": (i32, [ctypes.c_void_p, u64, u64, i32, u32]),
     "vta_residency": (i32, [ctypes.c_void_p, u64, _P(i32)]),
     "vta_debug_inject_fault": (i32, [ctypes.c_void_p, i32, i32]),
     "vta_debug_inject_fault_after": (i32, [ctypes.c_void_p, i32, i32, i32]),

@@ -1,6 +1,7 @@
 """What a client does when the daemon asks it to evict: the one seam to the eviction engine.
 
-Owns: :func:`evict_for_pressure` (free pages for the daemon) and :func:`engine_counters`
+Owns: :func:`evict_for_pressure` (free pages for the daemon, in the give-back order: free and
+cached pages first, then evictable allocations offloaded) and :func:`engine_counters`
 (the eviction numbers a client reports). Both reach the eviction engine
 (``AddressSpace.offload`` / ``residency``, and the ``Stats`` fields ``evicted_bytes``,
 ``pages_evicted``, ``evictions``, ``restores``) only through ``getattr``, so they take any

@@ -1,12 +1,12 @@
 """The ledger's victims: whom the node asks for pages when it runs short, and the requests.
 
-Owns: the daemon's victim choice (``pick``: principals above their guaranteed
+Owns: the daemon's pressure targets (``pick``: principals above their guaranteed
 minimum, most excess first) and the eviction tickets that record what was asked of whom.
 Holds the books (ledger_books.py, where the tickets are) and the quotas (ledger_quotas.py,
 what each principal holds above its minimum).
-It is one of the project's four victim choices, each where its pages are: the core's LRU
-of away-able handles (csrc/evict/), a client's answer to a request (client/pressure.py),
-the paged activations' (allocator/torch/activation_paging.py), and this one, across sessions.
+Each choice of what gives up memory has its own word (docs/design.md, "Glossary"): the core's
+VictimPolicy (csrc/evict/), a client's give-back order (client/pressure.py), the paged
+activations' evict-behind and make room (allocator/torch/), and these, across sessions.
 Invariants: pages already asked for are not asked again; the requester is never asked; a
 principal is never asked below its minimum; a ticket is judged at most once, and a miss is
 counted once (session and node); every public method takes the books' lock.

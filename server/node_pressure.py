@@ -1,7 +1,7 @@
 """The node's pressure protocol: asking sessions to evict when the node runs short, judging
 them at their deadline, and killing a laggard when a guarantee needs it.
 
-Owns: eviction requests to sessions (the victims the ledger picks, ledger_victims.py),
+Owns: eviction requests to sessions (the pressure targets the ledger picks, ledger_victims.py),
 forced eviction (``vtalloc evict``), and the decision when one does not answer in time
 (Note [Missed eviction deadline]). Holds the ledger, the node's peers (node_peers.py), its
 changes (node_changes.py: waiting for pages to come back) and the loop's stall watch.

@@ -3,7 +3,8 @@
 Owns: a check over the prose of the docs (README.md, BENCHMARKS.md, RELIABILITY.md, docs/,
 benchmarks/'s notes) and the text of every source file (Python, C++, shell, deploy files),
 comments and strings included, that no word docs/design.md's glossary retires is used again:
-"slab" (small allocations are blocks like any other, on shared pages).
+"slab" (small allocations are blocks like any other, on shared pages), and the plurals "victim
+policies" / "victim choices" (one victim policy, the core's; the other choices have words of their own).
 Invariants: a retired word may still be *named*: written alone in quotes (``"slab"``, as the
 glossary's sentence that retires it and a historic result's column name do); any other use is a
 finding naming file and line. Raw result files (benchmarks/results/) are data and are not read;
@@ -19,6 +20,9 @@ ROOT = Path(__file__).resolve().parents[1]
 
 RETIRED = {
     "slab": "no slabs: small allocations are blocks like any other, on shared pages (docs/design.md, Glossary)",
+    "victim policies": "one victim policy, the core's; the other choices are the give-back order, the pressure "
+                       "targets and evict-behind (docs/design.md, Glossary)",
+    "victim choices": "say which: victim policy, give-back order, pressure targets or evict-behind",
 }
 SOURCE_DIRS = ("allocator", "server", "client", "csrc", "benchmarks", "tests", "docs", "deploy", "scripts", "schemas")
 SUFFIXES = {".md", ".py", ".cpp", ".hpp", ".h", ".sh", ".yaml", ".yml", ".toml", ".proto", ".json", ".service",
@@ -56,6 +60,10 @@ def test_the_check_sees_a_retired_word_and_lets_it_be_named():
         '"Pool" alone is not used, nor "slab" (small allocations are blocks)': 0,
         '| "slab" (now "shared"): bytes / tensors |': 0,
         "the `slabs` key of an old result file": 0,
+        "vtalloc has four victim policies; this is the one inside the core": 1,
+        "It is one of the project's four Victim Choices": 1,
+        'retired: "victim policies" and "victim choices"': 0,
+        "the core's victim policy (LruPolicy)": 0,
     }
     for line, expected in cases.items():
         assert len(findings("x.md", line)) == expected, line

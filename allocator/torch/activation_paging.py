@@ -6,11 +6,11 @@ iteration and follows within a byte budget, over records of three kinds (keep, p
 recompute: ``activation_records``).
 
 - Iteration 0 records the order in which saved tensors are packed (forward) and unpacked
-  (backward). Later iterations follow it: in forward, once the resident saved bytes exceed the
-  budget the oldest are offloaded (backward needs them last), walking a queue of the tensors
-  that may still hold resident bytes, so a pack costs the same however many came before; in
-  backward, each unpack waits for its tensor, then prefetches the next ones of the recorded
-  order while they fit in the budget. The copies run on the space's copy stream.
+  (backward). Later iterations follow it: evict-behind, in forward, once the resident saved
+  bytes exceed the budget, offloads the oldest (backward needs them last), walking a queue of
+  the tensors that may still hold resident bytes, so a pack costs the same however many came
+  before; prefetch-ahead, in backward: each unpack waits for its tensor, then prefetches the
+  next ones of the recorded order while they fit in the budget. All on the copy stream.
 - If an iteration packs a different sequence of tensors (count, shapes, dtypes), the schedule
   is dropped for that iteration (unpacks restore on demand) and the next one is recorded; if
   only backward unpacked the same tensors in another order, the plan stands, the order is learnt.

@@ -10,7 +10,7 @@ with the one it restored (``need``), which each later forward checks against the
 step that cannot fit fails at its forward, saying what it needs; the host pool running full
 (counted, and warned once per pager: saved tensors then stay resident beyond the budget).
 Invariants: a saved tensor in use (autograd's alias of it, or any view of it, alive) is never
-moved; the tensor being restored is never a victim; room is made only after the space refused,
+moved; the tensor being restored is never moved to make room; room is made only after the space refused,
 so a step that fits moves nothing more than the schedule does.
 """
 
@@ -88,7 +88,7 @@ class Room:
         target = nbytes + sched.pager.room()["page_bytes"]
         freed = 0
         with sched._lock:
-            for s in self._victims(exclude):
+            for s in self._room_candidates(exclude):
                 try:
                     moved = sched._offload_record(s)
                 except MemoryError:
@@ -100,7 +100,7 @@ class Room:
                     break
         return freed > 0
 
-    def _victims(self, exclude: Any) -> Any:
+    def _room_candidates(self, exclude: Any) -> Any:
         from ..activation_plan import PAGE
 
         sched = self.sched

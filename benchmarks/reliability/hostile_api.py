@@ -129,7 +129,7 @@ def c_abi(rounds: int, seed: int) -> Tally:
                 refused(f"free({a:#x})", lib.vta_free(h, a))
                 refused(f"size_of({a:#x})", lib.vta_size_of(h, a, ctypes.byref(out)))
                 refused(f"offload({a:#x})", lib.vta_offload(h, a))
-                refused(f"prefetch({a:#x})", lib.vta_prefetch(h, a, 0, 0))
+                refused(f"restore({a:#x})", lib.vta_restore(h, a, 0, 0, 0))
                 refused(f"set_evictable({a:#x})", lib.vta_set_evictable(h, a, 1))
             refused("size_of(null out)", lib.vta_size_of(h, live, None))
             for off, nb in ((0, n + 1), (n, 1), (U64 - 1, 2), (1, U64 - 1), (rng.randint(n, U64 - 1), 1)):

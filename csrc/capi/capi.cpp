@@ -218,14 +218,6 @@ vta_status_t vta_offload_bytes(vta_space_t* space, uint64_t address, uint64_t* m
   });
 }
 
-vta_status_t vta_prefetch(vta_space_t* space, uint64_t address, uint64_t stream, int32_t use_stream) {
-  return guarded([&] { open_space(space).prefetch(address, use_stream ? &stream : nullptr); });
-}
-
-vta_status_t vta_ensure_resident(vta_space_t* space, uint64_t address, uint64_t stream, int32_t use_stream) {
-  return guarded([&] { open_space(space).ensure_resident(address, use_stream ? &stream : nullptr); });
-}
-
 vta_status_t vta_restore(vta_space_t* space, uint64_t address, uint64_t stream, int32_t use_stream, uint32_t flags) {
   return guarded([&] {
     if (flags & ~(VTA_RESTORE_WAIT | VTA_RESTORE_TRY)) vta::fail(VTA_ERR_INVALID_ARGUMENT, "unknown vta_restore flags");
@@ -236,6 +228,15 @@ vta_status_t vta_restore(vta_space_t* space, uint64_t address, uint64_t stream, 
     else
       s.prefetch(address, consumer, !(flags & VTA_RESTORE_TRY));
   });
+}
+
+// The restore entry's aliases (vtalloc.h): one call each, so they cannot drift from it.
+vta_status_t vta_prefetch(vta_space_t* space, uint64_t address, uint64_t stream, int32_t use_stream) {
+  return vta_restore(space, address, stream, use_stream, 0);
+}
+
+vta_status_t vta_ensure_resident(vta_space_t* space, uint64_t address, uint64_t stream, int32_t use_stream) {
+  return vta_restore(space, address, stream, use_stream, VTA_RESTORE_WAIT);
 }
 
 vta_status_t vta_residency(vta_space_t* space, uint64_t address, int32_t* out) {

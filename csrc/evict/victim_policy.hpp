@@ -6,16 +6,16 @@
 // The first and only implementation in the core is LruPolicy (lru_policy.hpp): least recently
 // used first.
 //
-// vtalloc has four victim policies; this is the one inside the core, the other three choose
-// at a coarser grain above it, and each one's inputs differ:
-//  - the core's (this interface, LruPolicy): one address space under pressure of its own picks
-//    a resident handle, least recently used first (Residency::free_device_page);
-//  - the client's (client/pressure.py, evict_for_pressure): when the daemon asks a client for
-//    pages, which allocations of its spaces to offload (free and cached pages first);
-//  - the daemon's (server/ledger.py, Ledger.pick_victims): which sessions to ask for pages,
-//    principals above their minimum, most excess first;
-//  - paged activations' (allocator/torch/activation_paging.py, evict-behind): in a training step,
-//    the oldest saved tensors over a byte budget, on the order recorded in iteration 0.
+// This is vtalloc's one victim policy (docs/design.md, "Glossary"). Four other choices of what
+// gives up memory work at a coarser grain above it, each with its own word and inputs:
+//  - the give-back order (client/pressure.py, evict_for_pressure): when the daemon asks a
+//    client for pages, free and cached pages first, then allocations offloaded;
+//  - the pressure targets (server/ledger_victims.py, Ledger.pick_victims): which sessions the
+//    daemon asks for pages, principals above their minimum, most excess first;
+//  - evict-behind (allocator/torch/activation_paging.py): in a training step, the oldest saved
+//    tensors over a byte budget, on the order recorded in iteration 0;
+//  - make room (allocator/torch/activation_room.py): when the space refuses the pager a page,
+//    saved tensors backward has finished with, then those needed last.
 //
 // Invariants: each page is a candidate at most once; forget() and forget_range() of pages that
 // are not ones do nothing; forget_range() costs no step per page it spans (a freed or evicted

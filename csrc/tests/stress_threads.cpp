@@ -62,7 +62,7 @@ void worker(vta_space_t* space, int id, int steps) {
         ++g_failures;
     } else if (!live.empty() && r < 60) {
       const Live& l = live[rng() % live.size()];
-      vta_status_t s = (rng() % 2) ? vta_prefetch(space, l.addr, 0, 0) : vta_ensure_resident(space, l.addr, 0, 0);
+      vta_status_t s = vta_restore(space, l.addr, 0, 0, (rng() % 2) ? 0u : VTA_RESTORE_WAIT);
       if (l.tagged && paused ? s != VTA_ERR_PAUSED : s != VTA_OK && s != VTA_ERR_OUT_OF_MEMORY) ++g_failures;
     } else if (r < 65) {
       uint64_t moved = 0;

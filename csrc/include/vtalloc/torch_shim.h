@@ -91,10 +91,10 @@ VTA_API vta_status_t vta_torch_reset_peak_stats(int32_t device);
 VTA_API vta_status_t vta_torch_trim(int32_t device, uint64_t* out_released_bytes);
 /* vta_release_offloaded on the device's space (-1: every device). */
 VTA_API vta_status_t vta_torch_release_offloaded(int32_t device, uint32_t flags, uint64_t* out_released_bytes);
-/* Counters and the last failure message of one device (message may be NULL). */
 /* Residency of the allocation at `address` (a tensor's storage under enable()) on `device`:
  * the eviction engine's calls (vtalloc.h) for the shim's spaces. `stream`/`use_stream` as in
- * vta_prefetch; `out` receives VTA_RESIDENT/EVICTED/IN_FLIGHT for VTA_TORCH_OP_RESIDENCY. */
+ * vta_restore (OP_PREFETCH: without VTA_RESTORE_WAIT, OP_ENSURE_RESIDENT: with it); `out`
+ * receives VTA_RESIDENT/EVICTED/IN_FLIGHT for VTA_TORCH_OP_RESIDENCY. */
 enum {
   VTA_TORCH_OP_SET_EVICTABLE = 0, VTA_TORCH_OP_CLEAR_EVICTABLE = 1, VTA_TORCH_OP_OFFLOAD = 2,
   VTA_TORCH_OP_PREFETCH = 3, VTA_TORCH_OP_ENSURE_RESIDENT = 4, VTA_TORCH_OP_RESIDENCY = 5
@@ -104,6 +104,7 @@ VTA_API vta_status_t vta_torch_residency_op(int32_t device, int32_t op, uint64_t
 /* VTA_TORCH_OP_OFFLOAD that also reports *moved: the bytes of the allocation now on pages that are
  * away (a page it shares with an allocation not marked evictable stays resident; vta_offload_bytes). */
 VTA_API vta_status_t vta_torch_offload_bytes(int32_t device, uint64_t address, uint64_t* moved);
+/* Counters and the last failure message of one device (message may be NULL). */
 VTA_API vta_status_t vta_torch_failures(int32_t device, vta_torch_failures_t* out, char* message,
                                         uint64_t message_capacity);
 /* Regions under enable() (appended; vtalloc.h "Regions", docs/regions.md). The region tag that the

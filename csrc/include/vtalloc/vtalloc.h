@@ -278,16 +278,23 @@ VTA_API vta_status_t vta_set_evictable(vta_space_t* space, uint64_t address, int
 VTA_API vta_status_t vta_offload(vta_space_t* space, uint64_t address);
 /* The same; *moved: the bytes of the allocation now on pages that are away (being evicted, or evicted). */
 VTA_API vta_status_t vta_offload_bytes(vta_space_t* space, uint64_t address, uint64_t* moved);
-/* Start restoring the allocation's pages; `stream` (0 = the allocation's) waits for the copies. */
-VTA_API vta_status_t vta_prefetch(vta_space_t* space, uint64_t address, uint64_t stream, int32_t use_stream);
-/* Block until every page of the allocation is resident and mapped at its address. */
-VTA_API vta_status_t vta_ensure_resident(vta_space_t* space, uint64_t address, uint64_t stream, int32_t use_stream);
-/* vta_prefetch (flags without VTA_RESTORE_WAIT) or vta_ensure_resident (with it); VTA_RESTORE_TRY:
- * no device page to restore into fails without counting an OOM, as VTA_MALLOC_TRY. */
+/* Restore: bring the allocation's evicted pages back into device pages at the same addresses:
+ * the one restore entry. Without VTA_RESTORE_WAIT it starts the restores (asynchronous, on the
+ * copy stream; a prefetch) and orders `stream` after them (use_stream = 0: the allocation's own
+ * stream); with it, it blocks until every page of the allocation is resident and mapped at its
+ * address (ensure resident). VTA_RESTORE_TRY: no device page to restore into fails with
+ * VTA_ERR_OUT_OF_MEMORY without counting an OOM, as VTA_MALLOC_TRY. Other flag bits:
+ * VTA_ERR_INVALID_ARGUMENT. */
 #define VTA_RESTORE_WAIT 1u
 #define VTA_RESTORE_TRY 2u
 VTA_API vta_status_t vta_restore(vta_space_t* space, uint64_t address, uint64_t stream, int32_t use_stream,
                                  uint32_t flags);
+/* Alias of vta_restore(space, address, stream, use_stream, 0) (a prefetch), kept for callers
+ * built against it. */
+VTA_API vta_status_t vta_prefetch(vta_space_t* space, uint64_t address, uint64_t stream, int32_t use_stream);
+/* Alias of vta_restore(space, address, stream, use_stream, VTA_RESTORE_WAIT) (ensure resident),
+ * kept for callers built against it. */
+VTA_API vta_status_t vta_ensure_resident(vta_space_t* space, uint64_t address, uint64_t stream, int32_t use_stream);
 VTA_API vta_status_t vta_residency(vta_space_t* space, uint64_t address, int32_t* out);
 /* Tests only: make the next `times` calls of a backend operation fail (0 copy, 1 map,
  * 2 create_page, 3 set_access). */
