@@ -1,6 +1,7 @@
 // The C ABI (vtalloc.h) over AddressSpace.
 //
-// Owns: the vta_space entry points of vtalloc.h. Invariants: no exception crosses this
+// Owns: the vta_space entry points of vtalloc.h but the test ones (vta_debug_*: capi/testing/,
+// which production code never includes). Invariants: no exception crosses this
 // boundary: every entry point runs its body through `guarded()` (capi/guard.hpp, which also
 // holds the one thread-local last error of the whole C ABI), turning an Error (or anything
 // else) into a status code and a message.
