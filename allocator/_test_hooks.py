@@ -2,8 +2,9 @@
 
 Owns: fault injection, breaking the eviction engine's ordering rules on purpose, and the host
 backend's test streams and kernels (docs/design.md, "Test kernels"), each a thin, validated
-call into the core's ``vta_debug_*`` entry points. Mixed into :class:`AddressSpace`, which
-provides ``_lib`` and ``_h()``.
+call into the core's ``vta_debug_*`` entry points (csrc/capi/testing/, over the address space's
+test-facing wrapper, csrc/space/testing/). Mixed into :class:`AddressSpace`, which provides
+``_lib`` and ``_h()``.
 Invariants: every argument is checked before it crosses into C (a bad one is an
 InvalidArgumentError); nothing here changes a space unless a test asked for it.
 """

@@ -158,4 +158,8 @@ Status make_host_backend(const BackendOptions& options, std::unique_ptr<Backend>
 // The host backend under the modeled clock of options.cost_model (backend/testing/cost_model.cpp):
 // an unknown model, or a kind other than host, is VTA_ERR_INVALID_ARGUMENT.
 Status make_cost_model_backend(const BackendOptions& options, std::unique_ptr<Backend>* out);
+// The modeled host clock of `backend` if it is one make_cost_model_backend made (false, and
+// *out = 0, otherwise; backend/testing/cost_model.cpp). With make_cost_model_backend, the
+// one way production code reaches the cost model: by these two declarations, never an include.
+bool modeled_host_ns(const Backend& backend, uint64_t* out);
 }  // namespace vta

@@ -3,8 +3,9 @@
 // Owns: one counter per kind of call (DriverCall) that costs driver time: page create and
 // release, map, unmap, set access, copy, event record/query/synchronize, stream wait and
 // synchronize, reserve and free of virtual space. Every address space puts one directly over
-// its backend (under the fault injector), so every call of the space passes it: the page
-// table's, the eviction engine's, the host pool's, the event pool's.
+// its backend (under its extension's adaptor, the test fault injector: space/testing/), so
+// every call of the space passes it: the page table's, the eviction engine's, the host pool's,
+// the event pool's.
 // Invariants: a call is counted once when it is made, whatever it returns (a failed call cost
 // the driver too); a call refused by the fault injector above never reaches it and is not
 // counted. Counters only grow. Thread-safe (relaxed atomics: counts, not synchronization).

@@ -1,15 +1,14 @@
-// C ABI of the backend registry (vta_backends, vta_test_register_toy_backend in vtalloc.h).
+// C ABI of the backend registry (vta_backends in vtalloc.h; the tests' toy registration,
+// vta_test_register_toy_backend, is capi/testing/toy_backend_capi.cpp).
 //
 // Owns: nothing but the edge: each registry entry copied into a vta_backend_info_t (its
-// capabilities as VTA_BACKEND_CAP_* bits), and the tests' toy registration
-// (backend/testing/toy_backend.cpp). Invariant: the bits name the BackendCapabilities fields
-// one for one (backend.hpp).
+// capabilities as VTA_BACKEND_CAP_* bits). Invariant: the bits name the BackendCapabilities
+// fields one for one (backend.hpp).
 #include <algorithm>
 #include <cstring>
 #include <utility>
 
 #include "backend/backend_registry.hpp"
-#include "backend/testing/toy_backend.hpp"
 #include "capi/guard.hpp"
 #include "vtalloc/vtalloc.h"
 
@@ -46,15 +45,6 @@ vta_status_t vta_backends(vta_backend_info_t* out, uint64_t capacity, uint64_t* 
       out[i] = row;
     }
     *count = n;
-  });
-}
-
-vta_status_t vta_test_register_toy_backend(const char* name, int32_t* backend) {
-  return vta::capi::guarded([&] {
-    vta::capi::need(name, "name");
-    int kind = 0;
-    vta::check(vta::register_toy_backend(name, &kind));
-    if (backend) *backend = kind;
   });
 }
 

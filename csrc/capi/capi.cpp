@@ -1,6 +1,7 @@
 // The C ABI (vtalloc.h) over AddressSpace.
 //
-// Owns: the vta_space entry points of vtalloc.h. Invariants: no exception crosses this
+// Owns: the vta_space entry points of vtalloc.h but the test ones (vta_debug_*: capi/testing/,
+// which production code never includes). Invariants: no exception crosses this
 // boundary: every entry point runs its body through `guarded()` (capi/guard.hpp, which also
 // holds the one thread-local last error of the whole C ABI), turning an Error (or anything
 // else) into a status code and a message.
@@ -14,7 +15,6 @@
 #include "capi/guard.hpp"
 #include "capi/space_handle.hpp"
 #include "backend/counters.hpp"
-#include "backend/fault_guard.hpp"
 #include "vtalloc/vtalloc.h"
 
 
@@ -243,62 +243,6 @@ vta_status_t vta_residency(vta_space_t* space, uint64_t address, int32_t* out) {
   return guarded([&] {
     need(out, "output");
     *out = open_space(space).residency(address);
-  });
-}
-
-vta_status_t vta_debug_inject_fault(vta_space_t* space, int32_t op, int32_t times) {
-  return guarded([&] { open_space(space).inject_fault(op, times); });
-}
-
-vta_status_t vta_debug_inject_fault_after(vta_space_t* space, int32_t op, int32_t skip, int32_t times) {
-  return guarded([&] { open_space(space).inject_fault(op, times, skip); });
-}
-
-vta_status_t vta_debug_break_ordering(vta_space_t* space, uint32_t mask) {
-  return guarded([&] { open_space(space).break_ordering(mask); });
-}
-
-vta_status_t vta_debug_stream_create(vta_space_t* space, uint64_t* out_stream) {
-  return guarded([&] {
-    need(out_stream, "output");
-    *out_stream = open_space(space).create_stream();
-  });
-}
-
-vta_status_t vta_debug_stream_destroy(vta_space_t* space, uint64_t stream) {
-  return guarded([&] { open_space(space).destroy_stream(stream); });
-}
-
-vta_status_t vta_debug_stream_synchronize(vta_space_t* space, uint64_t stream) {
-  return guarded([&] { open_space(space).synchronize_stream(stream); });
-}
-
-vta_status_t vta_debug_run_kernel(vta_space_t* space, uint64_t stream, uint64_t address, uint64_t nbytes, int32_t kind,
-                                  uint64_t seed, uint64_t duration_ns) {
-  return guarded([&] { open_space(space).run_test_kernel(stream, address, nbytes, kind, seed, duration_ns); });
-}
-
-vta_status_t vta_debug_kernel_counters(vta_space_t* space, vta_kernel_counters_t* out) {
-  return guarded([&] {
-    need(out, "output");
-    *out = open_space(space).kernel_counters();
-  });
-}
-
-vta_status_t vta_debug_victim_counters(vta_space_t* space, uint64_t* out_candidate_pages,
-                                       uint64_t* out_entries_touched) {
-  return guarded([&] {
-    need(out_candidate_pages, "candidate pages output");
-    need(out_entries_touched, "entries touched output");
-    open_space(space).victim_counters(out_candidate_pages, out_entries_touched);
-  });
-}
-
-vta_status_t vta_debug_fault_totals(uint64_t* out_kernel_faults, uint64_t* out_copy_faults) {
-  return guarded([&] {
-    need(out_kernel_faults, "kernel faults output");
-    need(out_copy_faults, "copy faults output");
-    vta::guarded_fault_totals(out_kernel_faults, out_copy_faults);
   });
 }
 

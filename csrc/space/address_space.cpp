@@ -1,11 +1,14 @@
 // AddressSpace implementation: setup, teardown and the allocation entry points.
 //
-// Owns: the order of the steps of each entry point (which drains and releases come first), and
-// an allocation's "need a page": between the policy's steps, the engine frees a device page.
+// Owns: the order of the steps of each entry point (which drains and releases come first), an
+// allocation's "need a page": between the policy's steps, the engine frees a device page; and
+// the process's space extension factory (space_extension.hpp).
 // Invariants: those of address_space.hpp; close() waits for in-flight copies before the
-// events go, and for the test streams' kernels before any page is released.
+// events go, and tells the extension (whose test streams' kernels end then) before any page is
+// released.
 #include "space/address_space.hpp"
 
+#include <atomic>
 #include <string>
 
 #include "backend/counters.hpp"
@@ -13,6 +16,9 @@
 
 namespace vta {
 namespace {
+
+// Constant-initialized, so a factory set from another file's static initializer is never lost.
+std::atomic<SpaceExtensionFactory> g_extension_factory{nullptr};
 
 // An allocation in progress that an error ends (a driver call refused, in the policy or in the
 // engine) gives back what it holds: the handles taken, the runs mapped, its range. After done or
@@ -36,19 +42,34 @@ class PlacementUndo {
   AllocPolicy::Placement& p_;
 };
 
+// The chain over `calls`: the extension's adaptor when there is an extension, else calls itself.
+std::unique_ptr<Backend> adapted(SpaceExtension* extension, CallCountingBackend* calls) {
+  std::unique_ptr<Backend> counted(calls);
+  return extension ? extension->adapt(std::move(counted)) : std::move(counted);
+}
+
 }  // namespace
+
+SpaceExtensionFactory set_space_extension_factory(SpaceExtensionFactory factory) {
+  return g_extension_factory.exchange(factory);
+}
+
+SpaceExtensionFactory space_extension_factory() { return g_extension_factory.load(); }
 
 std::unique_ptr<AddressSpace> AddressSpace::create(const vta_config_t& config) {
   if (config.flags & ~VTA_CONFIG_LEASED) fail(VTA_ERR_INVALID_ARGUMENT, "unknown vta_config_t flags");
   check_space_bytes("reservation_size", config.reservation_bytes);  // capacity: make_page_geometry
   PageGeometry g = make_page_geometry(config);
-  return std::unique_ptr<AddressSpace>(new AddressSpace(std::move(g.backend), config, g.capacity_bytes, g.page_bytes));
+  SpaceExtensionFactory make_extension = space_extension_factory();
+  return std::unique_ptr<AddressSpace>(new AddressSpace(std::move(g.backend), make_extension ? make_extension() : nullptr,
+                                                        config, g.capacity_bytes, g.page_bytes));
 }
 
-AddressSpace::AddressSpace(std::unique_ptr<Backend> backend, const vta_config_t& config, uint64_t capacity,
-                           size_t page_bytes)
-    : calls_(new CallCountingBackend(std::move(backend))),
-      backend_(std::make_unique<FaultInjectingBackend>(std::unique_ptr<Backend>(calls_))),
+AddressSpace::AddressSpace(std::unique_ptr<Backend> backend, std::unique_ptr<SpaceExtension> extension,
+                           const vta_config_t& config, uint64_t capacity, size_t page_bytes)
+    : extension_(std::move(extension)),
+      calls_(new CallCountingBackend(std::move(backend))),
+      backend_(adapted(extension_.get(), calls_)),
       backend_kind_(backend_->kind()),
       backend_info_(find_backend(backend_kind_)),
       capabilities_(backend_->capabilities()),
@@ -206,11 +227,7 @@ void AddressSpace::close() {
   } catch (const Error& e) {
     keep(e);
   }
-  for (StreamHandle s : user_streams_) {  // test hooks: their kernels end before pages go
-    (void)backend_->stream_synchronize(s);
-    (void)backend_->stream_destroy(s);
-  }
-  user_streams_.clear();
+  if (extension_) extension_->closing(*backend_);  // before events and pages go (test streams' kernels end)
   events_.destroy_all();
   policy_.clear();
   regions_.clear();

@@ -1,13 +1,17 @@
 // AddressSpace: one paged virtual address space, the facade over the allocation policy and
 // the eviction engine.
 //
-// Owns: the backend (wrapped in a CallCountingBackend, then a FaultInjectingBackend), the PageTable and the EventPool of
-// one space; the allocation policy (csrc/alloc: live allocations, pending frees, the free
-// virtual space and the cached handles) and the eviction engine (csrc/evict: away pages, victim policy, host pool, copy
-// stream); the regions' totals; the streams the test hooks created; and the one mutex that guards all of it. Every
-// public method takes the mutex, so no part below is ever entered by two threads; no call
-// ever enters Python. The policy's order is in alloc/alloc_policy.hpp, the residency states
-// and the ordering rule (invariant 4) in evict/residency.hpp.
+// Owns, as members (composition: it inherits from nothing): the backend (under a
+// CallCountingBackend, and under its extension's adaptor when the process installed an
+// extension: space/space_extension.hpp), the PageTable and the EventPool of one space; the
+// allocation policy (csrc/alloc: live allocations, pending frees, the free virtual space and the
+// cached handles) and the eviction engine (csrc/evict: away pages, victim policy, host pool,
+// copy stream); the regions' totals; its extension, if any; and the one mutex that guards all of
+// it. Every public method takes the mutex, so no part below is ever entered by two threads; no
+// call ever enters Python. The policy's order is in alloc/alloc_policy.hpp, the residency states
+// and the ordering rule (invariant 4) in evict/residency.hpp. It has no test hook: what tests
+// reach (fault injection, broken ordering rules, test streams and kernels) is its extension's
+// (space/testing/), composed through with_parts.
 //
 // Invariants: every address is 512-byte aligned (pages are shared between allocations);
 // addresses never change (eviction included); a device page is unmapped only
@@ -25,10 +29,9 @@
 #include "backend/backend.hpp"
 #include "backend/backend_registry.hpp"
 #include "backend/call_counting.hpp"
-#include "backend/testing/cost_model.hpp"
-#include "backend/testing/fault_injection.hpp"
 #include "evict/residency.hpp"
 #include "space/regions.hpp"
+#include "space/space_extension.hpp"
 #include "vmm/event_pool.hpp"
 #include "vmm/page_table.hpp"
 #include "vtalloc/vtalloc.h"
@@ -72,27 +75,12 @@ class AddressSpace {
   void prefetch(uintptr_t address, const StreamHandle* stream, bool count_oom = true);
   void ensure_resident(uintptr_t address, const StreamHandle* stream, bool count_oom = true);
   int residency(uintptr_t address);
-  void inject_fault(int op, int times, int skip = 0);
-  // Test support: deliberately break one ordering rule (VTA_DEBUG_BREAK_* bits), to show
-  // that the stress tests catch it. Never set outside tests.
-  void break_ordering(uint32_t mask);
   // Regions (csrc/space/address_space_regions.cpp; docs/regions.md): the allocations carrying
   // one tag paused (off the device, addresses kept; discard: no copy) and resumed (all or
   // nothing; count_oom false: a try, as for malloc). The device page bytes moved.
   uint64_t pause_region(uint32_t region, bool discard);
   uint64_t resume_region(uint32_t region, bool count_oom = true);
   std::vector<vta_region_info_t> region_infos();
-  // Test hooks (csrc/space/address_space_test_hooks.cpp): streams of this space's own and
-  // test kernels on them (host backend only; see backend/testing/host_kernels.hpp).
-  StreamHandle create_stream();
-  void destroy_stream(StreamHandle stream);
-  void synchronize_stream(StreamHandle stream);
-  void run_test_kernel(StreamHandle stream, uintptr_t address, uint64_t nbytes, int kind, uint64_t seed,
-                       uint64_t duration_ns);
-  vta_kernel_counters_t kernel_counters();
-  // The victim policy's candidate pages now and the entries its calls touched so far (tests:
-  // what a free costs in the LRU).
-  void victim_counters(uint64_t* candidate_pages, uint64_t* entries_touched);
 
   // Leased mode (VTA_CONFIG_LEASED): pages come from the service, not from the backend.
   // A tag names one page held: a second import with the same tag is refused.
@@ -131,11 +119,25 @@ class AddressSpace {
   const BackendInfo& backend_info() const { return *backend_info_; }
   const BackendCapabilities& capabilities() const { return capabilities_; }
   int device() const { return device_; }
-  // The cost model's host clock (backend/testing/cost_model.hpp); false (and 0) without a cost model.
-  bool modeled_ns(uint64_t* out) { return modeled_host_ns(calls_->inner(), out); }  // the model sits under the counter
+  // The cost model's host clock (modeled_host_ns, backend.hpp); false (and 0) without a cost
+  // model (csrc/space/address_space_stats.cpp).
+  bool modeled_ns(uint64_t* out);
+
+  // Composition from outside (space/space_extension.hpp): the extension the installed factory
+  // made for this space (null: none), and `fn(SpaceParts&)` run on this space's parts under its
+  // lock, the space open (VTA_ERR_CLOSED otherwise); fn must not keep the parts.
+  SpaceExtension* extension() const { return extension_.get(); }
+  template <typename Fn>
+  decltype(auto) with_parts(Fn&& fn) {
+    std::lock_guard<std::mutex> lk(mu_);
+    check_open_locked();
+    SpaceParts parts{*backend_, policy_, residency_};
+    return fn(parts);
+  }
 
  private:
-  AddressSpace(std::unique_ptr<Backend> backend, const vta_config_t& config, uint64_t capacity, size_t page_bytes);
+  AddressSpace(std::unique_ptr<Backend> backend, std::unique_ptr<SpaceExtension> extension, const vta_config_t& config,
+               uint64_t capacity, size_t page_bytes);
 
   void check_open_locked() const;
   // The driver call counters of the stats (every call of this space passes calls_).
@@ -156,8 +158,9 @@ class AddressSpace {
   mutable std::mutex mu_;
   bool closed_ = false;
   bool leased_ = false;
-  CallCountingBackend* calls_;  // directly over the backend, under the fault injector; owned by backend_
-  std::unique_ptr<FaultInjectingBackend> backend_;
+  std::unique_ptr<SpaceExtension> extension_;  // null without an installed factory; declared before backend_
+  CallCountingBackend* calls_;  // directly over the backend, under the extension's adaptor; owned by backend_
+  std::unique_ptr<Backend> backend_;  // the chain: the extension's adaptor (if any) over calls_
   int backend_kind_;
   const BackendInfo* backend_info_;
   BackendCapabilities capabilities_;
@@ -169,7 +172,6 @@ class AddressSpace {
   AllocPolicy policy_;    // needs pages_, events_
   Residency residency_;   // needs policy_; the policy's ResidencyPort
   Regions regions_;       // the regions' totals (the tags are on the allocations, the paused pages the engine's)
-  std::vector<StreamHandle> user_streams_;  // test hooks: created by create_stream()
 };
 
 }  // namespace vta

@@ -4,8 +4,7 @@
 // Owns: nothing of its own; the argument checks of these entry points (a stream given is
 // one the backend knows).
 // Invariants: every entry point first completes the copies that finished
-// (drain_inflight(false)), so states read below are current; only break_ordering and
-// inject_fault touch test-only state.
+// (drain_inflight(false)), so states read below are current.
 #include "space/address_space.hpp"
 
 namespace vta {
@@ -77,22 +76,6 @@ int AddressSpace::residency(uintptr_t address) {
   std::lock_guard<std::mutex> lk(mu_);
   auto it = settled_live_locked(address);
   return residency_.residency_of(it->first, it->second.size);
-}
-
-void AddressSpace::inject_fault(int op, int times, int skip) {
-  if (op < 0 || op >= static_cast<int>(FaultOp::count) || times < 0 || skip < 0)
-    fail(VTA_ERR_INVALID_ARGUMENT, "inject_fault: unknown operation or negative count");
-  backend_->inject(static_cast<FaultOp>(op), times, skip);
-}
-
-void AddressSpace::break_ordering(uint32_t mask) {
-  constexpr uint32_t known = VTA_DEBUG_BREAK_QUIESCE | VTA_DEBUG_BREAK_COPY_ORDER | VTA_DEBUG_BREAK_FREE_WAIT;
-  if (mask & ~known) fail(VTA_ERR_INVALID_ARGUMENT, "break_ordering: unknown bits");
-  std::lock_guard<std::mutex> lk(mu_);
-  check_open_locked();
-  policy_.set_skip_free_wait((mask & VTA_DEBUG_BREAK_FREE_WAIT) != 0);
-  policy_.set_skip_quiesce((mask & VTA_DEBUG_BREAK_QUIESCE) != 0);  // an extent split's wait
-  residency_.set_debug_break(mask);
 }
 
 }  // namespace vta

@@ -1,8 +1,8 @@
 // AddressSpace introspection: stats, the page map and the list of allocations.
 //
 // Owns: the assembly of vta_stats_t from its parts (the policy's counters, the page table's,
-// the engine's, the driver calls the call-counting backend saw) and the state each page is
-// reported in.
+// the engine's, the driver calls the call-counting backend saw), the cost model's clock read
+// from under the counter, and the state each page is reported in.
 // Invariants: read-only but for completing finished copies (pages()) and sealing the open
 // pending frees (stats() and pages(): one event per stream that has some, then the completed
 // ones are released, so what they report is what any stream could reuse); a page is reported
@@ -53,6 +53,12 @@ void AddressSpace::fill_call_counts(vta_stats_t* s) const {
   s->num_device_synchronize_calls = c.calls(DriverCall::device_synchronize);
   s->num_reserve_calls = c.calls(DriverCall::reserve);
   s->num_free_va_calls = c.calls(DriverCall::free_va);
+}
+
+bool AddressSpace::modeled_ns(uint64_t* out) {
+  std::lock_guard<std::mutex> lk(mu_);
+  check_open_locked();  // close() released the chain calls_ sits in
+  return modeled_host_ns(calls_->inner(), out);  // the model sits under the counter
 }
 
 void AddressSpace::reset_peak_stats() {

@@ -42,23 +42,28 @@ PY_ONLY_THROUGH_EXEMPT = PY_LAYERS[-1]  # the CLI: every module of its layer
 
 # csrc directories, lowest first. compat/ (older glibc/libstdc++ symbol versions for the wheel,
 # including nothing of vtalloc's) and include/ (the public C ABI types) are below everything;
-# tests/ (native test programs) above everything. backend/testing/ (the backends' test and
-# model code: conformance, cost model, fault injection) is a room of its own just above the
-# real backends, so they cannot reach into it. torch/ is the core library's torch glue (the
-# shim's C ABI, the torch-native ABI, graph-private pools, capture parking, the c10 binding),
-# above capi/. torch_binding/ is a library of its own (built against the user's torch at
-# enable()); it calls the core through include/ only.
-CSRC_LAYERS = ("compat", "include", "backend", "backend/testing", "vmm", "alloc", "evict", "space", "capi", "torch",
-               "torch_binding", "tests")
+# tests/ (native test programs) above everything. Each testing/ room is test-facing code just
+# above its parent: backend/testing/ (the backends' test and model code: conformance, cost
+# model, fault injection, test kernels, the toy backend), space/testing/ (the address space's
+# test hooks: TestingSpace and the extension it keeps in each space) and capi/testing/ (the
+# test entry points of the C ABI: vta_debug_*, vta_test_*, the conformance report). No file
+# outside a testing/ room includes one (csrc_testing_findings): production code reaches test
+# code only through seams it declares itself (space/space_extension.hpp; the cost model's two
+# declarations in backend.hpp). torch/ is the core library's torch glue (the shim's C ABI, the
+# torch-native ABI, graph-private pools, capture parking, the c10 binding), above capi/.
+# torch_binding/ is a library of its own (built against the user's torch at enable()); it calls
+# the core through include/ only.
+CSRC_LAYERS = ("compat", "include", "backend", "backend/testing", "vmm", "alloc", "evict", "space", "space/testing",
+               "capi", "capi/testing", "torch", "torch_binding", "tests")
 # Rooms below csrc's top level: a file or include under one of these belongs to it, not to its parent.
-CSRC_SUBROOMS = ("backend/testing",)
+CSRC_SUBROOMS = ("backend/testing", "space/testing", "capi/testing")
 # The only directories that may define C ABI entry points (extern "C"): the core library's
-# capi/ and torch/ (the torch shim's and the torch-native ABI), and the torch binding's
+# capi/ (and its test entry points, capi/testing/) and torch/ (the torch shim's and the torch-native ABI), and the torch binding's
 # install.cpp (the entry points its own library exports).
 # compat/ (csrc/compat/glibc_symbols.cpp) defines C-linkage names too, but hidden ones: the
 # wrappers the linker's --wrap sends the core's glibc references to, never exported
 # (tests/test_packaging.py checks the built library).
-CSRC_C_ABI_DIRS = ("capi", "torch", "torch_binding", "compat")
+CSRC_C_ABI_DIRS = ("capi", "capi/testing", "torch", "torch_binding", "compat")
 # A room that may include only these files of a lower room. The eviction engine (evict/) reaches
 # the allocation policy (alloc/) only through the two interfaces alloc/ declares for it: the
 # port the policy calls the engine through, and the read-only PageUsers the engine asks about
@@ -247,6 +252,23 @@ def csrc_through_findings(edges: list[Edge]) -> list[str]:
         if allowed is not None and e.include not in allowed:
             out.append(f"{e.where}: {e.source}/ includes {e.include}; it may include only {', '.join(allowed)} "
                        f"of {e.target}/")
+    return out
+
+
+def is_test_facing(path: str) -> bool:
+    """A csrc path (a file, or an include as written) under a testing/ directory at any depth."""
+    return "testing" in Path(path).parts[:-1]
+
+
+def csrc_testing_findings(edges: list[Edge]) -> list[str]:
+    """An include of a file under a testing/ directory by a file under none (csrc/tests/, the
+    native test programs, aside): production code includes nothing test-facing. Read from the
+    paths, not the room tables, so a new testing/ directory is covered before it is ranked."""
+    out = []
+    for e in edges:
+        source = e.where.rsplit(":", 1)[0]
+        if is_test_facing(e.include) and not is_test_facing(source) and not source.startswith("csrc/tests/"):
+            out.append(f"{e.where}: includes {e.include}, test-facing code; only files under a testing/ directory may")
     return out
 
 

@@ -1,6 +1,6 @@
 // The driver-seam conformance check, run against a fresh backend (conformance.cpp).
 //
-// Owns: the one entry point of the check. The C ABI (capi/conformance_capi.cpp) only
+// Owns: the one entry point of the check. The C ABI (capi/testing/conformance_capi.cpp) only
 // copies the report out. Invariants: everything the check creates is released before it
 // returns; it never throws (every failure is a Status or a failed check in the report).
 #pragma once

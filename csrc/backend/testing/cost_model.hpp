@@ -114,7 +114,7 @@ class CostModelBackend final : public ForwardingBackend {
   std::map<uintptr_t, Mapping> mappings_;  // by address
 };
 
-// The host timeline of `backend` if it is a CostModelBackend (false otherwise).
-bool modeled_host_ns(const Backend& backend, uint64_t* out);
+// modeled_host_ns(backend, out) (declared in backend.hpp): the host timeline of `backend` if it
+// is a CostModelBackend (false otherwise).
 
 }  // namespace vta

@@ -1,7 +1,8 @@
 // FaultInjectingBackend: a decorator over any backend that fails chosen operations on demand.
 //
-// Owns: per-operation counters of failures still to inject. Every address space wraps its
-// backend in one (a disarmed injector only forwards), so tests can prove that a failure at
+// Owns: per-operation counters of failures still to inject. The test extension of every address
+// space (space/testing/testing_space.hpp) puts one over the space's backend, above its call
+// counter (a disarmed injector only forwards), so tests can prove that a failure at
 // any step of eviction or restore rolls back and loses no byte; a skip count lets a calls of
 // an operation pass before the failures, so a test can fail its Nth call (every call site of
 // a public operation in turn: benchmarks/soak.py). Thread-safe (under concurrent calls, which

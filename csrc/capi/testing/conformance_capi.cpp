@@ -1,7 +1,8 @@
 // C ABI of the driver-seam conformance check (vta_backend_conformance in vtalloc.h).
 //
 // Owns: nothing but the edge: the body runs under guarded(), the report is copied into the
-// caller's buffer (cut to fit, always NUL-terminated). The checks are backend/testing/conformance.cpp's.
+// caller's buffer (cut to fit, always NUL-terminated). The checks are backend/testing/conformance.cpp's;
+// a test-facing entry point, so it lives under capi/testing/ (only testing/ files include testing/ headers).
 #include <string>
 
 #include "backend/testing/conformance.hpp"
