@@ -1,8 +1,8 @@
 // AllocPolicy implementation.
 //
 // Owns: the order of an allocation's steps (begin_allocate, resume: which fit of which try comes
-// next), the take-handle order, where freed memory goes, and what the eviction engine may ask
-// (PageUsers); where a block goes and the mapping under it is alloc_policy_placement.cpp.
+// next), the take-handle order, where freed memory goes, and the notices it sends the eviction
+// engine (ResidencyPort); where a block goes and the mapping under it is alloc_policy_placement.cpp.
 // Invariants: the policy and its invariants are in alloc_policy.hpp.
 #include "alloc/alloc_policy.hpp"
 
@@ -10,7 +10,7 @@
 #include <cstddef>
 #include <string>
 
-#include "alloc/text.hpp"
+#include "blocks/text.hpp"
 
 namespace vta {
 namespace {
@@ -278,51 +278,6 @@ void AllocPolicy::retire(uintptr_t address, const Allocation& a, bool kept) {
 void AllocPolicy::record_stream(uintptr_t address, StreamHandle stream) {
   auto it = live_.find_live(address);
   uses_.record(address, it->second.stream, stream);
-}
-
-void AllocPolicy::add_live_streams(uintptr_t va, uint64_t bytes, std::vector<StreamHandle>* streams) const {
-  live_.for_each_in(va, bytes, [&](uintptr_t address, const Allocation& a) {
-    add_stream(streams, a.stream);
-    uses_.add_recorded(address, streams);
-  });
-}
-
-void AllocPolicy::add_freed_streams(const std::vector<uintptr_t>& vas, std::vector<StreamHandle>* streams) const {
-  pending_.add_streams_over(vas, streams);
-  uses_.add_streams_over(vas, streams);  // and a block freed after record_stream
-}
-
-bool AllocPolicy::evictable(uintptr_t va, uint64_t bytes, uintptr_t except) const {
-  bool any = false, all = true;
-  live_.for_each_in(va, bytes, [&](uintptr_t address, const Allocation& a) {
-    any = true;
-    if (address != except && (a.kept || !a.evictable)) all = false;
-  });
-  return any && all;
-}
-
-void AllocPolicy::live_ranges(uintptr_t va, uint64_t bytes, std::vector<ByteRange>* out) const {
-  out->clear();
-  live_.for_each_in(va, bytes, [&](uintptr_t address, const Allocation& a) {
-    uint64_t lo = std::max<uint64_t>(address, va);
-    uint64_t hi = std::min<uint64_t>(address + (a.kept ? a.size : std::max<uint64_t>(a.requested, 1)), va + bytes);
-    if (hi <= lo) return;
-    if (!out->empty() && out->back().offset + out->back().bytes >= lo - va) {
-      ByteRange& last = out->back();
-      last.bytes = std::max(last.offset + last.bytes, hi - va) - last.offset;
-    } else {
-      out->push_back({lo - va, hi - lo});
-    }
-  });
-}
-
-bool AllocPolicy::pausable(uintptr_t va, uint64_t bytes, uint32_t region) const {
-  bool any = false, all = true;
-  live_.for_each_in(va, bytes, [&](uintptr_t, const Allocation& a) {
-    any = true;
-    all = all && a.region == region;
-  });
-  return any && all;
 }
 
 void AllocPolicy::keep(uintptr_t address) {

@@ -4,7 +4,8 @@
 // and the cached handles of one address space, the order in which a device handle is obtained,
 // and the counters of OOMs and page reclaims. It knows nothing of eviction beyond the
 // ResidencyPort it is given (queries and notices only: it never asks the engine to free, evict
-// or map a page), and answers the engine's questions as PageUsers (read-only).
+// or map a page). It is never called by the engine: what the engine must know of the blocks it
+// reads from the records the policy keeps (BlockFacts, blocks/block_facts.hpp), as data.
 //
 // Every allocation is one block: 512-byte aligned, its size rounded up to 512 bytes, anywhere
 // in the free virtual space. Pages are mapped under blocks, and a page is held by every block
@@ -83,11 +84,11 @@
 
 #include "alloc/cached_handles.hpp"
 #include "alloc/free_space.hpp"
-#include "alloc/live_allocations.hpp"
-#include "alloc/page_users.hpp"
-#include "alloc/pending_frees.hpp"
-#include "alloc/residency_port.hpp"
-#include "alloc/stream_uses.hpp"
+#include "blocks/block_facts.hpp"
+#include "blocks/live_allocations.hpp"
+#include "blocks/pending_frees.hpp"
+#include "blocks/residency_port.hpp"
+#include "blocks/stream_uses.hpp"
 #include "vmm/event_pool.hpp"
 #include "vmm/page_geometry.hpp"
 #include "vmm/page_table.hpp"
@@ -102,7 +103,7 @@ constexpr uint64_t kMaxAllocationBytes = kMaxSpaceBytes;
 constexpr uint64_t kExtentMinBytes = 32ull << 20;
 constexpr uint64_t kDefaultExtentBytes = 256ull << 20;
 
-class AllocPolicy final : public PageUsers {
+class AllocPolicy final {
  public:
   struct Request {
     uint64_t requested;
@@ -235,12 +236,9 @@ class AllocPolicy final : public PageUsers {
   [[noreturn]] void throw_oom(uint64_t requested, const char* why = nullptr, bool count = true);
   static uint64_t round_up(uint64_t n, uint64_t to) { return (n + to - 1) / to * to; }
 
-  // PageUsers (for the eviction engine; read-only).
-  void add_live_streams(uintptr_t va, uint64_t bytes, std::vector<StreamHandle>* streams) const override;
-  void add_freed_streams(const std::vector<uintptr_t>& vas, std::vector<StreamHandle>* streams) const override;
-  bool evictable(uintptr_t va, uint64_t bytes, uintptr_t except = 0) const override;
-  void live_ranges(uintptr_t va, uint64_t bytes, std::vector<ByteRange>* out) const override;
-  bool pausable(uintptr_t va, uint64_t bytes, uint32_t region) const override;
+  // The blocks' records read as data (the eviction engine is handed this; the policy keeps the
+  // records current and is never called back).
+  const BlockFacts& facts() const { return facts_; }
 
   LiveAllocations& live() { return live_; }
   const LiveAllocations& live() const { return live_; }
@@ -391,6 +389,7 @@ class AllocPolicy final : public PageUsers {
   LiveAllocations live_;
   PendingFrees pending_;
   StreamUses uses_;
+  BlockFacts facts_{live_, pending_, uses_};  // after the records it reads
   FreeSpace free_;
   CachedHandles cached_;
   bool skip_free_wait_ = false;

@@ -28,7 +28,7 @@
 #include <utility>
 
 #include "alloc/alloc_policy.hpp"
-#include "alloc/text.hpp"
+#include "blocks/text.hpp"
 
 namespace vta {
 namespace {
@@ -61,10 +61,10 @@ uint64_t AllocPolicy::room_pages() const {
 
 std::vector<StreamHandle> AllocPolicy::streams_over(uintptr_t va, uint64_t bytes) const {
   std::vector<StreamHandle> streams;
-  add_live_streams(va, bytes, &streams);
+  facts_.add_live_streams(va, bytes, &streams);
   std::vector<uintptr_t> vas;
   for (uintptr_t p = va; p < va + bytes; p += page_bytes_) vas.push_back(p);
-  add_freed_streams(vas, &streams);
+  facts_.add_freed_streams(vas, &streams);
   return streams;
 }
 

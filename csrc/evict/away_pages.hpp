@@ -16,7 +16,7 @@
 #include <unordered_map>
 #include <vector>
 
-#include "alloc/page_users.hpp"
+#include "blocks/block_facts.hpp"
 #include "backend/backend.hpp"
 #include "evict/host_pool.hpp"
 

@@ -31,16 +31,16 @@ bool choose_mapped_mode(const vta_config_t& config, Backend& backend) {
 }  // namespace
 
 Residency::Residency(const vta_config_t& config, Backend& backend, PageTable& pages, EventPool& events,
-                     const PageUsers& users, uint64_t capacity)
+                     const BlockFacts& facts, uint64_t capacity)
     : backend_(backend),
       pages_(pages),
-      users_(users),
+      facts_(facts),
       page_bytes_(pages.page_bytes()),
       mapped_mode_(choose_mapped_mode(config, backend)),
       host_pool_(backend, page_bytes_,
                  config.host_capacity_bytes ? config.host_capacity_bytes : HostPool::default_capacity(capacity),
                  mapped_mode_),
-      order_(backend, events, users, page_bytes_),
+      order_(backend, events, facts, page_bytes_),
       window_(backend, page_bytes_, capacity),
       away_(page_bytes_) {}
 
@@ -65,7 +65,7 @@ bool Residency::evict_page(uintptr_t page, bool wait) {
   std::vector<ByteRange> live;
   EventHandle done = 0;
   try {
-    users_.live_ranges(va, bytes, &live);
+    facts_.live_ranges(va, bytes, &live);
     done = order_.copy_out(va, bytes, slots, live);  // after the last use of every allocation on it
   } catch (...) {
     host_pool_.release(slots);  // the handle stays resident, untouched

@@ -10,11 +10,13 @@
 //  - RestoreWindow (restore_window.*): mapped mode's window where restores fill device handles;
 //  - EvictionCounters (eviction_counters.hpp): the totals of the stats;
 //  - VictimPolicy (victim_policy.hpp; LruPolicy, lru_policy.hpp): the order of the victims.
-// What it needs to know of the blocks over a page (their streams, whether they may be
-// evicted) it asks through PageUsers, which only answers; the device handles it restores into
-// are given to it (the space obtains them from the policy), and it frees a device page only when
-// the space asks (free_device_page), never for the policy from inside it: calls go one way,
-// into the engine. Every call is made under the address space's lock.
+// What it needs to know of the blocks over a page (their streams, which bytes hold data,
+// whether they may be evicted or paused) it reads as data from BlockFacts (blocks/
+// block_facts.hpp: the records the policy keeps current, read-only here); it never calls the
+// policy and includes nothing of csrc/alloc (tests/test_one_way_loop.py). The device handles it
+// restores into are given to it (the space obtains them from the policy), and it frees a device
+// page only when the space asks (free_device_page), never for the policy from inside it: calls
+// go one way, into the engine. Every call is made under the address space's lock.
 //
 // One class in three .cpp files, and why: the transitions (residency.cpp), the work asked for
 // one allocation (residency_ops.cpp) and victim choice (residency_victims.cpp) call each other
@@ -57,9 +59,9 @@
 #include <memory>
 #include <vector>
 
-#include "alloc/page_users.hpp"
-#include "alloc/residency_port.hpp"
 #include "backend/backend.hpp"
+#include "blocks/block_facts.hpp"
+#include "blocks/residency_port.hpp"
 #include "evict/away_pages.hpp"
 #include "evict/eviction_counters.hpp"
 #include "evict/host_pool.hpp"
@@ -80,7 +82,7 @@ class Residency final : public ResidencyPort {
   using State = AwayPage::State;
 
   // Validates evict_mode, chooses the mode and sizes the host pool; throws Error.
-  Residency(const vta_config_t& config, Backend& backend, PageTable& pages, EventPool& events, const PageUsers& users,
+  Residency(const vta_config_t& config, Backend& backend, PageTable& pages, EventPool& events, const BlockFacts& facts,
             uint64_t capacity);
   Residency(const Residency&) = delete;
   Residency& operator=(const Residency&) = delete;
@@ -271,7 +273,7 @@ class Residency final : public ResidencyPort {
 
   Backend& backend_;
   PageTable& pages_;
-  const PageUsers& users_;
+  const BlockFacts& facts_;
   size_t page_bytes_;
   bool mapped_mode_;
   HostPool host_pool_;

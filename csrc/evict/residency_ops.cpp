@@ -80,7 +80,7 @@ uint64_t Residency::offload(uintptr_t start, uint64_t bytes) {
   for_each_handle_to_move(
       start, bytes, [](uintptr_t) {},  // evicting or evicted already
       [&](int32_t, uintptr_t h, uint64_t hb) {
-        if (!users_.evictable(h, hb, start)) {
+        if (!facts_.evictable(h, hb, start)) {
           kept_back = true;
         } else if (!evict_page(h, false)) {
           fail(VTA_ERR_HOST_POOL_EXHAUSTED, "host pool exhausted: " + std::to_string(host_pool_.used_bytes()) +

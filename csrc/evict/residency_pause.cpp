@@ -43,12 +43,12 @@ Residency::PauseResult Residency::pause(const std::vector<std::pair<uintptr_t, u
         start, bytes,
         [&](uintptr_t first) {
           // Offloaded before: it joins the pause when only the region's blocks lie on it too.
-          if ((joined.empty() || joined.back() != first) && users_.pausable(first, bytes_of(away_.at(first)), region))
+          if ((joined.empty() || joined.back() != first) && facts_.pausable(first, bytes_of(away_.at(first)), region))
             joined.push_back(first);
         },
         [&](int32_t id, uintptr_t h, uint64_t hb) {
           if (!leaving.empty() && leaving.back().va == h) return;  // the handle the previous allocation ended on
-          if (users_.pausable(h, hb, region))
+          if (facts_.pausable(h, hb, region))
             leaving.push_back(Leaving{h, id, pages_.pages_of(id)});
           else
             r.kept_bytes += overlap(start, start + bytes, h, h + hb);

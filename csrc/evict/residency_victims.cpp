@@ -15,7 +15,7 @@ namespace vta {
 
 // A resident, evictable page is a candidate, used now; anything else is not one.
 void Residency::note_page(uintptr_t va) {
-  if (away_.first_of(va) || pages_.page_at(va) < 0 || !users_.evictable(va, page_bytes_)) {
+  if (away_.first_of(va) || pages_.page_at(va) < 0 || !facts_.evictable(va, page_bytes_)) {
     victims_->forget(va);
     return;
   }
@@ -71,7 +71,7 @@ bool Residency::evict_victim(const Kept& kept) {
     uintptr_t h = pages_.address_of(id);
     uint64_t hb = pages_.bytes_of(id);
     if (kept.overlaps(h, hb)) return false;  // under the allocation being made resident, or the block being placed
-    if (hb > page_bytes_ && !users_.evictable(h, hb)) return false;  // another page of it holds data that must stay
+    if (hb > page_bytes_ && !facts_.evictable(h, hb)) return false;  // another page of it holds data that must stay
     uint32_t npages = pages_.pages_of(id);
     if (!evict_page(va, true)) return true;  // host pool full: stop, nothing evicted
     counters_.pressure_evicted(npages);  // counted in pages, as evictions are

@@ -3,7 +3,7 @@
 //
 // Owns: nothing beyond stream_order.hpp's.
 // Invariants: those of stream_order.hpp; the waits for one copy are queued before the copy, in
-// the order PageUsers names the streams.
+// the order BlockFacts names the streams.
 #include "evict/stream_order.hpp"
 
 #include <algorithm>
@@ -45,7 +45,7 @@ EventHandle StreamOrder::copy_out(uintptr_t va, uint64_t bytes, const HostPool::
   // Order the copy after the last use: an event on every stream of the handle's allocations
   // (their own and those recorded on them with record_stream).
   std::vector<StreamHandle> streams;
-  if (!broken(VTA_DEBUG_BREAK_COPY_ORDER)) users_.add_live_streams(va, bytes, &streams);
+  if (!broken(VTA_DEBUG_BREAK_COPY_ORDER)) facts_.add_live_streams(va, bytes, &streams);
   for (StreamHandle s : streams) events_.record_then_wait(s, cs);
   copy_slots(va, slots, live, /*to_host=*/true, cs);
   // The copy is queued; if no event records its end, wait for it so the slot is not reused under it.
@@ -63,7 +63,7 @@ void StreamOrder::copy_runs(const std::vector<CopyRuns::Run>& runs, bool to_host
   StreamHandle cs = stream();
   if (to_host && !broken(VTA_DEBUG_BREAK_COPY_ORDER)) {
     std::vector<StreamHandle> streams;
-    for (auto [va, bytes] : after) users_.add_live_streams(va, bytes, &streams);
+    for (auto [va, bytes] : after) facts_.add_live_streams(va, bytes, &streams);
     for (StreamHandle s : streams) events_.record_then_wait(s, cs);
   }
   for (const CopyRuns::Run& r : runs) {
@@ -86,12 +86,12 @@ void StreamOrder::quiesce(const std::vector<Span>& spans) {
   std::vector<uintptr_t> pages;  // every virtual page of these away pages
   for (const Span& s : spans) {
     for (uint32_t k = 0; k < s.npages; ++k) pages.push_back(s.va + k * page_bytes_);
-    users_.add_live_streams(s.va, uint64_t{s.npages} * page_bytes_, &streams);
+    facts_.add_live_streams(s.va, uint64_t{s.npages} * page_bytes_, &streams);
     if (s.consumers)
       for (StreamHandle c : *s.consumers) add_stream(&streams, c);
   }
   // A freed block's work may still run until its free completes (pending, or after record_stream).
-  users_.add_freed_streams(pages, &streams);
+  facts_.add_freed_streams(pages, &streams);
   for (StreamHandle s : streams) events_.record_then_sync(s);
 }
 

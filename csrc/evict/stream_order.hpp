@@ -6,7 +6,7 @@
 // copy after events recorded on every stream of the page's allocations, a restore's consumer
 // after the copy, and the host wait before a mapping change (quiesce); and the test bits that
 // break those rules on purpose (VTA_DEBUG_BREAK_QUIESCE, VTA_DEBUG_BREAK_COPY_ORDER). What it
-// must know of the streams over a page it asks through PageUsers, which only answers.
+// must know of the streams over a page it reads from BlockFacts (data the policy keeps current).
 // Invariants: a copy is queued only after the waits that order it are queued; every copy's
 // end is recorded by an event, or waited for on the host when the record fails, so a slot is
 // never reused under a running copy; quiesce() returns only when work queued so far on every
@@ -16,8 +16,8 @@
 #include <cstdint>
 #include <vector>
 
-#include "alloc/page_users.hpp"
 #include "backend/backend.hpp"
+#include "blocks/block_facts.hpp"
 #include "evict/copy_runs.hpp"
 #include "evict/host_pool.hpp"
 #include "vmm/event_pool.hpp"
@@ -27,8 +27,8 @@ namespace vta {
 
 class StreamOrder {
  public:
-  StreamOrder(Backend& backend, EventPool& events, const PageUsers& users, size_t page_bytes)
-      : backend_(backend), events_(events), users_(users), page_bytes_(page_bytes) {}
+  StreamOrder(Backend& backend, EventPool& events, const BlockFacts& facts, size_t page_bytes)
+      : backend_(backend), events_(events), facts_(facts), page_bytes_(page_bytes) {}
   StreamOrder(const StreamOrder&) = delete;
   StreamOrder& operator=(const StreamOrder&) = delete;
 
@@ -84,7 +84,7 @@ class StreamOrder {
 
   Backend& backend_;
   EventPool& events_;
-  const PageUsers& users_;
+  const BlockFacts& facts_;
   size_t page_bytes_;
   StreamHandle stream_ = 0;
   bool made_ = false;

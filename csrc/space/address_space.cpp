@@ -79,7 +79,7 @@ AddressSpace::AddressSpace(std::unique_ptr<Backend> backend, std::unique_ptr<Spa
       pages_(*backend_, page_bytes, capacity),
       events_(*backend_),
       policy_(config, *backend_, pages_, events_, capacity),  // validates small_threshold first
-      residency_(config, *backend_, pages_, events_, policy_, capacity),
+      residency_(config, *backend_, pages_, events_, policy_.facts(), capacity),
       regions_(page_bytes) {
   if (!backend_info_) fail(VTA_ERR_INTERNAL, "the backend's kind " + std::to_string(backend_kind_) + " is not registered");
   policy_.set_port(&residency_);

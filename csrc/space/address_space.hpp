@@ -4,9 +4,10 @@
 // Owns, as members (composition: it inherits from nothing): the backend (under a
 // CallCountingBackend, and under its extension's adaptor when the process installed an
 // extension: space/space_extension.hpp), the PageTable and the EventPool of one space; the
-// allocation policy (csrc/alloc: live allocations, pending frees, the free virtual space and the
+// allocation policy (csrc/alloc: the block records of csrc/blocks, the free virtual space and the
 // cached handles) and the eviction engine (csrc/evict: away pages, victim policy, host pool,
-// copy stream); the regions' totals; its extension, if any; and the one mutex that guards all of
+// copy stream), which it hands the policy's BlockFacts to read (the engine never calls the
+// policy); the regions' totals; its extension, if any; and the one mutex that guards all of
 // it. Every public method takes the mutex, so no part below is ever entered by two threads; no
 // call ever enters Python. The policy's order is in alloc/alloc_policy.hpp, the residency states
 // and the ordering rule (invariant 4) in evict/residency.hpp. It has no test hook: what tests
@@ -170,7 +171,7 @@ class AddressSpace {
   PageTable pages_;
   EventPool events_;
   AllocPolicy policy_;    // needs pages_, events_
-  Residency residency_;   // needs policy_; the policy's ResidencyPort
+  Residency residency_;   // reads policy_.facts(); the policy's ResidencyPort
   Regions regions_;       // the regions' totals (the tags are on the allocations, the paused pages the engine's)
 };
 

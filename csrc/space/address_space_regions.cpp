@@ -14,7 +14,7 @@
 #include <string>
 
 #include "alloc/region_tags.hpp"
-#include "alloc/text.hpp"
+#include "blocks/text.hpp"
 #include "space/address_space.hpp"
 
 namespace vta {
@@ -70,7 +70,7 @@ std::vector<std::pair<uintptr_t, uint64_t>> AddressSpace::settled_region_locked(
   // captured on one of them, and its mapping changes would land under the capture: refused.
   if (capabilities_.can_capture) {
     std::vector<StreamHandle> streams;
-    for (auto [start, bytes] : spans) policy_.add_live_streams(start, bytes, &streams);
+    for (auto [start, bytes] : spans) policy_.facts().add_live_streams(start, bytes, &streams);
     for (StreamHandle st : streams) {
       bool capturing = false;
       (void)Backend::stream_is_capturing(backend_kind_, st, &capturing);  // false when it cannot be asked

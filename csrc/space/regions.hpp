@@ -5,7 +5,7 @@
 // allocations (which carry the tags) and the engine's away pages (which are paused or not).
 // Invariants: the totals only grow; a row is listed for every tag that an allocation here carries
 // or that was paused or resumed here; a paused page lies under blocks of one region only
-// (PageUsers::pausable), so its page and host bytes are counted for that region alone. Every
+// (BlockFacts::pausable), so its page and host bytes are counted for that region alone. Every
 // call is made under the address space's lock.
 #pragma once
 
@@ -14,7 +14,7 @@
 #include <map>
 #include <vector>
 
-#include "alloc/live_allocations.hpp"
+#include "blocks/live_allocations.hpp"
 #include "evict/residency.hpp"
 #include "vtalloc/vtalloc.h"
 

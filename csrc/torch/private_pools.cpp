@@ -8,7 +8,7 @@
 #include <algorithm>
 #include <string>
 
-#include "alloc/text.hpp"
+#include "blocks/text.hpp"
 
 namespace vta::capi {
 namespace {

@@ -15,7 +15,7 @@
 #include <string>
 #include <vector>
 
-#include "alloc/text.hpp"
+#include "blocks/text.hpp"
 #include "backend/context_guard.hpp"
 #include "capi/guard.hpp"
 #include "torch/torch_shim_state.hpp"

@@ -24,7 +24,7 @@
 #include "torch/capture_parking.hpp"
 #include "capi/guard.hpp"
 #include "torch/torch_shim_state.hpp"
-#include "alloc/text.hpp"
+#include "blocks/text.hpp"
 
 namespace vta::capi::torch {
 

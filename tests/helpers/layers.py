@@ -42,7 +42,8 @@ PY_ONLY_THROUGH_EXEMPT = PY_LAYERS[-1]  # the CLI: every module of its layer
 
 # csrc directories, lowest first. compat/ (older glibc/libstdc++ symbol versions for the wheel,
 # including nothing of vtalloc's) and include/ (the public C ABI types) are below everything;
-# tests/ (native test programs) above everything. Each testing/ room is test-facing code just
+# tests/ (native test programs) above everything. blocks/ holds the block records the policy
+# keeps and the engine reads (BlockFacts), below both. Each testing/ room is test-facing code just
 # above its parent: backend/testing/ (the backends' test and model code: conformance, cost
 # model, fault injection, test kernels, the toy backend), space/testing/ (the address space's
 # test hooks: TestingSpace and the extension it keeps in each space) and capi/testing/ (the
@@ -53,8 +54,8 @@ PY_ONLY_THROUGH_EXEMPT = PY_LAYERS[-1]  # the CLI: every module of its layer
 # torch-native ABI, graph-private pools, capture parking, the c10 binding), above capi/.
 # torch_binding/ is a library of its own (built against the user's torch at enable()); it calls
 # the core through include/ only.
-CSRC_LAYERS = ("compat", "include", "backend", "backend/testing", "vmm", "alloc", "evict", "space", "space/testing",
-               "capi", "capi/testing", "torch", "torch_binding", "tests")
+CSRC_LAYERS = ("compat", "include", "backend", "backend/testing", "vmm", "blocks", "alloc", "evict", "space",
+               "space/testing", "capi", "capi/testing", "torch", "torch_binding", "tests")
 # Rooms below csrc's top level: a file or include under one of these belongs to it, not to its parent.
 CSRC_SUBROOMS = ("backend/testing", "space/testing", "capi/testing")
 # The only directories that may define C ABI entry points (extern "C"): the core library's
@@ -63,14 +64,23 @@ CSRC_SUBROOMS = ("backend/testing", "space/testing", "capi/testing")
 # compat/ (csrc/compat/glibc_symbols.cpp) defines C-linkage names too, but hidden ones: the
 # wrappers the linker's --wrap sends the core's glibc references to, never exported
 # (tests/test_packaging.py checks the built library).
+<<<<<<< HEAD
 CSRC_C_ABI_DIRS = ("capi", "capi/testing", "torch", "torch_binding", "compat")
 # A room that may include only these files of a lower room. The eviction engine (evict/) reaches
 # the allocation policy (alloc/) only through the two interfaces alloc/ declares for it: the
 # port the policy calls the engine through, and the read-only PageUsers the engine asks about
 # blocks (calls go one way: docs/design.md, "Layers"). Any other alloc/ header in evict/ would
 # let the engine reach into the policy's parts.
+=======
+CSRC_C_ABI_DIRS = ("capi", "torch", "torch_binding", "compat")
+# A room that may include only these files of a lower room (an empty tuple: none). The eviction
+# engine (evict/) includes nothing of the allocation policy (alloc/): the policy calls it through
+# ResidencyPort and the engine reads the blocks as data (BlockFacts), both in blocks/, below the
+# two; the engine never calls back into the policy (docs/design.md, "Layers";
+# tests/test_one_way_loop.py checks the calls, this the includes).
+>>>>>>> issue-41b
 CSRC_ONLY_THROUGH: dict[tuple[str, str], tuple[str, ...]] = {
-    ("evict", "alloc"): ("alloc/page_users.hpp", "alloc/residency_port.hpp"),
+    ("evict", "alloc"): (),
 }
 
 
@@ -79,7 +89,7 @@ class Edge:
     source: str  # importing module / including file
     target: str  # imported module / included directory
     where: str  # file:line
-    include: str = ""  # csrc: the included path as written ("alloc/page_users.hpp")
+    include: str = ""  # csrc: the included path as written ("blocks/block_facts.hpp")
 
 
 def module_name(path: Path) -> str:
@@ -250,8 +260,8 @@ def csrc_through_findings(edges: list[Edge]) -> list[str]:
     for e in edges:
         allowed = CSRC_ONLY_THROUGH.get((e.source, e.target))
         if allowed is not None and e.include not in allowed:
-            out.append(f"{e.where}: {e.source}/ includes {e.include}; it may include only {', '.join(allowed)} "
-                       f"of {e.target}/")
+            only = ", ".join(allowed) or "nothing"
+            out.append(f"{e.where}: {e.source}/ includes {e.include}; it may include only {only} of {e.target}/")
     return out
 
 

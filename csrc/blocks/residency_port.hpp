@@ -2,9 +2,10 @@
 // queries (which pages are away; the host pool, for messages) and notices (pages used, an
 // allocation gone, an away page no block touches any more).
 //
-// Owns: nothing; an interface that csrc/evict implements (the policy never includes evict/).
-// Calls go one way, from the policy to the engine; what the engine needs to know of the blocks
-// over a page it asks through PageUsers (page_users.hpp), which only answers. Work that frees,
+// Owns: nothing; an interface that csrc/evict implements (the policy never includes evict/),
+// declared below both so that neither includes the other. Calls go one way, from the policy to
+// the engine: what the engine needs to know of the blocks over a page it reads as data from
+// BlockFacts (block_facts.hpp), never by calling the policy back. Work that frees,
 // evicts or maps a device page for the policy is not here: when the policy's own sources of
 // handles are spent, the address space asks the engine (Residency::free_device_page) between
 // two steps of the allocation (AllocPolicy::begin_allocate / resume) or of a restore.
@@ -31,7 +32,10 @@ class ResidencyPort {
   // No block touches the away page at `first` any more (its frees completed): the bytes are dead,
   // so the engine forgets its away copy (its host slot; in mapped mode the host copy mapped at the
   // address, or a restore's device page, put at the address now). A device page still mapped
-  // there stays (the caller caches it); otherwise the address ends up unmapped.
+  // there stays (the caller caches it); otherwise the address ends up unmapped. The one notice
+  // that has the engine touch the device (AllocPolicy::release_block sends it): it waits only for
+  // the page's own copy (an event of the engine's copy stream), never for a block's stream (no
+  // block is left on the page), and reads nothing but its own state and BlockFacts.
   virtual void drop_away_page(uintptr_t first) = 0;
   // The pages of [start, start + bytes) were used, or may have become (un)evictable: the
   // engine's victim policy (evict/victim_policy.hpp) brings its candidates up to date.

@@ -7,6 +7,8 @@
 // number of 512-byte blocks (pages are shared between records); evictable_bytes() is the sum of
 // the rounded sizes of the records marked evictable; an address that is not the start of a
 // record is refused with a message that says what it is (interior pointer, freed, foreign).
+// In blocks/: the allocation policy owns and changes these records; the eviction engine only
+// reads them, through BlockFacts (block_facts.hpp), and never calls the policy.
 #pragma once
 
 #include <cstdint>

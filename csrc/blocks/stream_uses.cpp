@@ -3,7 +3,7 @@
 // Owns: recording and polling the events of blocks used on several streams.
 // Invariants: those of stream_uses.hpp; a failure to record an event leaves the mark
 // unrecorded (the block keeps waiting, and the next poll tries again) rather than losing it.
-#include "alloc/stream_uses.hpp"
+#include "blocks/stream_uses.hpp"
 
 #include <algorithm>
 

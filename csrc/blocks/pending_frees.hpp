@@ -21,6 +21,8 @@
 // before it may still touch its pages, so its stream is one a mapping change under those pages
 // must wait for (add_streams_over); a stream that is capturing a CUDA graph is never sealed
 // (its event would become part of the graph): its frees stay pending until it ends capture.
+// In blocks/: the allocation policy owns and changes these records; the eviction engine only
+// reads them, through BlockFacts (block_facts.hpp), and never calls the policy.
 #pragma once
 
 #include <cstdint>

@@ -1,4 +1,4 @@
-// Formatting for error messages of the allocation policy: addresses and sizes.
+// Formatting for error messages of the core (the policy, the space, the torch glue): addresses and sizes.
 //
 // Owns: nothing but snprintf into small buffers (no iostreams in the core).
 // Invariants: none beyond returning a fresh string.

@@ -2,7 +2,7 @@
 //
 // Owns: the batches of each stream, sealing them, taking from them, and the overlap queries.
 // Invariants: those of pending_frees.hpp.
-#include "alloc/pending_frees.hpp"
+#include "blocks/pending_frees.hpp"
 
 namespace vta {
 

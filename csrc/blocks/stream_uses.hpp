@@ -10,6 +10,8 @@
 // queue), the kept ones simply stop waiting. An event is never recorded on a stream that is
 // capturing a CUDA graph: that stream's mark stays unrecorded (the block waits) until a later
 // poll finds the capture over. Each event is held by one mark and given back when it is done.
+// In blocks/: the allocation policy owns and changes these records; the eviction engine only
+// reads them, through BlockFacts (block_facts.hpp), and never calls the policy.
 #pragma once
 
 #include <cstdint>
@@ -17,7 +19,7 @@
 #include <unordered_map>
 #include <vector>
 
-#include "alloc/pending_frees.hpp"
+#include "blocks/pending_frees.hpp"
 #include "backend/backend.hpp"
 #include "vmm/event_pool.hpp"
 

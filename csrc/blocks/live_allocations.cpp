@@ -2,12 +2,12 @@
 //
 // Owns: the lookups and the not-live error messages.
 // Invariants: those of live_allocations.hpp.
-#include "alloc/live_allocations.hpp"
+#include "blocks/live_allocations.hpp"
 
 #include <algorithm>
 #include <string>
 
-#include "alloc/text.hpp"
+#include "blocks/text.hpp"
 #include "vmm/event_pool.hpp"
 
 namespace vta {
