@@ -64,21 +64,12 @@ CSRC_SUBROOMS = ("backend/testing", "space/testing", "capi/testing")
 # compat/ (csrc/compat/glibc_symbols.cpp) defines C-linkage names too, but hidden ones: the
 # wrappers the linker's --wrap sends the core's glibc references to, never exported
 # (tests/test_packaging.py checks the built library).
-<<<<<<< HEAD
 CSRC_C_ABI_DIRS = ("capi", "capi/testing", "torch", "torch_binding", "compat")
-# A room that may include only these files of a lower room. The eviction engine (evict/) reaches
-# the allocation policy (alloc/) only through the two interfaces alloc/ declares for it: the
-# port the policy calls the engine through, and the read-only PageUsers the engine asks about
-# blocks (calls go one way: docs/design.md, "Layers"). Any other alloc/ header in evict/ would
-# let the engine reach into the policy's parts.
-=======
-CSRC_C_ABI_DIRS = ("capi", "torch", "torch_binding", "compat")
 # A room that may include only these files of a lower room (an empty tuple: none). The eviction
 # engine (evict/) includes nothing of the allocation policy (alloc/): the policy calls it through
 # ResidencyPort and the engine reads the blocks as data (BlockFacts), both in blocks/, below the
 # two; the engine never calls back into the policy (docs/design.md, "Layers";
 # tests/test_one_way_loop.py checks the calls, this the includes).
->>>>>>> issue-41b
 CSRC_ONLY_THROUGH: dict[tuple[str, str], tuple[str, ...]] = {
     ("evict", "alloc"): (),
 }
