@@ -11,7 +11,7 @@
 //  - map() places one whole page at a currently unmapped range inside one reservation; a new
 //    mapping has no access until set_access() is called on it. A range past the reservation's
 //    end is refused by the host backend only (the driver accepts it, observed): callers never
-//    ask for it (PageTable::map_pages checks);
+//    ask for it (PageTable, which makes every mapping, checks: map_pages, map_side);
 //  - unmap() may not cut a mapping: every mapping it touches lies wholly inside the range
 //    (one or several adjacent ones, with or without unmapped holes between or beside them;
 //    holes change nothing: what the driver does); a range that cuts a mapping is refused;

@@ -24,8 +24,12 @@ uint64_t HostPool::default_capacity(uint64_t device_capacity) {
   return limit ? std::min(want, limit) : want;
 }
 
-HostPool::HostPool(Backend& backend, size_t page_bytes, uint64_t capacity_bytes, bool mapped)
-    : backend_(backend), page_(page_bytes), capacity_(capacity_bytes / page_bytes * page_bytes), mapped_(mapped) {}
+HostPool::HostPool(Backend& backend, PageTable& pages, uint64_t capacity_bytes, bool mapped)
+    : backend_(backend),
+      pages_(pages),
+      page_(pages.page_bytes()),
+      capacity_(capacity_bytes / page_ * page_),
+      mapped_(mapped) {}
 
 HostPool::~HostPool() {
   try {
@@ -74,24 +78,22 @@ bool HostPool::create_mapped(uint32_t npages, Slot* out) {
   uint64_t bytes = uint64_t{npages} * page_;
   if (!window_) {
     window_bytes_ = 2 * capacity_;  // room for slots of mixed sizes
-    check(backend_.reserve(window_bytes_, page_, &window_));
+    window_ = pages_.reserve_window(window_bytes_);
     free_window_.insert(window_, window_bytes_);
   }
   created_.reserve(created_.size() + 1);  // before the page exists: recording it cannot throw then
   uintptr_t at = 0;
   if (!free_window_.take_best_fit(bytes, &at)) return false;
   PageHandle h = 0;
-  Status s = backend_.create_page(bytes, PageLocation::host, &h);
+  Status s = pages_.create_host_handle(bytes, &h);
   if (!s.is_ok()) {
     free_window_.insert(at, bytes);
     if (s.code() == VTA_ERR_OUT_OF_MEMORY) return false;
     check(s);
   }
-  Status m = backend_.map(at, bytes, h);
-  if (m.is_ok()) m = backend_.set_access(at, bytes);
+  Status m = pages_.map_side(at, bytes, h);  // all or nothing
   if (!m.is_ok()) {
-    (void)backend_.unmap(at, bytes);
-    (void)backend_.release_page(h);
+    (void)pages_.release_host_handle(h);
     free_window_.insert(at, bytes);
     check(m);
   }
@@ -103,8 +105,8 @@ bool HostPool::create_mapped(uint32_t npages, Slot* out) {
 
 void HostPool::destroy_mapped(const Slot& s) {
   uint64_t bytes = uint64_t{s.npages} * page_;
-  check(backend_.unmap(s.addr, bytes));
-  check(backend_.release_page(s.page));
+  check(pages_.unmap_side(s.addr, bytes));
+  check(pages_.release_host_handle(s.page));
   free_window_.insert(s.addr, bytes);
   held_ -= bytes;
   created_.erase(std::find_if(created_.begin(), created_.end(), [&](const Slot& c) { return c.addr == s.addr; }));
@@ -205,13 +207,13 @@ void HostPool::release_all() {
   chunks_.clear();
   free_pinned_ = RangeSet();
   for (const Slot& s : created_) {
-    keep(backend_.unmap(s.addr, uint64_t{s.npages} * page_));
-    keep(backend_.release_page(s.page));
+    keep(pages_.unmap_side(s.addr, uint64_t{s.npages} * page_));
+    keep(pages_.release_host_handle(s.page));  // legal while still mapped: its memory lives until the unmap
   }
   created_.clear();
   free_slots_.clear();
   free_window_ = RangeSet();
-  if (window_) keep(backend_.free_va(window_, window_bytes_));
+  if (window_) keep(pages_.free_window(window_));
   window_ = 0;
   held_ = used_pages_ = 0;
   check(first);

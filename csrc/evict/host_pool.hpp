@@ -9,9 +9,12 @@
 //    (a chunk with nothing in it is given back when a larger slot needs the room): no
 //    per-evict pinning and no power-of-two rounding (a slot is exactly its pages);
 //  - mapped mode: host-located VMM handles (CUDA HOST_NUMA; memfds on the host backend) of
-//    the slot's size, each also mapped at its own address in a "window" reservation so copies
-//    can reach it while it is not mapped at the evicted handle's address. A released slot is
-//    kept for the next of its size; one of another size is given back when room is needed.
+//    the slot's size, each also mapped at its own address in a window so copies can reach it
+//    while it is not mapped at the evicted handle's address. A released slot is kept for the
+//    next of its size; one of another size is given back when room is needed. The window, the
+//    handles and their mappings are made and given back by the PageTable, which owns every
+//    reservation, handle and mapping; the pool asks it, and calls the backend only for pinned
+//    host memory (which is no mapping).
 // Its size: host_capacity, or by default four times the device capacity, at most half the
 // machine's memory (default_capacity).
 // Invariant: used pages * page_bytes <= held bytes <= capacity; a slot never crosses a chunk;
@@ -22,6 +25,7 @@
 #include <vector>
 
 #include "backend/backend.hpp"
+#include "vmm/page_table.hpp"
 #include "vmm/range_set.hpp"
 
 namespace vta {
@@ -34,7 +38,7 @@ class HostPool {
     uint32_t npages = 0;   // how many pages it holds
   };
 
-  HostPool(Backend& backend, size_t page_bytes, uint64_t capacity_bytes, bool mapped);
+  HostPool(Backend& backend, PageTable& pages, uint64_t capacity_bytes, bool mapped);
   // The capacity when none is configured: four times the device capacity, at most half the
   // machine's memory.
   static uint64_t default_capacity(uint64_t device_capacity);
@@ -68,7 +72,8 @@ class HostPool {
   bool create_mapped(uint32_t npages, Slot* out);
   void destroy_mapped(const Slot& s);
 
-  Backend& backend_;
+  Backend& backend_;  // pinned host memory only
+  PageTable& pages_;  // the window, the host-located handles and their mappings
   size_t page_;
   uint64_t capacity_;
   bool mapped_;
@@ -81,7 +86,7 @@ class HostPool {
   std::vector<Slot> free_slots_;  // created, unused
   std::vector<Slot> created_;     // every host handle created
   RangeSet free_window_;          // unused addresses of the window
-  uintptr_t window_ = 0;          // window reservation
+  uintptr_t window_ = 0;          // the window (the page table's)
   size_t window_bytes_ = 0;
 };
 

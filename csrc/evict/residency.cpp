@@ -37,11 +37,11 @@ Residency::Residency(const vta_config_t& config, Backend& backend, PageTable& pa
       facts_(facts),
       page_bytes_(pages.page_bytes()),
       mapped_mode_(choose_mapped_mode(config, backend)),
-      host_pool_(backend, page_bytes_,
+      host_pool_(backend, pages,
                  config.host_capacity_bytes ? config.host_capacity_bytes : HostPool::default_capacity(capacity),
                  mapped_mode_),
       order_(backend, events, facts, page_bytes_),
-      window_(backend, page_bytes_, capacity),
+      window_(pages, capacity),
       away_(page_bytes_) {}
 
 bool Residency::away_span(uintptr_t va, uintptr_t* first, uint64_t* bytes) const {
@@ -110,12 +110,9 @@ void Residency::quiesce_pages(const std::vector<uintptr_t>& vas) {
 
 void Residency::map_host_copy(uintptr_t va, AwayPage& p) {
   VTA_INVARIANT(p.slots.size() == 1);  // mapped mode: one host-located handle
-  Status s = backend_.map(va, bytes_of(p), p.slots[0].page);
-  if (s.is_ok()) {
-    s = backend_.set_access(va, bytes_of(p));
-    if (!s.is_ok()) (void)backend_.unmap(va, bytes_of(p));
-  }
-  p.host_mapped = s.is_ok();  // if not, the bytes are still safe in the slot (copy-mode semantics)
+  // All or nothing (the page table's map_side); if it fails, the bytes are still safe in the slot
+  // (copy-mode semantics).
+  p.host_mapped = pages_.map_side(va, bytes_of(p), p.slots[0].page).is_ok();
 }
 
 void Residency::release_held_page(uintptr_t va, AwayPage& p) {
@@ -167,7 +164,8 @@ void Residency::restore_page(uintptr_t va, int32_t id, StreamHandle consumer) {
       // the host copy until the swap (swap_restored_page).
       dst = window_.take(bytes);
       window_taken = true;
-      window_.map(dst, bytes, pages_.handle_of(id), &mapped_at_window);
+      window_.map(dst, bytes, pages_.handle_of(id));  // all or nothing
+      mapped_at_window = true;
     } else {
       // Copy mode: the address is unmapped, so nothing can be using it: map at once.
       pages_.map_pages(va, {id});
@@ -222,7 +220,7 @@ void Residency::swap_restored_page(uintptr_t va, AwayPage& p) {
   // Each step is recorded in `p` as it succeeds, so a failure can be retried or undone.
   if (p.window_mapped) unmap_window(p);
   if (p.host_mapped) {
-    check(backend_.unmap(va, bytes_of(p)));
+    check(pages_.unmap_side(va, bytes_of(p)));
     p.host_mapped = false;
   }
   try {
@@ -287,7 +285,7 @@ void Residency::drop_away_page(uintptr_t page) {
     swap_restored_page(va, p);  // nothing live is left on it to wait for
     return;
   }
-  if (p.host_mapped) check(backend_.unmap(va, bytes_of(p)));
+  if (p.host_mapped) check(pages_.unmap_side(va, bytes_of(p)));
   host_pool_.release(p.slots);
   if (p.paused) paused_pages_ -= p.npages;
   away_.erase(va);
@@ -301,7 +299,7 @@ void Residency::close() {
   keep(order_.synchronize());
   for (auto& [va, p] : away_) {
     if ((p.state == State::evicting || p.state == State::restoring) && p.event) keep(order_.wait(p.event));
-    if (p.host_mapped) keep(backend_.unmap(va, bytes_of(p)));
+    if (p.host_mapped) keep(pages_.unmap_side(va, bytes_of(p)));
     if (p.window_mapped) keep(window_.unmap_at_close(p.window, bytes_of(p)));
     if (p.device_page >= 0 && p.window_mapped) pages_.return_page(p.device_page);
   }

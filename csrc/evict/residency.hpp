@@ -7,7 +7,7 @@
 //  - StreamOrder (stream_order.*): the copy stream, the copies and every wait that orders them
 //    and the mapping changes (quiesce);
 //  - HostPool (host_pool.*): the host slots that hold evicted bytes;
-//  - RestoreWindow (restore_window.*): mapped mode's window where restores fill device handles;
+//  - RestoreWindow (restore_window.*): which ranges of mapped mode's restore window are in use;
 //  - EvictionCounters (eviction_counters.hpp): the totals of the stats;
 //  - VictimPolicy (victim_policy.hpp; LruPolicy, lru_policy.hpp): the order of the victims.
 // What it needs to know of the blocks over a page (their streams, which bytes hold data,
@@ -17,6 +17,12 @@
 // restores into are given to it (the space obtains them from the policy), and it frees a device
 // page only when the space asks (free_device_page), never for the policy from inside it: calls
 // go one way, into the engine. Every call is made under the address space's lock.
+//
+// The engine decides which mapping changes and when; the PageTable, the one owner of every
+// reservation, handle and mapping, makes the change: map_pages / unmap_range for device pages,
+// map_side / unmap_side for a host copy at an away page's address and for the windows (whose
+// reservations and host-located handles are the PageTable's too). evict/ calls the backend only
+// for copies, streams, events, pinned host memory and its capabilities (tests/test_mapping_owner.py).
 //
 // One class in three .cpp files, and why: the transitions (residency.cpp), the work asked for
 // one allocation (residency_ops.cpp) and victim choice (residency_victims.cpp) call each other

@@ -136,7 +136,7 @@ Residency::PauseResult Residency::pause(const std::vector<std::pair<uintptr_t, u
   for (uintptr_t va : unmapping) {
     AwayPage& p = away_.at(va);
     if (p.host_mapped) {  // mapped mode: its host copy showed at the address; a paused page shows nothing
-      check(backend_.unmap(va, bytes_of(p)));
+      check(pages_.unmap_side(va, bytes_of(p)));
       p.host_mapped = false;
     }
     if (!p.device_held) continue;

@@ -9,8 +9,9 @@ namespace vta {
 
 uintptr_t RestoreWindow::take(uint64_t bytes) {
   if (!window_) {
-    window_bytes_ = 2 * (capacity_ / page_bytes_ * page_bytes_);  // room for handles of mixed sizes
-    check(backend_.reserve(window_bytes_, page_bytes_, &window_));
+    size_t page_bytes = pages_.page_bytes();
+    window_bytes_ = 2 * (capacity_ / page_bytes * page_bytes);  // room for handles of mixed sizes
+    window_ = pages_.reserve_window(window_bytes_);
     free_.insert(window_, window_bytes_);
   }
   uintptr_t at = 0;
@@ -18,25 +19,21 @@ uintptr_t RestoreWindow::take(uint64_t bytes) {
   return at;
 }
 
-void RestoreWindow::map(uintptr_t at, uint64_t bytes, PageHandle handle, bool* mapped) {
-  check(backend_.map(at, bytes, handle));
-  *mapped = true;
-  check(backend_.set_access(at, bytes));
-}
+void RestoreWindow::map(uintptr_t at, uint64_t bytes, PageHandle handle) { check(pages_.map_side(at, bytes, handle)); }
 
 void RestoreWindow::unmap(uintptr_t at, uint64_t bytes) {
-  check(backend_.unmap(at, bytes));
+  check(pages_.unmap_side(at, bytes));
   free_.insert(at, bytes);
 }
 
 void RestoreWindow::abandon(uintptr_t at, uint64_t bytes, bool mapped) {
-  if (mapped) (void)backend_.unmap(at, bytes);
+  if (mapped && !pages_.unmap_side(at, bytes).is_ok()) return;  // still mapped: the range stays taken
   free_.insert(at, bytes);
 }
 
 Status RestoreWindow::close() {
   Status s;
-  if (window_) s = backend_.free_va(window_, window_bytes_);
+  if (window_) s = pages_.free_window(window_);
   window_ = 0;
   free_ = RangeSet();
   return s;

@@ -4,6 +4,8 @@
 #include <algorithm>
 #include <string>
 
+#include "vmm/mapping_rollback.hpp"
+
 namespace vta {
 
 PageTable::PageTable(Backend& backend, size_t page_bytes, uint64_t capacity_bytes)
@@ -183,31 +185,14 @@ bool PageTable::release_free_for(uint64_t npages, bool pages_first) {
   return any;
 }
 
-namespace {
-// Unmaps what a failed map_pages() had mapped (RAII: a failed step leaks nothing).
-class MappingRollback {
- public:
-  explicit MappingRollback(Backend& backend) : backend_(backend) {}
-  ~MappingRollback() {
-    if (committed_) return;
-    for (auto& [va, bytes] : mapped_) (void)backend_.unmap(va, bytes);
-  }
-  void mapped_one(uintptr_t va, uint64_t bytes) { mapped_.push_back({va, bytes}); }
-  void commit() { committed_ = true; }
-
- private:
-  Backend& backend_;
-  std::vector<std::pair<uintptr_t, uint64_t>> mapped_;
-  bool committed_ = false;
-};
-}  // namespace
-
-bool PageTable::inside_reservation(uintptr_t va, uint64_t bytes) const {
-  auto it = reservations_.upper_bound(va);
-  if (it == reservations_.begin()) return false;
+bool PageTable::inside(const std::map<uintptr_t, size_t>& ranges, uintptr_t va, uint64_t bytes) {
+  auto it = ranges.upper_bound(va);
+  if (it == ranges.begin()) return false;
   --it;
   return va >= it->first && bytes <= it->second && va - it->first <= it->second - bytes;
 }
+
+bool PageTable::inside_reservation(uintptr_t va, uint64_t bytes) const { return inside(reservations_, va, bytes); }
 
 void PageTable::map_pages(uintptr_t va, const std::vector<int32_t>& ids) {
   // The range lies in one reservation of ours, checked here: the CUDA driver accepts a map
@@ -216,8 +201,8 @@ void PageTable::map_pages(uintptr_t va, const std::vector<int32_t>& ids) {
   // the error leaves nothing mapped.
   uint64_t total = 0;
   for (int32_t id : ids) total += bytes_of(id);
-  VTA_INVARIANT(inside_reservation(va, total));
-  MappingRollback rollback(backend_);
+  VTA_INVARIANT(inside_reservation(va, total) && !side_overlaps(va, total));
+  MappingRollback rollback(backend_, ids.size());
   uintptr_t at = va;
   for (int32_t id : ids) {
     const Page& p = pages_[id];
@@ -257,7 +242,8 @@ void PageTable::unmap_range(uintptr_t va, size_t bytes) {
 
 void PageTable::map_alias(uintptr_t alias, int32_t id) {
   const Page& p = pages_[id];
-  VTA_INVARIANT(p.held && p.va != 0 && alias % page_bytes_ == 0 && inside_reservation(alias, bytes_of(id)));
+  VTA_INVARIANT(p.held && p.va != 0 && alias % page_bytes_ == 0 && inside_reservation(alias, bytes_of(id)) &&
+                !side_overlaps(alias, bytes_of(id)));
   for (uint32_t k = 0; k < p.npages; ++k) VTA_INVARIANT(!mapped_.count(alias + k * page_bytes_));
   check(backend_.map(alias, bytes_of(id), p.handle));
   Status s = backend_.set_access(alias, bytes_of(id));
@@ -314,6 +300,10 @@ uint64_t PageTable::release_free_pages() {
 }
 
 void PageTable::release_all() {
+  // What evict/ left (its close gives back its own first; a refused call leaves some): side
+  // mappings, host-located handles and windows. Their error is reported after the rest went.
+  Status side;
+  release_side(&side);
   // Unmap handle by handle, then release, then free the VA.
   std::vector<uintptr_t> addrs;
   for (const Page& p : pages_)
@@ -326,6 +316,7 @@ void PageTable::release_all() {
     reserved_bytes_ -= it->second;
     it = reservations_.erase(it);
   }
+  check(side);
 }
 
 }  // namespace vta

@@ -2,8 +2,10 @@
 // which page is mapped where.
 //
 // Owns: every reservation, physical handle and mapping of one address space, and the driver
-// calls that create or destroy them. Holds no policy: which range to use and when to
-// reclaim is decided in alloc/.
+// calls that create or destroy them: no other part of the core calls the backend's reserve,
+// free_va, map, unmap or set_access, and evict/ creates and releases no handle itself
+// (tests/test_mapping_owner.py). Holds no policy: which range to use and when to reclaim is
+// decided in alloc/, which pages move and when in evict/.
 //
 // A handle is one driver allocation (cuMemCreate; a memfd range on the host backend) of one
 // page or of an extent: several pages in one handle, which backs a large allocation so that
@@ -12,13 +14,22 @@
 // extent is always mapped at one run of consecutive virtual pages and unmapped whole. Every
 // count here (capacity, held, mapped, free) is in pages: an extent of n pages counts n.
 //
+// Besides the pages in its books, it holds what mapped eviction needs apart from them
+// (page_table_side.cpp; no page count includes any of it): windows (reservations of their own,
+// not among reservations()), host-located handles (host slots) and side mappings: a host slot's
+// handle in the host pool's window or at an away page's virtual pages, a restore's device
+// handle in the restore window.
+//
 // Invariants:
 //  - pages held <= capacity_pages; a handle is either mapped at exactly one page-aligned
 //    address inside a reservation, or unmapped and listed among the free handles;
 //  - map_pages() is all-or-nothing: on any failure the handles mapped so far are unmapped
 //    and returned to the free handles (RAII guard), so no mapping or handle leaks;
 //  - unmap_range() covers whole handles only;
-//  - after release_all() nothing is held: no handle, mapping or reservation.
+//  - a virtual page shows at most one mapping: a side mapping lies inside a window, or inside
+//    a reservation where no page of the books is mapped, and overlaps no other side mapping;
+//    map_side() is all-or-nothing too;
+//  - after release_all() nothing is held: no handle, mapping, reservation or window.
 #pragma once
 
 #include <cstddef>
@@ -26,6 +37,7 @@
 #include <iterator>
 #include <map>
 #include <unordered_map>
+#include <unordered_set>
 #include <string>
 #include <vector>
 
@@ -83,6 +95,27 @@ class PageTable {
   // Release a taken handle (held, unmapped, in no free list) to the driver. If the driver
   // refuses, the handle is still taken and the error propagates.
   void release_taken(int32_t id);
+
+  // Side mappings (page_table_side.cpp). A window is a reservation of `bytes` of its own,
+  // apart from reservations() and reserved_bytes(), where handles are mapped at addresses only
+  // copies use: mapped eviction's host slots (HostPool) and the device handles restores fill
+  // (RestoreWindow). Throws on failure.
+  uintptr_t reserve_window(size_t bytes);
+  // Give a window back; forgotten even when the driver refuses, whose error is returned. A side
+  // mapping still in it (an unmap the driver refused, its error reported then) keeps it until
+  // release_all().
+  Status free_window(uintptr_t va);
+  // A host-located handle of `bytes` (a mapped-mode host slot); the driver's error returned.
+  Status create_host_handle(size_t bytes, PageHandle* out);
+  Status release_host_handle(PageHandle handle);
+  // Map `handle` at [va, va + bytes) and make it accessible, all or nothing: on a refused
+  // set-access the map is undone (RAII guard). The range lies inside a window, or inside a
+  // reservation with no page of the books mapped there (an away page's host copy), and overlaps
+  // no side mapping (an internal error, before any driver call, otherwise). The driver's error
+  // is returned: nothing is mapped then.
+  Status map_side(uintptr_t va, uint64_t bytes, PageHandle handle);
+  // Unmap the side mapping made at exactly [va, va + bytes); when the driver refuses it stays.
+  Status unmap_side(uintptr_t va, uint64_t bytes);
 
   int32_t page_at(uintptr_t va) const;  // the handle mapped over this virtual page, or -1
   // A cut between the virtual pages before and at `va` splits no mapped handle.
@@ -165,6 +198,13 @@ class PageTable {
   int32_t new_slot_or_release(PageHandle handle, uint64_t tag, uint32_t npages);
   bool release_one_free(bool extents);
   void push_free(int32_t id);
+  // [va, va + bytes) lies inside one of `ranges` (base -> bytes).
+  static bool inside(const std::map<uintptr_t, size_t>& ranges, uintptr_t va, uint64_t bytes);
+  // A side mapping overlaps [va, va + bytes).
+  bool side_overlaps(uintptr_t va, uint64_t bytes) const;
+  // Unmap the side mappings, release the host-located handles and free the windows still held
+  // (what evict/'s close could not give back), keeping the first error in *first.
+  void release_side(Status* first);
 
   Backend& backend_;
   size_t page_bytes_;
@@ -179,6 +219,9 @@ class PageTable {
   std::unordered_map<uintptr_t, int32_t> mapped_;  // every mapped virtual page -> its handle
   std::map<uintptr_t, int32_t> mapped_extents_;     // every mapped extent, by its first virtual page
   std::map<uintptr_t, size_t> reservations_;
+  std::map<uintptr_t, size_t> windows_;           // reservations for side mappings: base -> bytes
+  std::map<uintptr_t, uint64_t> side_;            // side mappings: first address -> bytes
+  std::unordered_set<PageHandle> host_handles_;   // host-located handles created here
   uint64_t reserved_bytes_ = 0;
   uint64_t pages_held_ = 0;
   uint64_t extents_held_ = 0;
