@@ -188,3 +188,26 @@ def test_an_operation_added_outside_the_windows_changes_nothing_one_changed_insi
     assert diverged[2] == 0, diverged
     assert diverged[3] > 0, diverged  # another activation inside the window: refused, paged instead
     assert diverged[4] == 0 and st.step_bytes_recomputed > 0, (diverged, st)
+
+
+def test_window_hooks_pickle_as_inert_ones():
+    """A model pickled whole while a plan's window hooks are on it carries hooks that do nothing
+    (their windows, held weakly, are not pickled); dropping the pager takes them off."""
+    import gc
+    import pickle
+
+    torch.manual_seed(0)
+    model, x = Stack([Step() for _ in range(3)]), torch.randn(4, 32, 64)
+    sp = AddressSpace(backend="host", capacity=64 * MiB, host_capacity=256 * MiB, page_size="256KiB",
+                      host_granularity="256KiB")
+    with sp, last_block_recomputed(len(model.blocks)):
+        pager = paged_activations(sp, budget=64 * 1024, cost_model=SLOW_LINK)
+        run(model, x, lambda i: pager, 2)
+        assert pager._replay.windows is not None and pager._replay.windows.opens, "windows at module boundaries"
+        hooks = [h for m in model.modules() for h in (*m._forward_pre_hooks.values(), *m._forward_hooks.values())]
+        assert hooks
+        for h in hooks:
+            assert pickle.loads(pickle.dumps(h))(model, (x,)) is None
+        del pager
+    gc.collect()  # the pager and its replay hold each other
+    assert all(not m._forward_pre_hooks and not m._forward_hooks for m in model.modules()), "hooks left behind"

@@ -107,23 +107,12 @@ class Windows:
         self.check: Any = None
         self._thread = 0
         self._count: collections.Counter = collections.Counter()
-        me = weakref.ref(self)
-
-        def pre(mod: Any, args: Any) -> None:
-            w = me()
-            if w is not None and w.check is not None and not torch.compiler.is_compiling():
-                w._hook(mod, PRE)
-
-        def post(mod: Any, args: Any, out: Any) -> None:
-            w = me()
-            if w is not None and w.check is not None and not torch.compiler.is_compiling():
-                w._hook(mod, POST)
-
         self._handles = []
         for (_, kind), ref in hooked.items():
             mod = ref()
             if mod is not None:
-                self._handles.append(mod.register_forward_pre_hook(pre) if kind == PRE else mod.register_forward_hook(post))
+                hook = _Hook(weakref.ref(self), kind)
+                self._handles.append(mod.register_forward_pre_hook(hook) if kind == PRE else mod.register_forward_hook(hook))
 
     def begin(self, check: Any) -> None:
         """An iteration starts with ``check`` on this thread."""
@@ -148,6 +137,31 @@ class Windows:
         pos = self.opens.get(at)
         if pos is not None:
             self.check.open(pos)
+
+
+class _Hook:
+    """A window's module hook: it holds its windows weakly, and a model pickled with it on
+    (``torch.save(model)``) gets an inert one."""
+
+    def __init__(self, windows: Any, kind: int) -> None:
+        self.windows, self.kind = windows, kind
+
+    def __call__(self, mod: Any, *args: Any) -> None:
+        w = self.windows()
+        if w is not None and w.check is not None and not torch.compiler.is_compiling():
+            w._hook(mod, self.kind)
+
+    def __reduce__(self) -> tuple:
+        return (_inert, ())
+
+
+class _Inert:
+    def __call__(self, *args: Any) -> None:
+        return None
+
+
+def _inert() -> _Inert:
+    return _Inert()
 
 
 def _nth(count: collections.Counter, thread: int, mod: Any, kind: int) -> int:
