@@ -202,7 +202,7 @@ def test_window_hooks_pickle_as_inert_ones():
                       host_granularity="256KiB")
     with sp, last_block_recomputed(len(model.blocks)):
         pager = paged_activations(sp, budget=64 * 1024, cost_model=SLOW_LINK)
-        run(model, x, lambda i: pager, 2)
+        run(model, x, lambda i, pg=pager: pg, 2)
         assert pager._replay.windows is not None and pager._replay.windows.opens, "windows at module boundaries"
         hooks = [h for m in model.modules() for h in (*m._forward_pre_hooks.values(), *m._forward_hooks.values())]
         assert hooks
