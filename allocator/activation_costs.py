@@ -19,10 +19,12 @@ Invariants: every price is >= 0; a plan's modelled time is a prediction, never a
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 from typing import Sequence
 
-__all__ = ["CostModel", "H100", "Forward", "paging_stall_s", "host_added_s", "CHECK_RATIO"]
+__all__ = ["CostModel", "H100", "Forward", "paging_stall_s", "host_added_s", "check_windows", "CHECK_RATIO",
+           "WINDOW_RATIO"]
 
 # What the trace check (activation_check.TraceCheck) adds to one aten operation of a later
 # iteration's forward, as a multiple of the host time the operation itself takes in eager mode:
@@ -34,6 +36,13 @@ __all__ = ["CostModel", "H100", "Forward", "paging_stall_s", "host_added_s", "CH
 # host whose per-operation time is the cost model's launch_s (bench_offload_training.py's GPU run
 # measures both there: calibration's launch_s and dispatch_mode_per_op_s).
 CHECK_RATIO = 0.98
+# What opening and closing one window of the trace check adds (its two module hooks, the mode
+# pushed and popped: activation_windows), as a multiple of an operation's host time: 1.30,
+# measured the same way on the same machine (13.3 us against a plain operation's 10.3, fastest
+# of the repeats, 2026-11-28; `python benchmarks/bench_check_overhead.py`,
+# benchmarks/results/check_overhead-cpu-2026-11-28b.json, "window_vs_plain_op"; an earlier run
+# under heavier load gave 2.42).
+WINDOW_RATIO = 1.30
 
 
 @dataclasses.dataclass(frozen=True)
@@ -48,10 +57,17 @@ class CostModel:
     check_op_s: float | None = None  # host time the trace check adds per forward operation (None: CHECK_RATIO x launch_s)
     backward_factor: float = 2.0     # backward's time per forward's
 
-    def check_s(self, ops: int) -> float:
-        """Host time the trace check adds to a forward of ``ops`` operations."""
+    def check_s(self, ops: int, windows: int = 0) -> float:
+        """Host time the trace check adds to a forward where it watches ``ops`` operations in
+        ``windows`` windows opened and closed at module boundaries (0: over the whole forward)."""
         per = self.check_op_s if self.check_op_s is not None else CHECK_RATIO * self.launch_s
-        return ops * per
+        return ops * per + windows * WINDOW_RATIO * self.launch_s
+
+    def window_join_ops(self) -> float:
+        """Two windows this few operations apart cost less joined (the operations between
+        watched) than apart (one more window opened and closed)."""
+        per = self.check_op_s if self.check_op_s is not None else CHECK_RATIO * self.launch_s
+        return WINDOW_RATIO * self.launch_s / per if per > 0 else 0.0
 
     def device_s(self, flops: int, touched: int) -> float:
         """Device time of work of ``flops`` and ``touched`` bytes: its roofline."""
@@ -85,6 +101,8 @@ class Forward:
     device_s: float = 0.0     # device time alone
     host_s: float = 0.0       # host time alone (one launch per operation)
     flops: int = 0            # its FLOPs, every operation counted as a recompute's are
+    edges: tuple[int, ...] = ()  # positions where the trace check may open or close a window
+    #                              (module boundaries; none: it watches the whole forward)
 
     def backward_s(self, model: CostModel) -> float:
         return self.clock_s * model.backward_factor
@@ -153,3 +171,29 @@ def paging_stall_s(model: CostModel, fwd: Forward, pages: Sequence[tuple[float, 
             use = free
         used_at.append(use)
     return stall_f + stall_b
+
+
+def check_windows(spans: Sequence[tuple[int, int] | None], edges: Sequence[int], ops: int,
+                  join: float = 0.0) -> list[tuple[int, int]]:
+    """The windows [open, close) of forward positions the trace check must watch so that every
+    span (first, last position a recomputed tensor's recipe replays or reads) lies inside one:
+    each opened at the last edge at or before its first position and closed at the first edge
+    after its last; windows that overlap, touch or lie at most ``join`` operations apart joined
+    (``CostModel.window_join_ops``: what costs less). ``edges`` sorted; a span of None (not
+    known) or no edges: the whole forward, as one window from position 0 (opened at the context's
+    entry, no edge needed)."""
+    if not spans:
+        return []
+    if not edges or any(s is None for s in spans):
+        return [(0, ops)]
+    wins: list[tuple[int, int]] = []
+    for first, last in sorted(s for s in spans if s is not None):
+        k = bisect.bisect_right(edges, first) - 1
+        lo = edges[k] if k >= 0 else 0
+        k = bisect.bisect_left(edges, last + 1)
+        hi = edges[k] if k < len(edges) else ops
+        if wins and lo - wins[-1][1] <= join:
+            wins[-1] = (wins[-1][0], max(wins[-1][1], hi))
+        else:
+            wins.append((lo, hi))
+    return wins

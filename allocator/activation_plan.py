@@ -1,7 +1,8 @@
 """The activation planner: keep, page out or recompute each saved tensor under one byte budget.
 
-Owns: the plan (one decision per pack index of the recorded iteration), how it is chosen, its
-printable table and summary. Pure Python: no torch (the prices are ``activation_costs``).
+Owns: the plan (one decision per pack index of the recorded iteration) and how it is chosen
+(its printable table and summary: ``activation_plan_table``). Pure Python: no torch (the prices
+are ``activation_costs``).
 
 A recomputed tensor is rebuilt at unpack from its recipe, which reads the nearest saved
 tensors (its *sources*). A source that is recomputed too is rebuilt in the same run: the
@@ -16,15 +17,14 @@ its pack to its last unpack; a paged one from where a recomputed reader brings i
 to its last unpack; a recomputed one from the run of its segment that builds it to its last
 unpack. The budget bounds the occupancy at the end of the forward and after every unpack.
 
-How it is chosen (docs/activation-plan.md, "How the plan is chosen"): each plan of a small
-family is built in linear time and priced whole; the cheapest one whose occupancy stays
-within the budget wins. The family: paging alone (the newest that fit kept), and, for each
-*run budget* R of a grid, (1) cuts: kept tensors placed by dynamic programming so that the
-recomputed stretches between them hold at most R bytes, the cuts' bytes (with the sources of
-dependencies crossing them, kept too) as small as possible; (2) what the budget then leaves is
-filled by keeping the tensors dearest to recompute per byte, each only if the occupancy stays
-within the budget at every moment; (3) recomputed tensors the copy link can hide are paged
-instead, dearest to recompute first, while that lowers the modelled step time.
+How it is chosen (docs/activation-plan.md, "How the plan is chosen"): a small family of plans,
+each built in linear time and priced whole; the cheapest whose occupancy holds the budget wins:
+paging alone, and per *run budget* R of a grid: cuts (kept tensors placed by dynamic programming
+so no recomputed stretch holds more than R), repair, fill (keep the dearest to recompute per
+byte where there is room), hidden paging (what the link hides, while cheaper); then the cheapest
+few again with hidden paging priced on the trace check's windows and the paged tensors that
+stall the link recomputed where cheaper (``activation_costs.check_windows``: the check watches
+only the module boundaries around the recomputed tensors' recipes).
 
 Invariants: a tensor not marked recomputable is never recomputed; the chosen plan's occupancy
 is within the budget (or, if no plan is, the page-only plan is chosen); recomputed FLOPs stay
@@ -39,13 +39,14 @@ import dataclasses
 import time
 from typing import Sequence
 
-from .activation_costs import H100, CostModel, Forward, host_added_s, paging_stall_s
+from .activation_costs import H100, CostModel, Forward, check_windows, host_added_s, paging_stall_s
+from .activation_plan_table import KEEP, PAGE, RECOMPUTE, SHARED, Plan, PlanRow, PlanSummary
 
 __all__ = ["CostModel", "H100", "Forward", "Candidate", "PlanRow", "PlanSummary", "Plan", "plan_activations",
            "KEEP", "PAGE", "RECOMPUTE", "SHARED"]
 
-KEEP, PAGE, RECOMPUTE, SHARED = "keep", "page", "recompute", "shared"
 RUN_BUDGET_STEPS = 12  # run budgets tried, from the budget down by factors of sqrt(2)
+UNSTALL_MEMBERS = 3    # the cheapest members tried again with what their paging stalls recomputed
 
 
 @dataclasses.dataclass(frozen=True)
@@ -66,68 +67,8 @@ class Candidate:
     at_op: int = 0                # operations of the forward run when it was packed
     group: int = -1               # the operation its recipe ends in (its position): recomputed tensors of
     #                               one group are rebuilt in one run of it (other outputs of one call)
-
-
-@dataclasses.dataclass(frozen=True)
-class PlanRow:
-    index: int
-    nbytes: int
-    op: str
-    decision: str                 # keep | page | recompute | shared
-    cost_s: float                 # recompute: its run; page: its move with nothing hidden; keep: 0
-    flops: int = 0                # recompute FLOPs of one run of its own operations
-    why: str = ""                 # why it has no recipe ("" if it has one, or is shared)
-
-
-@dataclasses.dataclass(frozen=True)
-class PlanSummary:
-    budget_bytes: int
-    total_bytes: int
-    kept_bytes: int
-    paged_bytes: int
-    recomputed_bytes: int
-    recompute_flops: int          # per step: every recomputed tensor's own operations once (a group's once)
-    transfer_s: float             # modelled: what the copy link stalls the step, after overlap
-    recompute_s: float            # modelled: the recomputes
-    cost_model: str
-    check_s: float = 0.0          # modelled: host time of the copies issued and the trace check, not hidden
-    peak_bytes: int = 0           # the plan's occupancy at its highest (forward end or a segment's run)
-    segments: int = 0             # recomputed segments (tensors joined through their sources)
-    largest_segment_bytes: int = 0
-    run_budget_bytes: int = 0     # the family member chosen: its run budget (0: paging alone or nothing to do)
-    plan_s: float = 0.0           # CPU time the planning took
-    forward_s: float = 0.0        # modelled duration of the recorded forward (0: not recorded)
-    forward_flops: int = 0        # the recorded forward's FLOPs, counted as recompute_flops is
-
-    @property
-    def modelled_s(self) -> float:
-        """Time the plan adds to a step on the cost model's device (a prediction)."""
-        return self.transfer_s + self.recompute_s + self.check_s
-
-
-@dataclasses.dataclass(frozen=True)
-class Plan:
-    rows: tuple[PlanRow, ...]
-    summary: PlanSummary
-
-    def decision(self, index: int) -> str:
-        return self.rows[index].decision if 0 <= index < len(self.rows) else PAGE
-
-    def __str__(self) -> str:
-        s = self.summary
-        mib = 1 << 20
-        lines = [f"{'#':>5} {'MiB':>9} {'decision':<9} {'cost us':>9} {'op'}"]
-        for r in self.rows:
-            lines.append(f"{r.index:>5} {r.nbytes / mib:>9.3f} {r.decision:<9} {r.cost_s * 1e6:>9.1f} {r.op}"
-                         + (f"  (no recipe: {r.why})" if r.why else ""))
-        lines.append(
-            f"budget {s.budget_bytes / mib:.2f} MiB of {s.total_bytes / mib:.2f} MiB saved: kept {s.kept_bytes / mib:.2f}, "
-            f"paged {s.paged_bytes / mib:.2f}, recomputed {s.recomputed_bytes / mib:.2f} MiB in {s.segments} segments "
-            f"(largest {s.largest_segment_bytes / mib:.2f} MiB; {s.recompute_flops:,} FLOPs a step); planned peak "
-            f"{s.peak_bytes / mib:.2f} MiB; modelled on {s.cost_model}: {s.modelled_s * 1e3:.3f} ms a step "
-            f"(link stalls {s.transfer_s * 1e3:.3f}, recompute {s.recompute_s * 1e3:.3f}, host {s.check_s * 1e3:.3f}), "
-            f"a prediction; planned in {s.plan_s * 1e3:.1f} ms")
-        return "\n".join(lines)
+    span: tuple[int, int] | None = None  # first and last forward positions the trace check must watch to
+    #                               prove its recipe (None: not known, the whole forward)
 
 
 class _Planner:
@@ -228,8 +169,19 @@ class _Planner:
         pages = [(self.by_index[i].at_s, self.b[i], self.tau[first[i]]) for i in self.prim if dec[i] == PAGE]
         stall = paging_stall_s(self.model, self.fwd, pages, max(self.budget // 4, 1))
         launch = self.model.launch_s * len(pages)
-        check = self.model.check_s(self.fwd.ops) if rec else 0.0
-        return rec, stall, host_added_s(self.fwd, self.model, check + launch, launch)
+        return rec, stall, host_added_s(self.fwd, self.model, self.check_s(dec) + launch, launch)
+
+    def windows(self, dec: dict[int, str]) -> list[tuple[int, int]]:
+        """The trace check's windows for the recomputed tensors of ``dec`` (activation_costs)."""
+        return check_windows([self.by_index[i].span for i in self.prim if dec[i] == RECOMPUTE],
+                             self.fwd.edges, self.fwd.ops, self.model.window_join_ops())
+
+    def check_s(self, dec: dict[int, str]) -> float:
+        """Host time of the trace check: the operations in its windows, and each window opened
+        and closed at module boundaries (one over the whole forward needs none)."""
+        wins = self.windows(dec)
+        return self.model.check_s(sum(b - a for a, b in wins),
+                                  sum(1 for w in wins if w != (0, self.fwd.ops)))
 
     def total(self, dec: dict[int, str]) -> float:
         return sum(self.cost(dec))
@@ -346,7 +298,7 @@ class _Planner:
                 dec[i] = KEEP
                 occ[:f] = [o + b for o in occ[:f]]
 
-    def page_hidden(self, dec: dict[int, str]) -> None:
+    def page_hidden(self, dec: dict[int, str], windows: bool = False) -> None:
         """Page recomputed tensors the link hides (dearest to recompute first) while the step gets
         cheaper: each tried against the pages so far, as needed where the plan holds them now."""
         first = self.firsts(dec)
@@ -354,23 +306,56 @@ class _Planner:
         slack, launch = max(self.budget // 4, 1), self.model.launch_s
         stall = paging_stall_s(self.model, self.fwd, pages, slack)
         recomputes = sum(1 for i in self.prim if dec[i] == RECOMPUTE)
-        misses = 0
+        check, misses = self.check_s(dec), 0
         for i in sorted((i for i in self.prim if dec[i] == RECOMPUTE), key=lambda i: -self.r[i] / self.b[i]):
             trial = list(pages)
             bisect.insort(trial, (self.by_index[i].at_s, self.b[i], self.tau[first[i]]))
             more = paging_stall_s(self.model, self.fwd, trial, slack)
             n = len(pages)
-            check = self.model.check_s(self.fwd.ops)
             host_before = host_added_s(self.fwd, self.model, check + launch * n, launch * n)
-            host_after = host_added_s(self.fwd, self.model, (check if recomputes > 1 else 0.0) + launch * (n + 1),
-                                      launch * (n + 1))
+            # ``windows``: with what paging it takes off the check's windows (a pass over the
+            # plan); else the check as it is, unless this is the last recomputed tensor
+            dec[i] = PAGE
+            after = self.check_s(dec) if windows else check if recomputes > 1 else 0.0
+            host_after = host_added_s(self.fwd, self.model, after + launch * (n + 1), launch * (n + 1))
             if more - stall + host_after - host_before < self.r[i]:
-                dec[i] = PAGE
-                pages, stall, recomputes, misses = trial, more, recomputes - 1, 0
+                pages, stall, check, recomputes, misses = trial, more, after, recomputes - 1, 0
             else:
+                dec[i] = RECOMPUTE
                 misses += 1
                 if misses >= 8:
                     return
+
+    def recompute_paged(self, dec: dict[int, str]) -> None:
+        """Recompute paged tensors, oldest first, where the occupancy still holds the budget and
+        the step gets cheaper: repair pages the oldest kept tensors, the largest ones of a
+        network that narrows (a CNN's first stages), packed where the forward has run least and
+        its outgoing copies hide least, and a tensor a few cheap operations rebuild costs less
+        than the link stalls it adds (eight misses in a row end the pass)."""
+        rec, stall, host = self.cost(dec)
+        best, misses, launches = rec + stall + host, 0, 2 * self.model.launch_s
+        for i in [i for i in self.prim if dec[i] == PAGE and i in self.can]:
+            if self.r[i] >= launches + stall:
+                continue  # it saves at most its copies issued and the stalls: not worth a trial
+            dec[i] = RECOMPUTE
+            first = self.firsts(dec)
+            if max(self.occupancy(dec, first)) <= self.budget and (t := sum(self.cost(dec, first))) < best:
+                best, misses = t, 0
+                continue
+            dec[i] = PAGE
+            misses += 1
+            if misses >= 8:
+                return
+
+    def unstalled(self, dec: dict[int, str]) -> dict[int, str] | None:
+        """``dec`` (a copy) with what the copy link hides paged, priced with the check's windows,
+        then what its paging stalls recomputed instead (None if it cannot hold the budget)."""
+        dec = dict(dec)
+        self.page_hidden(dec, windows=True)
+        self.recompute_paged(dec)
+        self.fill(dec)
+        self.cap_flops(dec)
+        return dec if self.repair(dec) else None
 
     def cap_flops(self, dec: dict[int, str]) -> None:
         if self.max_flops is None:
@@ -433,6 +418,7 @@ def plan_activations(cands: Sequence[Candidate], budget: int, model: CostModel =
         if allow_recompute and p.can:
             largest = max(p.b[i] for i in p.can)
             r, tried = float(budget), set()  # type: float, set[int]
+            members: list[tuple[float, int, dict[int, str]]] = [(best, 0, chosen)]
             for _ in range(RUN_BUDGET_STEPS):
                 rb = int(r)
                 r /= 2 ** 0.5
@@ -443,8 +429,15 @@ def plan_activations(cands: Sequence[Candidate], budget: int, model: CostModel =
                     continue
                 tried.add(rb)
                 dec = p.with_recompute(rb)
-                if dec is not None and (t := p.total(dec)) < best:
+                if dec is not None:
+                    members.append((p.total(dec), rb, dec))
+            # the cheapest few again, with what their paging stalls recomputed where that is cheaper
+            for t, rb, dec in sorted(members, key=lambda m: m[0])[:UNSTALL_MEMBERS]:
+                if t < best:
                     chosen, best, run_budget = dec, t, rb
+                more = p.unstalled(dec)
+                if more is not None and (t := p.total(more)) < best:
+                    chosen, best, run_budget = more, t, rb
     first = p.firsts(chosen)
     occ = p.occupancy(chosen, first)
     rec_s, stall_s, host_s = p.cost(chosen, first) if total > budget else (0.0, 0.0, 0.0)
@@ -454,6 +447,7 @@ def plan_activations(cands: Sequence[Candidate], budget: int, model: CostModel =
         cost = p.r[c.index] if d == RECOMPUTE else model.move_s(c.nbytes) if d == PAGE else 0.0
         rows.append(PlanRow(c.index, c.nbytes, c.op, d, cost, c.flops if d == RECOMPUTE else 0, why=c.why))
     segs, largest_seg = _segments(p, chosen)
+    wins = p.windows(chosen) if total > budget else []
     summary = PlanSummary(
         budget_bytes=budget, total_bytes=total,
         kept_bytes=sum(r.nbytes for r in rows if r.decision == KEEP),
@@ -463,5 +457,5 @@ def plan_activations(cands: Sequence[Candidate], budget: int, model: CostModel =
         transfer_s=stall_s, recompute_s=rec_s, cost_model=model.name, check_s=host_s,
         peak_bytes=max(occ) if occ else 0, segments=segs, largest_segment_bytes=largest_seg,
         run_budget_bytes=run_budget, plan_s=time.process_time() - t0, forward_s=fwd.clock_s,
-        forward_flops=fwd.flops)
+        forward_flops=fwd.flops, checked_ops=sum(b - a for a, b in wins), check_windows=len(wins))
     return Plan(tuple(rows), summary)

@@ -137,6 +137,40 @@ def model_costs(name: str, batch: int, repeats: int, steps: int, forward_batch: 
     return out
 
 
+def window_cost(repeats: int) -> dict[str, Any]:
+    """What one window of the trace check costs a forward: the module whose call opens it and
+    closes it (its two hooks, the check pushed and popped), against the same module called without
+    hooks (its forward runs no operation: only the window's own work is timed)."""
+    import weakref
+
+    import torch
+
+    from vtalloc.allocator.torch.activation_check import TraceCheck, TraceSpec
+    from vtalloc.allocator.torch.activation_windows import POST, PRE, Windows
+
+    plain_mod, mod, x = torch.nn.Identity(), torch.nn.Identity(), torch.zeros(1)
+    windows = Windows([(1, 2)], [(1, weakref.ref(mod), PRE, 0), (2, weakref.ref(mod), POST, 0)], ops=3)
+    check = TraceCheck(TraceSpec((), {}))
+    n = 1000
+    rows: dict[str, list[float]] = {"plain": [], "window": []}
+    for _ in range(max(repeats // 10, 5)):
+        t0 = time.perf_counter()
+        for _ in range(n):
+            plain_mod(x)
+        rows["plain"].append(time.perf_counter() - t0)
+        t0 = time.perf_counter()
+        for _ in range(n):
+            windows.begin(check)  # an iteration: its first call of the module opens, then closes
+            mod(x)
+        rows["window"].append(time.perf_counter() - t0)
+    windows.end()
+    windows.remove()
+    best = {k: min(v) / n for k, v in rows.items()}
+    return {"per_window_s": best["window"] - best["plain"], **{f"{k}_s": v for k, v in best.items()},
+            "note": "the hooked module called (pre hook: push, post hook: pop) less the same call without hooks, "
+                    "fastest of the repeats; begin() is inside the loop (an iteration's bookkeeping)"}
+
+
 def planning(repeats: int) -> dict[str, Any]:
     import torch
     import transformers
@@ -191,7 +225,10 @@ def main(argv: list[str] | None = None) -> int:
         "date": date, "command": " ".join([Path(sys.argv[0]).as_posix()] + sys.argv[1:]), "machine": machine_info(),
         "git": git_info()}, "models": [model_costs(m, a.batch, a.repeats, a.steps, a.forward_batch,
                                               m in a.forward_models.split(",")) for m in a.models.split(",")],
-        "planning_24_layers": planning(a.repeats)}
+        "planning_24_layers": planning(a.repeats), "window": window_cost(a.repeats)}
+    timed = [m["forward"] for m in record["models"] if "forward" in m]
+    if timed:  # what WINDOW_RATIO is: a window's cost in plain operations of the timed forward
+        record["window"]["window_vs_plain_op"] = record["window"]["per_window_s"] / timed[0]["plain_per_op_s"]
     out = Path(a.out.format(date=date))
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(record, indent=1) + "\n")
@@ -203,6 +240,9 @@ def main(argv: list[str] | None = None) -> int:
               f"{f.get('recorder_per_op_s', 0) * 1e6:.2f} us/op over {f.get('operations')} ops; steps: recorded "
               f"{m['steps']['recorded_s'] * 1e3:.1f} ms, later {m['steps']['later_median_s'] * 1e3:.1f} ms, "
               f"no pager {m['steps']['no_pager_median_s'] * 1e3:.1f} ms")
+    w = record["window"]
+    print(f"a window of the check (two module hooks, push and pop): {w['per_window_s'] * 1e6:.2f} us, "
+          f"{w.get('window_vs_plain_op', 0):.2f}x a plain operation")
     pl = record["planning_24_layers"]
     print(f"planning {pl['saved_tensors']} saved tensors: h100 {pl['h100']['cpu_s_median'] * 1e3:.0f} ms, "
           f"link priced out {pl['h100_link_priced_out']['cpu_s_median'] * 1e3:.0f} ms (CPU time); wrote {out}")

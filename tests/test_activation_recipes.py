@@ -157,7 +157,8 @@ def test_later_iterations_run_the_trace_check_not_the_recorder(monkeypatch):
         assert seen[1] == seen[2] == seen[0], f"a later iteration ran the recorder: {seen}"
         st = pager.stats()
         assert st.step_bytes_recomputed > 0 and st.recompute_fallbacks == 0, st
-        assert st.step_checked_ops == seen[0]  # the check compared every operation the recorder saw
+        # the check watched the operations of its windows (here nearly all: every recipe planned)
+        assert 0 < st.step_checked_ops <= seen[0]
         del pager
 
 

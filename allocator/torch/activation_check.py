@@ -1,20 +1,25 @@
 """The trace check: a later iteration proves it ran the recorded operations on the same inputs.
 
 Owns: what the check must see (:class:`TraceSpec`, made once from the recorded iteration's calls
-and the plan's recipe templates) and the dispatch mode (:class:`TraceCheck`) that, in every
-later iteration's forward, compares each aten operation with the recorded one at the same
-position, notes what the positions the plan's recipes replay read and made, and the RNG state
-before their random operations; then, at the pack of a tensor the plan recomputes, proves its
-recipe (:meth:`TraceCheck.proves`) without running it.
+and the plan's recipe templates) and the dispatch mode (:class:`TraceCheck`) that, in the
+windows of every later iteration's forward where the plan's recipes run (``activation_windows``:
+opened and closed at module boundaries; the whole forward where there are none), compares each
+aten operation with the recorded one at the same position, notes what the positions the plan's
+recipes replay read and made, and the RNG state before their random operations; then, at the
+pack of a tensor the plan recomputes, proves its recipe (:meth:`TraceCheck.proves`) without
+running it.
 
 Why this is enough: in the recorded iteration each recipe was run and compared bit for bit with
 its tensor. A later iteration reproduces that run if every operation of the recipe ran again
 as the same function with the same constants, on the same tensors (the same objects at the same
 versions: the saved tensors the recipe reads at the versions they were saved, the parameters
 unchanged since, the recipe's own intermediate values), from the same RNG state: deterministic
-kernels then give the same bits. Positions line up only while the whole forward so far ran the
-recorded functions; from the first other function on, nothing is proven. What it costs: one
-Python call per operation of the forward, and at the plan's positions the arguments read and
+kernels then give the same bits. Everything proven is about the calls themselves (their
+function, constants and tensors, the tensor packed made by the last one); a position is only how
+a call is matched with the recorded one. A window opens at the position the recorded iteration
+noted at that module boundary; within it positions line up while it runs the recorded
+functions, and from its first other function on nothing more in it is proven. What it costs:
+one Python call per operation in its windows, and at the plan's positions the arguments read and
 the outputs referenced (docs/activation-plan.md; ``CostModel.check_s``).
 Identity without holding tensors: each tensor the check meets (read or made at a position it
 observes, or packed where a recipe reads it) carries a token of this iteration (an attribute,
@@ -22,7 +27,7 @@ set the first time it is met); a tensor that dies between two sightings cannot b
 another, as its token goes with it.
 Invariants: the mode never changes what an operation returns; it holds no tensor (tokens and
 versions, and weak references to parameters and buffers only); a recipe is proven only if
-every position it names was observed in this iteration.
+every position it names was observed, lined up, in this iteration.
 """
 
 from __future__ import annotations
@@ -88,7 +93,10 @@ class TraceCheck(TorchDispatchMode):
         super().__init__()
         self.spec = spec
         self.pos = 0
-        self.aligned = 0                 # positions 0 .. aligned-1 ran the recorded functions
+        self.lined_up = True             # every operation of the open window so far was the recorded one
+        self.mismatch = False            # some window ran another function than recorded at a position
+        self.active = False              # a window is open (the mode is pushed)
+        self.checked = 0                 # operations seen in windows
         self.seen: dict[int, tuple] = {}  # position -> (as recorded?, [(token, version, id)], {out: (token, version)})
         self.rng: dict[int, Any] = {}
         self._packed: dict[int, tuple] = {}  # pack index -> (token, version)
@@ -107,16 +115,34 @@ class TraceCheck(TorchDispatchMode):
                 pass  # a tensor that takes no attribute matches nothing: its recipes are not proven
         return tok[1]
 
+    def open(self, pos: int) -> None:
+        """A window opens: the next operation is the one recorded at ``pos``."""
+        if self.active:
+            return
+        self.pos, self.lined_up, self.active = pos, True, True
+        self.__enter__()
+
+    def close(self) -> None:
+        """The window closes (only if this mode is the innermost: else it stays open, which costs
+        more and proves as much)."""
+        from .activation_windows import innermost_is
+
+        if self.active and innermost_is(self):
+            self.__exit__(None, None, None)
+            self.active = False
+
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
         p = self.pos
         self.pos = p + 1
+        self.checked += 1
         funcs = self.spec.funcs
-        if self.aligned == p and p < len(funcs) and funcs[p] is func:
-            self.aligned = p + 1
+        if self.lined_up and p < len(funcs) and funcs[p] is func:
             want = self.spec.positions.get(p)
             if want is not None:
                 return self._observe(p, want, func, args, kwargs)
+        elif self.lined_up:
+            self.lined_up, self.mismatch = False, True
         return func(*args, **kwargs)
 
     def _observe(self, p: int, want: _Position, func: Any, args: Any, kwargs: Any) -> Any:
@@ -150,10 +176,10 @@ class TraceCheck(TorchDispatchMode):
         """'' if this iteration ran ``template``'s recipe as recorded, on the same inputs, and
         ``tensor`` is what it made; else why not."""
         for p, refs in template.trace:
-            if p >= self.aligned:
-                return f"another operation ran at or before position {p}"
             got = self.seen.get(p)
-            if got is None or not got[0]:
+            if got is None:
+                return f"another operation ran at or before position {p}"
+            if not got[0]:
                 return f"position {p} ran with other arguments"
             for (tok, version, ident), src in zip(got[1], refs):
                 why = self._same(tok, version, ident, src)

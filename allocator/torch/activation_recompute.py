@@ -200,6 +200,11 @@ class RecipeTemplate:
         got.update(r[1] for _, refs in self.trace for r in refs if r[0] == "val")
         return got
 
+    def span(self) -> tuple[int, int]:
+        """The first and last positions the trace check must watch (its windows hold them)."""
+        got = self.positions() | {self.top[0]}
+        return min(got), max(got)
+
     def random(self) -> dict[int, tuple]:
         """Position -> generator of the random operations it replays."""
         return {e[6]: e[5] for e in self.prog if e[0] == "op" and e[5] is not None}

@@ -28,6 +28,7 @@ import contextlib
 import weakref
 from typing import Any
 
+from ..activation_costs import check_windows
 from ..activation_plan import KEEP, RECOMPUTE, Candidate, Forward
 from ..errors import SourceChangedError
 
@@ -42,6 +43,8 @@ class Replay:
         self.sched = sched
         self.recorder: Any = None                    # the recorded iteration's mode
         self.check: Any = None                       # a later iteration's trace check
+        self.boundaries: Any = None                  # the recorded iteration's module boundaries
+        self.windows: Any = None                     # where the plan's trace check opens and closes
         self.spec: Any = None                        # what the check must see (None: the plan recomputes nothing)
         self.forward = Forward()                     # the recorded forward, priced on the cost model
         self.forward_flops = 0                       # its FLOPs as torch's flop counter counts them
@@ -64,30 +67,41 @@ class Replay:
         if record:
             from .activation_recorder import Recorder
 
+            from .activation_windows import Boundaries
+
             self.rec_templates = {}
             self.recorder = Recorder(self.sched.cost_model)
+            self.boundaries = Boundaries(lambda: len(self.recorder.calls)).__enter__()
             self.recorder.__enter__()
         elif self.spec is not None:
             from .activation_check import TraceCheck
 
             self._refused = 0
             self.check = TraceCheck(self.spec)
-            self.check.__enter__()
+            if self.windows is None or self.windows.at_start:
+                self.check.open(0)
+            if self.windows is not None:
+                self.windows.begin(self.check)
 
     def stop(self, *exc: Any) -> None:
         if self.recorder is not None:
             r = self.recorder
             r.__exit__(*exc)
+            self.boundaries.__exit__(*exc)
             ops = len(r.calls)
-            self.forward = Forward(ops, r.clock_s, r.device_s, ops * self.sched.cost_model.launch_s, r.flops)
+            self.forward = Forward(ops, r.clock_s, r.device_s, ops * self.sched.cost_model.launch_s, r.flops,
+                                   edges=self.boundaries.edges)
             self.forward_flops = r.formula_flops
             self.calls, self.costs = r.calls, r.costs
             self.recorder = None
         if self.check is not None:
-            self.check.__exit__(*exc)
-            self.diverged = self._refused > 0 or self.check.aligned < self.check.pos
+            if self.windows is not None:
+                self.windows.end()
+            if self.check.active:
+                self.check.__exit__(*exc)  # the innermost mode: the pager's context is the outermost
+            self.diverged = self._refused > 0 or self.check.mismatch
             with self.sched._lock:
-                self.sched._count("checked_ops", self.check.pos)
+                self.sched._count("checked_ops", self.check.checked)
             self.check = None
 
     def adopt(self, indices: Any, unpacks: Any) -> None:
@@ -105,13 +119,25 @@ class Replay:
             by_top[t.top[0]].append(i)
         self._siblings = {i: tuple(j for j in by_top[t.top[0]] if j != i) for i, t in self.templates.items()}
         self.spec = TraceSpec.of(self.calls, self.templates.values()) if self.templates else None
+        if self.windows is not None:
+            self.windows.remove()
+            self.windows = None
+        if self.templates and self.boundaries is not None and self.forward.edges:
+            from .activation_windows import Windows
+
+            model = self.sched.cost_model
+            wins = check_windows([t.span() for t in self.templates.values()], self.forward.edges, self.forward.ops,
+                                 model.window_join_ops())
+            self.windows = Windows(wins, self.boundaries.events, self.forward.ops)
+            weakref.finalize(self, self.windows.remove)
+        self.boundaries = None
         self._leaves = {e[1] for t in self.templates.values() for e in t.prog if e[0] == "saved"}
         self.calls = []
 
     def packing(self) -> Any:
         """At every pack hook call, first: keeps the pager's own work (copies into the space,
         verification) out of the modes' sight."""
-        if self.recorder is not None or self.check is not None:
+        if self.recorder is not None or (self.check is not None and self.check.active):
             from torch.utils._python_dispatch import _disable_current_modes
 
             return _disable_current_modes()
@@ -166,7 +192,8 @@ class Replay:
                          flops=r.flops if r else 0, touched=r.touched if r else 0, ops=r.ops if r else 1,
                          sources=tuple(s.index for s in r.sources()) if r else (), why="" if r else why[0], at_s=at,
                          at_op=at_op,
-                         group=template.top[0] if template is not None and r is not None and r.shares() else -1)
+                         group=template.top[0] if template is not None and r is not None and r.shares() else -1,
+                         span=template.span() if template is not None else None)
 
     def _record_of(self, node: Any) -> Any:
         s = node.saved() if node.saved is not None else None
