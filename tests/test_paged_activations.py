@@ -250,3 +250,28 @@ def test_release_offloaded_unmaps_what_offloads_left_held():
         space.close()
         with pytest.raises(Exception):
             space.release_offloaded()
+
+
+def test_a_whole_model_saves_and_deep_copies_after_a_recorded_iteration():
+    """The recorder notes what made each tensor on the tensor itself (parameters included); that
+    note is this process's bookkeeping, not the tensor's: before, ``torch.save(model)`` after a
+    recorded iteration raised (an aten op is not picklable). Saved, loaded or deep-copied, a
+    model carries no note, and the loaded one trains under a pager of its own like the original."""
+    import copy
+    import io
+
+    model = transformer()
+    x, y = torch.randn(4, 16, 128), torch.randn(4, 16, 1)
+    with AddressSpace(backend="host", capacity=64 * MiB, host_capacity=64 * MiB) as space:
+        pager = paged_activations(space, budget=256 << 10)
+        run(model, [(x, y)], pager, steps=3)
+        assert pager.stats().scheduled_iterations >= 1  # recorded once, then run on its plan
+        buf = io.BytesIO()
+        torch.save(model, buf)
+        twin = copy.deepcopy(model)
+        buf.seek(0)
+        loaded = torch.load(buf, weights_only=False)
+        want = run(copy.deepcopy(model), [(x, y)], contextlib.nullcontext(), steps=2)
+        for m in (loaded, twin):
+            assert all(getattr(p, "_vta_node", None) is None for p in m.parameters())
+            assert same(run(m, [(x, y)], paged_activations(space, budget=256 << 10), steps=2), want)

@@ -13,7 +13,8 @@ context), so recording keeps no activation alive. A node is valid while the tens
 ``_version`` is the one it recorded (an in-place change of the tensor, or of the base of a view,
 makes it stale, and a stale tensor is never recomputed) and, if an operation made it, only in
 the recording that saw the operation (a tensor a forward cached from an earlier recorded
-iteration is, to a later recording, made outside it).
+iteration is, to a later recording, made outside it). A node does not travel with its tensor:
+pickled (``torch.save`` of a whole model) or deep-copied, it becomes None.
 
 Positions: every aten operation the forward runs has a position (its index in the order the
 mode saw them); :attr:`Recorder.calls` holds, per position, the function, the flattened
@@ -66,6 +67,16 @@ class Node:
         self.index: int | None = None  # the pack index it was first saved at
         self.flops = self.touched = 0
         self.recording = _RECORDING[0]
+
+    def __reduce__(self) -> tuple[Any, tuple[()]]:
+        # A record of this process's recorded iteration, not part of the tensor: a tensor that is
+        # saved (torch.save of a whole model) or deep-copied carries no node, so the copy is a
+        # tensor made outside any recording (an aten op, a weak reference cannot be pickled).
+        return _no_node, ()
+
+
+def _no_node() -> None:
+    return None
 
 
 def node_of(t: torch.Tensor) -> Node | None:
