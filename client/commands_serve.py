@@ -66,7 +66,9 @@ def register(app: typer.Typer, ctx: CommandContext) -> None:
                                                  "observer sessions, root's too); one more is refused with "
                                                  "LimitExceededError."),
         max_pending_per_uid: int = typer.Option(16, help="Side-channel connections of one uid that have not said "
-                                                "hello yet; one more is refused with LimitExceededError."),
+                                                "hello yet; one more is refused for the moment (its client "
+                                                "tries again until its timeout, then raises "
+                                                "LimitExceededError)."),
         hello_timeout: float = typer.Option(2.0, help="Seconds a new side-channel connection has to say hello "
                                             "before the daemon drops it."),
         max_message_bytes: str = typer.Option("4MiB", help="Largest gRPC request the daemon reads (2MiB .. 1GiB); "

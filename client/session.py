@@ -4,7 +4,9 @@ Owns: opening a session (check that the rendezvous is trusted, protocol/rendezvo
 connect the side channel, say hello (with the quota the process declares in
 ``$VTALLOC_QUOTA_MIN``/``$VTALLOC_QUOTA_MAX``, protocol/declared_quota.py), receive the session token and
 the node's geometry), calling RPCs with the token and a timeout on every call, receiving the
-page descriptors a lease pushes, and ending the session (``bye``). Every gRPC failure is
+page descriptors a lease pushes, and ending the session (``bye``). A refusal the daemon marks as
+about the moment (``retry``: a burst of one uid's opens) is tried again, jittered, within the
+timeout; any other is raised at once. Every gRPC failure is
 raised as the service's typed errors (vtalloc.server.protocol.errors); a daemon that is gone gives
 ServiceUnavailableError at once, never a hang. Invariants: the session belongs to the process
 that opened it (a forked child gets ClosedError and never touches the parent's session);
@@ -17,9 +19,11 @@ import errno
 import json
 import logging
 import os
+import random
 import select
 import socket
 import threading
+import time
 import weakref
 from dataclasses import dataclass
 from typing import Any, Iterable
@@ -44,6 +48,10 @@ log = logging.getLogger("vtalloc.client")
 # gRPC's own text for a call that failed before it left this process (no connection).
 _NOT_CONNECTED = "failed to connect to all addresses"
 _REFUSAL_CHARS = 512  # the most of a daemon's refusal message quoted
+# A refusal the daemon marks ``retry`` (one uid's opens in a burst: its connections waiting for
+# their hello, or opened faster than the daemon paces them) is tried again after a jittered
+# wait, doubling from the first to the most, until the session's timeout_s has passed.
+_RETRY_FIRST_S, _RETRY_MAX_S = 0.02, 0.5
 
 
 def _never_sent(e: grpc.RpcError) -> bool:
@@ -157,34 +165,55 @@ class ServiceSession(Unique):
         self.daemon_uids = trusted_uids(daemon_uids)
         # $VTALLOC_QUOTA_MIN/MAX (a pod's own limits): checked before anything is sent; a client's only
         declared = declared_from_env() if kind == "client" else None
-        self._sock = _connect_trusted(self.socket_path, self.side_path, self.daemon_uids, timeout_s)
-        try:
+        deadline = time.monotonic() + timeout_s
+        delay = _RETRY_FIRST_S
+        while True:
+            self._sock = _connect_trusted(self.socket_path, self.side_path, self.daemon_uids, timeout_s)
             try:
-                send_message(self._sock, {"t": "hello", "v": PROTOCOL_VERSION, "kind": kind, **hello_field(declared)})
-            except OSError:
-                pass  # refused before the hello arrived (a limit): the reason waits to be read
-            msg, fds = recv_message(self._sock, timeout_s, max_fds=0)
-            if msg.get("t") == "refused":
-                raise error_by_name(msg.get("error"), f"the vtalloc daemon at {self.side_path} refused a session: "
-                                    f"{str(msg.get('message'))[:_REFUSAL_CHARS]}")
-            if msg.get("t") != "session" or not isinstance(msg.get("token"), str):
-                raise ProtocolError(f"expected the session message, got {msg.get('t')!r}")
-            self._token = msg["token"]
-            self.hello = SessionHello(**{k: msg[k] for k in SessionHello.__dataclass_fields__})
-        except VtallocError:
+                msg = self._hello(declared, timeout_s)
+                if msg.get("t") != "refused":
+                    self._token = msg["token"]
+                    self.hello = SessionHello(**{k: msg[k] for k in SessionHello.__dataclass_fields__})
+                    break
+            except VtallocError:
+                self._sock.close()
+                self._sock = None
+                raise
+            except (OSError, EOFError, KeyError, TypeError) as e:
+                self._sock.close()
+                self._sock = None
+                raise ServiceUnavailableError(f"the vtalloc daemon at {self.side_path} did not open a session: "
+                                              f"{e}") from None
             self._sock.close()
             self._sock = None
-            raise
-        except (OSError, EOFError, KeyError, TypeError) as e:
-            self._sock.close()
-            self._sock = None
-            raise ServiceUnavailableError(f"the vtalloc daemon at {self.side_path} did not open a session: {e}") from None
+            error = error_by_name(msg.get("error"), f"the vtalloc daemon at {self.side_path} refused a session: "
+                                  f"{str(msg.get('message'))[:_REFUSAL_CHARS]}")
+            wait = random.uniform(0.5, 1.0) * delay  # jittered: a burst of opens does not come back at once
+            if msg.get("retry") is not True or time.monotonic() + wait > deadline:
+                raise error
+            time.sleep(wait)
+            delay = min(2 * delay, _RETRY_MAX_S)
         self._metadata = ((SESSION_KEY, self._token),)
         self._channel = grpc.insecure_channel(UNIX_SCHEME + self.socket_path, options=_CHANNEL_OPTIONS)
         self.pages = pages_pb2_grpc.PagesStub(self._channel)
         self.admin = admin_pb2_grpc.AdminStub(self._channel)
         self._finalizer = weakref.finalize(self, _close_quietly, self._sock, self._channel)
         _live_sessions.add(self)
+
+    def _hello(self, declared: Any, timeout_s: float) -> dict[str, Any]:
+        """Say hello on the connected side channel: the session message, or a refusal (returned,
+        for the caller to raise or retry)."""
+        sock = self._side()
+        try:
+            send_message(sock, {"t": "hello", "v": PROTOCOL_VERSION, "kind": self.kind, **hello_field(declared)})
+        except OSError:
+            pass  # refused before the hello arrived (a limit): the reason waits to be read
+        msg, _ = recv_message(sock, timeout_s, max_fds=0)
+        if msg.get("t") == "refused":
+            return msg
+        if msg.get("t") != "session" or not isinstance(msg.get("token"), str):
+            raise ProtocolError(f"expected the session message, got {msg.get('t')!r}")
+        return msg
 
     @property
     def session_id(self) -> str:

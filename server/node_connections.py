@@ -116,7 +116,7 @@ class NodeConnections:
             if wait is None:
                 await self._refuse(conn, pid, key, self._pending, True, LimitExceededError(
                     f"{who(key)} opens sessions faster than {SESSIONS_PER_S:g} per second (after {SESSIONS_BURST}) "
-                    "on this vtalloc daemon; try again shortly"))
+                    "on this vtalloc daemon; try again shortly"), retry=True)
                 return
             if wait:
                 await asyncio.sleep(wait)
@@ -184,14 +184,16 @@ class NodeConnections:
             conn.close(then=vacate)
 
     async def _refuse(self, conn: AsyncConnection, pid: int, key: object, slots: UidSlots, hello_unread: bool,
-                      e: Exception) -> None:
+                      e: Exception, retry: bool = False) -> None:
         """Log (rate-limited per caller and reason) and tell the client why (a ``refused`` message
-        naming the error's class); the caller then closes the connection."""
+        naming the error's class; ``retry``: the refusal is about this moment, not this session:
+        the same hello may succeed shortly, and a client retries it within its timeout); the
+        caller then closes the connection."""
         self._refusals.refused(key, pid, slots, str(e),
                                who=None if isinstance(key, int) else f"side channel from pid {pid} {who(key)}")
         try:
             await conn.send({"t": "refused", "v": PROTOCOL_VERSION, "error": type(e).__name__,
-                             "message": str(e)}, timeout_s=REFUSE_SEND_TIMEOUT_S)
+                             "message": str(e), "retry": retry}, timeout_s=REFUSE_SEND_TIMEOUT_S)
             if hello_unread:
                 # Read the hello it may be sending: closing with it unread would reset
                 # the connection, and the client would see ECONNRESET, not the reason.
@@ -207,7 +209,9 @@ class NodeConnections:
         try:
             slots.take(key)
         except LimitExceededError as e:
-            await self._refuse(conn, pid, key, slots, slots is self._pending, e)
+            # A pending slot comes back within the hello timeout (a hello read, or a silent peer
+            # dropped): a burst of one uid's opens under load is retried, not failed.
+            await self._refuse(conn, pid, key, slots, slots is self._pending, e, retry=slots is self._pending)
             raise
         held.append(slots)
 

@@ -15,6 +15,8 @@ import resource
 import socket
 import subprocess
 import sys
+import threading
+import time
 
 import pytest
 from helpers.service import NOGROUP, ClientProc, Daemon, child_env, wait_until
@@ -144,14 +146,21 @@ def test_pending_connections_per_uid_and_the_hello_timeout():
         try:
             for s in idle:
                 s.connect(d.ready["side_channel"])   # and never say hello
+            # Refused while both are pending (accepted first: the listen queue is FIFO); the
+            # refusal is about the moment, so a client tries again until its timeout, shorter
+            # here than the hello timeout that frees the slots.
+            t0 = time.monotonic()
             with pytest.raises(LimitExceededError, match="2 side-channel connections waiting for their hello.*"
                                                           "--max-pending-per-uid 2"):
-                observer(d)  # refused while both are pending (accepted first: the listen queue is FIFO)
-            # The hello timeout drops the idle ones: their slots come back.
+                ServiceSession(d.address, kind="observer", timeout_s=0.4)
+            assert time.monotonic() - t0 < 5
+            # One with a longer timeout waits it out: the hello timeout drops the idle ones (their
+            # slots come back) and its retry gets a session.
+            observer_session = ServiceSession(d.address, kind="observer", timeout_s=5.0)
             for s in idle:
                 s.settimeout(5)
                 assert s.recv(100) == b""
-            observer(d).close()
+            observer_session.close()
         finally:
             for s in idle:
                 s.close()
@@ -159,6 +168,40 @@ def test_pending_connections_per_uid_and_the_hello_timeout():
         assert "refused: uid 0 already has 2 side-channel connections" in log
         # The idle connections, when their hello timed out, with the reason (it used to be empty).
         assert log.count("dropped: nothing received within 1 s") == 2, log
+
+
+def test_a_burst_of_one_uids_opens_beyond_the_pending_slots_all_get_sessions():
+    """More of one uid's processes opening at once than --max-pending-per-uid: those refused for
+    a pending slot try again (the refusal says retry) and every one gets its session; before,
+    the ones past the slots failed with LimitExceededError (32 clients on a loaded machine)."""
+    with Daemon(capacity="16MiB", args=("--max-pending-per-uid", "1", "--hello-timeout", "1")) as d:
+        idle = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        idle.connect(d.ready["side_channel"])  # holds the one slot until its hello times out
+        results: list[object] = []
+
+        def open_one() -> None:
+            try:
+                with ServiceSession(d.address, kind="observer", timeout_s=20.0) as s:
+                    results.append(s.session_id)
+            except Exception as e:  # noqa: BLE001 - the test reports what failed
+                results.append(e)
+
+        threads = [threading.Thread(target=open_one) for _ in range(12)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        idle.close()
+        assert len(results) == 12 and all(isinstance(r, str) for r in results), results
+        assert "refused: uid 0 already has 1 side-channel connections waiting for their hello" in d.log()
+
+
+def test_a_refusal_that_is_not_about_the_moment_is_raised_at_once():
+    with Daemon(capacity="16MiB", args=("--max-sessions-per-uid", "1")) as d, observer(d):
+        t0 = time.monotonic()
+        with pytest.raises(LimitExceededError, match="already has 1 open session"):
+            ServiceSession(d.address, kind="observer", timeout_s=10.0)
+        assert time.monotonic() - t0 < 5  # not retried until the timeout
 
 
 def test_a_request_over_max_message_bytes_is_refused_typed_and_the_session_goes_on():

@@ -6,7 +6,8 @@ a ``pages`` message carries one descriptor per page id, at most
 :data:`MAX_FDS_PER_MESSAGE`. Client to daemon: ``hello`` (first, once, with
 :data:`PROTOCOL_VERSION`, a JSON integer) then only ``bye``. Daemon to client: ``session`` (the answer to
 hello), or ``refused`` instead (``error``: the name of a class of protocol/errors.py, e.g.
-LimitExceededError, and ``message``; then the daemon closes), and ``pages``. Anything else, a truncated datagram, or descriptors sent to the
+LimitExceededError, ``message``, and ``retry``: true when the refusal is about the moment and the
+same hello may succeed shortly; then the daemon closes), and ``pages``. Anything else, a truncated datagram, or descriptors sent to the
 daemon, ends the connection. The daemon's end of a connection (peer identity, the event
 loop) is in vtalloc.server.side_channel.
 Invariant: every descriptor received is either handed to the caller or closed here.
