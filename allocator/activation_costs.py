@@ -57,16 +57,19 @@ class CostModel:
     check_op_s: float | None = None  # host time the trace check adds per forward operation (None: CHECK_RATIO x launch_s)
     backward_factor: float = 2.0     # backward's time per forward's
 
+    def check_op_cost_s(self) -> float:
+        """Host time the trace check adds to one watched forward operation."""
+        return self.check_op_s if self.check_op_s is not None else CHECK_RATIO * self.launch_s
+
     def check_s(self, ops: int, windows: int = 0) -> float:
         """Host time the trace check adds to a forward where it watches ``ops`` operations in
         ``windows`` windows opened and closed at module boundaries (0: over the whole forward)."""
-        per = self.check_op_s if self.check_op_s is not None else CHECK_RATIO * self.launch_s
-        return ops * per + windows * WINDOW_RATIO * self.launch_s
+        return ops * self.check_op_cost_s() + windows * WINDOW_RATIO * self.launch_s
 
     def window_join_ops(self) -> float:
         """Two windows this few operations apart cost less joined (the operations between
         watched) than apart (one more window opened and closed)."""
-        per = self.check_op_s if self.check_op_s is not None else CHECK_RATIO * self.launch_s
+        per = self.check_op_cost_s()
         return WINDOW_RATIO * self.launch_s / per if per > 0 else 0.0
 
     def device_s(self, flops: int, touched: int) -> float:

@@ -11,6 +11,7 @@ default settings (2 MiB pages, extents on), else the page and extent size of the
 
 from __future__ import annotations
 
+import functools
 import json
 from pathlib import Path
 from typing import NamedTuple
@@ -60,10 +61,16 @@ _H200_FITTED = {
 }
 
 
+@functools.cache
+def _result(name: str) -> dict:
+    """A raw JSON of benchmarks/results/, read once per process."""
+    return json.loads((RESULTS / name).read_text())
+
+
 def _h200_rows() -> tuple[MeasuredRow, ...]:
     rows = []
     for run, name in _H200_RUNS.items():
-        for r in json.loads((RESULTS / name).read_text())["rows"]:
+        for r in _result(name)["rows"]:
             if r["mode"] != r["active_mode"]:
                 continue  # "auto" measured copy mode again under another name
             rows.append(MeasuredRow(r["size_bytes"], None, r["mode"], r["evict_GBps"], r["restore_GBps"], run))
@@ -91,5 +98,5 @@ def pinned_gbps(cost_model: str) -> dict[str, float]:
     """The pinned copy a rate is a percentage of, per direction ("d2h" for eviction, "h2d" for restore)."""
     if cost_model == "h100":
         return {"d2h": 54.9, "h2d": 54.9}  # pinned cudaMemcpy, 256 MiB, 2026-11-22
-    ref = json.loads((RESULTS / _H200_RUNS["2"]).read_text())["reference"][str(32 * MiB)]
+    ref = _result(_H200_RUNS["2"])["reference"][str(32 * MiB)]
     return {"d2h": ref["d2h"]["event_GBps"], "h2d": ref["h2d"]["event_GBps"]}  # 32 MiB, by CUDA events

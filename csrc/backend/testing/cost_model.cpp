@@ -148,18 +148,16 @@ void CostModelBackend::wait_until_locked(double ns) {
   charge_locked(costs_.wake_after_wait_us);
 }
 
-bool CostModelBackend::on_host_page_locked(uintptr_t addr) const {
+const CostModelBackend::Mapping* CostModelBackend::mapping_at_locked(uintptr_t addr) const {
   auto it = mappings_.upper_bound(addr);
-  if (it == mappings_.begin()) return false;
+  if (it == mappings_.begin()) return nullptr;
   --it;
-  return addr < it->first + it->second.bytes && it->second.where == PageLocation::host;
+  return addr < it->first + it->second.bytes ? &it->second : nullptr;
 }
 
-bool CostModelBackend::on_device_locked(uintptr_t addr) const {
-  auto it = mappings_.upper_bound(addr);
-  if (it == mappings_.begin()) return false;
-  --it;
-  return addr < it->first + it->second.bytes && it->second.where == PageLocation::device;
+bool CostModelBackend::mapped_at_locked(uintptr_t addr, PageLocation where) const {
+  const Mapping* m = mapping_at_locked(addr);
+  return m && m->where == where;
 }
 
 Status CostModelBackend::create_page(size_t b, PageLocation w, PageHandle* out) {
@@ -232,13 +230,11 @@ Status CostModelBackend::copy(uintptr_t d, uintptr_t s, size_t b, StreamHandle s
   std::lock_guard<std::mutex> lk(mu_);
   // Direction by where the addresses are: a device page mapped there, or host memory (pinned,
   // pageable, or a host-located page). Anything but device-to-host uses the H2D figures.
-  bool d2h = on_device_locked(s) && !on_device_locked(d);
+  bool d2h = mapped_at_locked(s, PageLocation::device) && !mapped_at_locked(d, PageLocation::device);
   double gbps = copy_gbps(b, d2h);
   if (d2h) {
-    auto it = mappings_.upper_bound(d);
-    if (it != mappings_.begin() && d < std::prev(it)->first + std::prev(it)->second.bytes)
-      gbps *= costs_.d2h_to_host_page_factor;  // into a host-located VMM page (fitted)
-  } else if (on_host_page_locked(s)) {
+    if (mapping_at_locked(d)) gbps *= costs_.d2h_to_host_page_factor;  // into a host-located VMM page (fitted)
+  } else if (mapped_at_locked(s, PageLocation::host)) {
     gbps *= costs_.h2d_from_host_page_factor;  // out of a host-located VMM page (fitted)
   }
   run_on_stream_locked(st, static_cast<double>(b) / gbps, d2h ? &d2h_link_ns_ : &h2d_link_ns_);

@@ -101,8 +101,10 @@ class CostModelBackend final : public ForwardingBackend {
   void run_on_stream_locked(StreamHandle s, double ns, double* link);
   // A blocking wait for modeled time `ns`: the host timeline moves there, plus the wake-up.
   void wait_until_locked(double ns);
-  bool on_device_locked(uintptr_t addr) const;
-  bool on_host_page_locked(uintptr_t addr) const;  // inside a mapping of a host-located VMM page
+  // The VMM mapping over `addr` (null: none; pinned and pageable memory are none), and
+  // whether there is one of a page located at `where`.
+  const Mapping* mapping_at_locked(uintptr_t addr) const;
+  bool mapped_at_locked(uintptr_t addr, PageLocation where) const;
 
   const DriverCosts& costs_;
   mutable std::mutex mu_;  // guards every field below
