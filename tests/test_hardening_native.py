@@ -382,7 +382,7 @@ STEPS = [  # (what fails, on which call, how): not only out-of-memory
 
 @pytest.mark.parametrize("op, nth, error", STEPS, ids=[f"{o}#{n}-{type(e).__name__}" for o, n, e in STEPS])
 def test_a_delivery_that_fails_at_any_step_gives_back_every_page_it_created(op, nth, error):
-    """Node._deliver with a failure injected at each of its steps: afterwards the page pool holds
+    """NodeLeases._deliver with a failure injected at each of its steps: afterwards the page pool holds
     no page (no memfd is open), the ledger counts every page free, and the next lease is served."""
     from vtalloc.server.ledger import Ledger, NodeGeometry
     from vtalloc.server.node import Node, Peer

@@ -10,7 +10,7 @@
 // gives up memory work at a coarser grain above it, each with its own word and inputs:
 //  - the give-back order (client/pressure.py, evict_for_pressure): when the daemon asks a
 //    client for pages, free and cached pages first, then allocations offloaded;
-//  - the pressure targets (server/ledger_victims.py, Ledger.pick_victims): which sessions the
+//  - the pressure targets (server/ledger_victims.py, LedgerVictims.pick): which sessions the
 //    daemon asks for pages, principals above their minimum, most excess first;
 //  - evict-behind (allocator/torch/activation_paging.py): in a training step, the oldest saved
 //    tensors over a byte budget, on the order recorded in iteration 0;
